@@ -1,1 +1,13 @@
-//! placeholder
+//! Sans-io pieces of the Postgres wire protocol that the pgwake gateway needs: framing of the
+//! relayed byte stream, parsing of the first message a client sends, and the messages the
+//! gateway writes itself. Nothing here touches a socket, so all of it is unit-tested and fuzzable.
+
+pub mod backend;
+pub mod error;
+pub mod frame;
+pub mod sqlstate;
+pub mod startup;
+
+pub use error::{ErrorMessage, Severity};
+pub use frame::{FrameError, FrameScanner};
+pub use startup::{CancelKey, InitialMessage, StartupError, StartupMessage};

@@ -1,1 +1,12 @@
-//! placeholder
+//! Who a connection is for and where that tenant's database runs: tenant identity, the rules
+//! that find a tenant in a connection's startup, the tenant directory and compute backends.
+
+pub mod backend;
+pub mod directory;
+pub mod resolver;
+pub mod tenant;
+
+pub use backend::{BackendError, ComputeBackend, ComputeState, Endpoint};
+pub use directory::{Tenant, TenantDirectory};
+pub use resolver::{ResolveError, Resolved, ResolverConfig, Rule, Source, TenantResolver};
+pub use tenant::{InvalidTenantId, TenantId};

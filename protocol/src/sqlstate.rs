@@ -1,0 +1,22 @@
+//! SQLSTATE codes the gateway sends itself, named as in the PostgreSQL documentation.
+
+/// `08001` sqlclient_unable_to_establish_sqlconnection: the backend could not be reached.
+pub const SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION: &str = "08001";
+/// `08004` sqlserver_rejected_establishment_of_sqlconnection: unknown, forbidden or ambiguous tenant.
+pub const SQLSERVER_REJECTED_ESTABLISHMENT_OF_SQLCONNECTION: &str = "08004";
+/// `08006` connection_failure: the backend connection broke.
+pub const CONNECTION_FAILURE: &str = "08006";
+/// `08P01` protocol_violation: malformed or oversized protocol input.
+pub const PROTOCOL_VIOLATION: &str = "08P01";
+/// `0A000` feature_not_supported.
+pub const FEATURE_NOT_SUPPORTED: &str = "0A000";
+/// `28000` invalid_authorization_specification: the connection is not allowed as made.
+pub const INVALID_AUTHORIZATION_SPECIFICATION: &str = "28000";
+/// `53300` too_many_connections.
+pub const TOO_MANY_CONNECTIONS: &str = "53300";
+/// `57P01` admin_shutdown: the gateway is shutting down.
+pub const ADMIN_SHUTDOWN: &str = "57P01";
+/// `57P03` cannot_connect_now.
+pub const CANNOT_CONNECT_NOW: &str = "57P03";
+/// `XX000` internal_error.
+pub const INTERNAL_ERROR: &str = "XX000";

@@ -1,0 +1,94 @@
+//! Compute backends: where a tenant's database runs, and how to wake it and put it to sleep.
+
+mod fixed;
+
+use std::fmt;
+
+use async_trait::async_trait;
+use thiserror::Error;
+
+pub use fixed::FixedBackend;
+
+use crate::TenantId;
+
+/// A Postgres server address a tenant's connections go to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    /// Host name or IP address.
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+}
+
+impl Endpoint {
+    /// Parses `host:port` (IPv6 as `[addr]:port`).
+    pub fn parse(s: &str) -> Option<Endpoint> {
+        let (host, port) = s.rsplit_once(':')?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() {
+            return None;
+        }
+        Some(Endpoint {
+            host: host.to_owned(),
+            port: port.parse().ok()?,
+        })
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// Whether a tenant's database can take connections now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ComputeState {
+    /// Accepts logins.
+    Awake,
+    /// Stopped; a wake is needed.
+    Asleep,
+}
+
+/// Why a backend could not wake, stop or report a tenant.
+#[derive(Debug, Error)]
+pub enum BackendError {
+    /// The backend does not know this tenant.
+    #[error("tenant {0} has no compute in this backend")]
+    UnknownTenant(TenantId),
+}
+
+/// Where a tenant's database runs, and how to wake it and put it to sleep.
+#[async_trait]
+pub trait ComputeBackend: Send + Sync {
+    /// Short name of the implementation, for logs and metrics.
+    fn kind(&self) -> &'static str;
+    /// Makes the tenant's database accept logins and returns its address; idempotent.
+    async fn wake(&self, tenant: &TenantId) -> Result<Endpoint, BackendError>;
+    /// Puts the tenant's database to sleep; idempotent.
+    async fn sleep(&self, tenant: &TenantId) -> Result<(), BackendError>;
+    /// The tenant's current state.
+    async fn state(&self, tenant: &TenantId) -> Result<ComputeState, BackendError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_endpoints() {
+        let e = Endpoint::parse("127.0.0.1:5433").unwrap();
+        assert_eq!((e.host.as_str(), e.port), ("127.0.0.1", 5433));
+        assert_eq!(
+            Endpoint::parse("[::1]:5432").unwrap().to_string(),
+            "[::1]:5432"
+        );
+        assert!(Endpoint::parse("nohost").is_none());
+        assert!(Endpoint::parse(":5432").is_none());
+        assert!(Endpoint::parse("h:99999").is_none());
+    }
+}
