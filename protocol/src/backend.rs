@@ -1,18 +1,12 @@
 //! Messages the gateway exchanges with a client or backend during login: the startup it sends a
 //! backend, the keys it substitutes, the authentication requests it inspects.
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
+use pgwire::messages::Message;
 use pgwire::messages::cancel::CancelRequest;
-use pgwire::messages::startup::{
-    Authentication, BackendKeyData, NegotiateProtocolVersion, SecretKey, Startup,
-};
-use pgwire::messages::{DecodeContext, Message, ProtocolVersion};
+use pgwire::messages::startup::{BackendKeyData, NegotiateProtocolVersion, SecretKey, Startup};
 
 use crate::startup::{PROTOCOL_3_0, SSL_REQUEST_CODE};
-
-/// SCRAM with channel binding: it binds to the TLS certificate of the link it runs on, so it
-/// cannot be relayed through a TLS-terminating gateway.
-pub const SCRAM_PLUS: &str = "SCRAM-SHA-256-PLUS";
 
 /// Authentication request codes (the first Int32 of an `R` message).
 pub mod auth_code {
@@ -84,52 +78,9 @@ pub fn auth_request_code(body: &[u8]) -> Option<i32> {
     (body.len() >= 4).then(|| i32::from_be_bytes([body[0], body[1], body[2], body[3]]))
 }
 
-/// If `body` is an AuthenticationSASL offering SCRAM-SHA-256-PLUS, the whole message re-encoded
-/// without it, so a client of a TLS-terminating gateway does not try to bind to a certificate
-/// that is not the backend's.
-pub fn strip_channel_binding(body: &[u8]) -> Option<BytesMut> {
-    // pgwire's decoder assumes a well-formed request code, so check it here first.
-    if auth_request_code(body)? != auth_code::SASL {
-        return None;
-    }
-    let mut framed = BytesMut::with_capacity(body.len() + 5);
-    framed.put_u8(b'R');
-    framed.put_u32(body.len() as u32 + 4);
-    framed.put_slice(body);
-    let ctx = DecodeContext::new(ProtocolVersion::PROTOCOL3_0);
-    match Authentication::decode(&mut framed, &ctx) {
-        Ok(Some(Authentication::SASL(mechs))) if mechs.iter().any(|m| m == SCRAM_PLUS) => {
-            let kept: Vec<String> = mechs.into_iter().filter(|m| m != SCRAM_PLUS).collect();
-            let mut out = BytesMut::new();
-            Authentication::SASL(kept).encode(&mut out).ok()?;
-            Some(out)
-        }
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn strips_plus_only() {
-        let mut body = 10i32.to_be_bytes().to_vec();
-        body.extend_from_slice(b"SCRAM-SHA-256-PLUS\0SCRAM-SHA-256\0\0");
-        let out = strip_channel_binding(&body).expect("rewritten");
-        let mut expect = vec![b'R'];
-        let mut eb = 10i32.to_be_bytes().to_vec();
-        eb.extend_from_slice(b"SCRAM-SHA-256\0\0");
-        expect.extend_from_slice(&((eb.len() + 4) as u32).to_be_bytes());
-        expect.extend_from_slice(&eb);
-        assert_eq!(&out[..], &expect[..]);
-
-        let mut plain = 10i32.to_be_bytes().to_vec();
-        plain.extend_from_slice(b"SCRAM-SHA-256\0\0");
-        assert!(strip_channel_binding(&plain).is_none());
-        assert!(strip_channel_binding(&0i32.to_be_bytes()).is_none());
-        assert!(strip_channel_binding(&[1]).is_none());
-    }
 
     #[test]
     fn key_data_round_trip() {

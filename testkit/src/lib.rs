@@ -206,7 +206,9 @@ impl TestPostgres {
             .arg(&data_dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::from(fs::File::create(root.path().join("server.log"))?))
+            .stderr(Stdio::from(fs::File::create(
+                root.path().join("server.log"),
+            )?))
             .spawn()?;
         let mut pg = TestPostgres {
             port,
@@ -224,7 +226,11 @@ impl TestPostgres {
         let deadline = Instant::now() + limit;
         let ready = self.socket_dir.join(format!(".s.PGSQL.{}", self.port));
         loop {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 return Err(io::Error::other(format!(
                     "postgres exited with {status}: {}",
                     self.log()
@@ -283,7 +289,9 @@ impl TestPostgres {
             .args(["-d", "postgres", "-c", sql])
             .output()?;
         if !out.status.success() {
-            return Err(io::Error::other(String::from_utf8_lossy(&out.stderr).into_owned()));
+            return Err(io::Error::other(
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            ));
         }
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
     }

@@ -1,0 +1,139 @@
+//! Gateway-issued cancel keys and the backend processes they stand for.
+//!
+//! Clients never see a backend's real key: they get a random one from the gateway, so a cancel
+//! request can only reach the backend through this map, and keys cannot be guessed across tenants.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use pgwake_protocol::CancelKey;
+use pgwake_protocol::backend::cancel_request;
+use pgwake_routing::Endpoint;
+use subtle::ConstantTimeEq;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::timeout;
+
+/// The backend process a gateway key cancels.
+#[derive(Clone, Debug)]
+pub struct CancelTarget {
+    /// Backend address.
+    pub endpoint: Endpoint,
+    /// Backend process id.
+    pub pid: i32,
+    /// Backend secret.
+    pub secret: Bytes,
+}
+
+/// Map from gateway-issued keys to backend processes.
+#[derive(Default)]
+pub struct CancelMap {
+    inner: Mutex<HashMap<i32, (i32, CancelTarget)>>,
+}
+
+/// A registered key; dropping it unregisters the key.
+pub struct CancelRegistration {
+    map: Arc<CancelMap>,
+    /// The gateway-issued process id the client sees.
+    pub pid: i32,
+    /// The gateway-issued secret the client sees.
+    pub secret: i32,
+}
+
+impl Drop for CancelRegistration {
+    fn drop(&mut self) {
+        if let Ok(mut m) = self.map.inner.lock() {
+            m.remove(&self.pid);
+        }
+    }
+}
+
+impl CancelMap {
+    /// Issues a fresh random key for `target`.
+    pub fn register(self: &Arc<Self>, target: CancelTarget) -> CancelRegistration {
+        let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            // Positive pids, like a real server's, for clients that assume so.
+            let pid = rand::random::<i32>() & i32::MAX;
+            if pid == 0 || m.contains_key(&pid) {
+                continue;
+            }
+            let secret = rand::random::<i32>();
+            m.insert(pid, (secret, target));
+            return CancelRegistration {
+                map: self.clone(),
+                pid,
+                secret,
+            };
+        }
+    }
+
+    /// The target for a key a client presented, compared in constant time.
+    pub fn lookup(&self, key: &CancelKey) -> Option<CancelTarget> {
+        let m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let (secret, target) = m.get(&key.pid)?;
+        let ok: bool = secret.to_be_bytes()[..].ct_eq(&key.secret[..]).into();
+        ok.then(|| target.clone())
+    }
+
+    /// Number of live keys.
+    pub fn len(&self) -> usize {
+        self.inner.lock().map(|m| m.len()).unwrap_or(0)
+    }
+
+    /// True when no key is live.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Sends a CancelRequest to the backend and waits until it has read it.
+pub async fn forward_cancel(
+    target: &CancelTarget,
+    connect_timeout: Duration,
+) -> std::io::Result<()> {
+    let addr = (target.endpoint.host.as_str(), target.endpoint.port);
+    let mut s = timeout(connect_timeout, TcpStream::connect(addr))
+        .await
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+    s.write_all(&cancel_request(target.pid, &target.secret))
+        .await?;
+    // The server closes the connection once it has handled the request.
+    let mut sink = [0u8; 16];
+    let _ = timeout(connect_timeout, s.read(&mut sink)).await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target() -> CancelTarget {
+        CancelTarget {
+            endpoint: Endpoint::parse("127.0.0.1:5432").unwrap(),
+            pid: 1,
+            secret: Bytes::from_static(b"abcd"),
+        }
+    }
+
+    #[test]
+    fn keys_match_exactly_and_unregister_on_drop() {
+        let map = Arc::new(CancelMap::default());
+        let reg = map.register(target());
+        let key = CancelKey {
+            pid: reg.pid,
+            secret: Bytes::copy_from_slice(&reg.secret.to_be_bytes()),
+        };
+        assert!(map.lookup(&key).is_some());
+        let wrong = CancelKey {
+            pid: reg.pid,
+            secret: Bytes::copy_from_slice(&reg.secret.wrapping_add(1).to_be_bytes()),
+        };
+        assert!(map.lookup(&wrong).is_none());
+        drop(reg);
+        assert!(map.lookup(&key).is_none());
+        assert!(map.is_empty());
+    }
+}

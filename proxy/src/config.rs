@@ -1,0 +1,424 @@
+//! The gateway's configuration: one TOML file, every key overridable by `PGWAKE_<SECTION>__<KEY>`
+//! environment variables, validated once at start-up with errors that name the key.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytesize::ByteSize;
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use pgwake_routing::{Endpoint, Rule, TenantId};
+use serde::Deserialize;
+
+/// Top-level sections; only environment variables naming one of them are read as overrides.
+const SECTIONS: &[&str] = &["listen", "tls", "limits", "routing", "backend"];
+
+/// A configuration problem, naming the key and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file or environment could not be read or parsed.
+    #[error("{0}")]
+    Parse(#[from] Box<figment::Error>),
+    /// A value parsed but is not usable.
+    #[error("{key}: {problem}")]
+    Invalid {
+        /// Dotted key path.
+        key: String,
+        /// What is wrong and how to fix it.
+        problem: String,
+    },
+}
+
+fn invalid(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        problem: problem.into(),
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Listening sockets.
+    pub listen: ListenConfig,
+    /// Certificates for client TLS.
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
+    /// Sizes and timeouts.
+    #[serde(default)]
+    pub limits: Limits,
+    /// How tenants are found in a connection.
+    #[serde(default)]
+    pub routing: RoutingConfig,
+    /// How the gateway talks to backends.
+    #[serde(default)]
+    pub backend: BackendConfig,
+    /// The tenants served.
+    #[serde(default, rename = "tenant")]
+    pub tenants: Vec<TenantConfig>,
+}
+
+/// `[listen]`: where the gateway accepts connections.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenConfig {
+    /// Postgres protocol listener.
+    pub postgres: SocketAddr,
+    /// Admin HTTP listener (`/metrics`, `/healthz`, `/readyz`); none when absent.
+    #[serde(default)]
+    pub admin: Option<SocketAddr>,
+    /// Accept clients that do not use TLS. Off by default: passwords would cross in clear.
+    #[serde(default)]
+    pub allow_plaintext: bool,
+}
+
+/// `[tls]`: the default certificate and more chosen by SNI.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM certificate chain.
+    pub cert: PathBuf,
+    /// PEM private key.
+    pub key: PathBuf,
+    /// Further certificates, each used for the server names it lists.
+    #[serde(default)]
+    pub certs: Vec<SniCert>,
+}
+
+/// `[[tls.certs]]`: a certificate for some server names.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SniCert {
+    /// PEM certificate chain.
+    pub cert: PathBuf,
+    /// PEM private key.
+    pub key: PathBuf,
+    /// Names it serves: exact (`db.example.com`) or one wildcard label (`*.db.example.com`).
+    pub server_names: Vec<String>,
+}
+
+/// `[limits]`: bounds on what a client or backend may cost.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Largest startup-phase message accepted from a client (startup, password, SASL).
+    pub max_startup_message: ByteSize,
+    /// Largest single message relayed in either direction once connected.
+    pub max_message: ByteSize,
+    /// Time a client has to negotiate TLS and send its startup message.
+    #[serde(with = "humantime_serde")]
+    pub startup_timeout: Duration,
+    /// Time to open a TCP connection (and TLS) to a backend.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Time the login exchange with the backend may take, password round trips included.
+    #[serde(with = "humantime_serde")]
+    pub login_timeout: Duration,
+    /// On SIGTERM, how long sessions may go on before they are ended.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+    /// Relay buffer per direction per connection.
+    pub relay_buffer: ByteSize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_startup_message: ByteSize::kib(10),
+            max_message: ByteSize::gib(1),
+            startup_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+            login_timeout: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(30),
+            relay_buffer: ByteSize::kib(16),
+        }
+    }
+}
+
+/// `[routing]`: the tenant resolver's rules.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RoutingConfig {
+    /// Domain under which the first SNI label names the tenant.
+    pub sni_suffix: Option<String>,
+    /// Rules tried in order.
+    pub rules: Vec<Rule>,
+    /// Tenant for connections that name none (sidecar mode).
+    pub default_tenant: Option<TenantId>,
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        RoutingConfig {
+            sni_suffix: None,
+            rules: vec![Rule::Sni, Rule::Options, Rule::Database, Rule::User],
+            default_tenant: None,
+        }
+    }
+}
+
+/// TLS on the gateway's link to a backend, with libpq's meanings.
+///
+/// The default is `disable` while authentication is relayed: a backend reached over TLS offers
+/// SCRAM-SHA-256-PLUS, and SCRAM's downgrade protection then refuses libpq clients (default
+/// `channel_binding=prefer`) whose own TLS link ends at the gateway.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendTls {
+    /// Never.
+    #[default]
+    Disable,
+    /// When the backend offers it.
+    Prefer,
+    /// Always; refuse a backend without TLS.
+    Require,
+}
+
+/// `[backend]`: defaults for backend connections.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BackendConfig {
+    /// TLS to backends.
+    pub tls: BackendTls,
+    /// CA certificates (PEM) that backend certificates must chain to; when set, certificates and
+    /// host names are verified, otherwise the link is encrypted but not authenticated.
+    pub ca: Option<PathBuf>,
+}
+
+/// `[[tenant]]`: one tenant.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// Tenant id.
+    pub id: TenantId,
+    /// Where its database runs.
+    pub backend: TenantBackend,
+}
+
+/// A tenant's compute backend.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum TenantBackend {
+    /// An always-on Postgres at `address` (`host:port`).
+    Fixed {
+        /// `host:port`.
+        address: String,
+        /// Overrides `[backend] tls` for this tenant.
+        #[serde(default)]
+        tls: Option<BackendTls>,
+    },
+}
+
+impl Config {
+    /// Reads `path`, applies `PGWAKE_*` overrides and validates.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        // Only `PGWAKE_<SECTION>__…` variables are config keys; others (PGWAKE_LOG) are not.
+        let env = Env::prefixed("PGWAKE_")
+            .filter(|key| {
+                let key = key.as_str().to_ascii_lowercase();
+                SECTIONS.iter().any(|s| {
+                    key.strip_prefix(s)
+                        .is_some_and(|rest| rest.starts_with("__") || rest.starts_with('.'))
+                })
+            })
+            .split("__");
+        let mut config: Config = Figment::new()
+            .merge(Toml::file_exact(path))
+            .merge(env)
+            .extract()
+            .map_err(Box::new)?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        config.resolve_paths(base);
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Relative file names in the config are relative to the config file.
+    fn resolve_paths(&mut self, base: &Path) {
+        let fix = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        if let Some(tls) = &mut self.tls {
+            fix(&mut tls.cert);
+            fix(&mut tls.key);
+            for c in &mut tls.certs {
+                fix(&mut c.cert);
+                fix(&mut c.key);
+            }
+        }
+        if let Some(ca) = &mut self.backend.ca {
+            fix(ca);
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.tls.is_none() && !self.listen.allow_plaintext {
+            return Err(invalid(
+                "tls",
+                "no certificate configured and listen.allow_plaintext is false: add [tls] cert \
+                 and key, or allow plaintext explicitly",
+            ));
+        }
+        if self.routing.rules.contains(&Rule::Sni) && self.routing.sni_suffix.is_none() {
+            // Without a suffix the SNI rule can never match; that is allowed (IP-only setups)
+            // but only when SNI is not the sole rule.
+            if self.routing.rules.len() == 1 && self.routing.default_tenant.is_none() {
+                return Err(invalid(
+                    "routing.sni_suffix",
+                    "the only routing rule is \"sni\" but no sni_suffix is set",
+                ));
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, t) in self.tenants.iter().enumerate() {
+            if !seen.insert(&t.id) {
+                return Err(invalid(
+                    format!("tenant[{i}].id"),
+                    format!("tenant \"{}\" is configured twice", t.id),
+                ));
+            }
+            match &t.backend {
+                TenantBackend::Fixed { address, .. } => {
+                    if Endpoint::parse(address).is_none() {
+                        return Err(invalid(
+                            format!("tenant[{i}].backend.address"),
+                            format!("{address:?} is not host:port"),
+                        ));
+                    }
+                }
+            }
+        }
+        if let Some(d) = &self.routing.default_tenant
+            && !seen.contains(d)
+        {
+            return Err(invalid(
+                "routing.default_tenant",
+                format!("tenant \"{d}\" is not configured"),
+            ));
+        }
+        let l = &self.limits;
+        for (key, v) in [
+            ("limits.startup_timeout", l.startup_timeout),
+            ("limits.connect_timeout", l.connect_timeout),
+            ("limits.login_timeout", l.login_timeout),
+        ] {
+            if v.is_zero() {
+                return Err(invalid(key, "must be greater than zero"));
+            }
+        }
+        if l.max_startup_message.as_u64() < 64 || l.max_startup_message.as_u64() > 1 << 20 {
+            return Err(invalid(
+                "limits.max_startup_message",
+                "must be between 64B and 1MiB",
+            ));
+        }
+        if l.max_message.as_u64() < 1 << 10 || l.max_message.as_u64() > 1 << 30 {
+            return Err(invalid(
+                "limits.max_message",
+                "must be between 1KiB and 1GiB",
+            ));
+        }
+        if l.relay_buffer.as_u64() < 1 << 10 || l.relay_buffer.as_u64() > 16 << 20 {
+            return Err(invalid(
+                "limits.relay_buffer",
+                "must be between 1KiB and 16MiB",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str) -> Result<Config, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pgwake.toml");
+        std::fs::write(&path, text).unwrap();
+        Config::load(&path)
+    }
+
+    const EXAMPLE: &str = r#"
+[listen]
+postgres = "127.0.0.1:6432"
+admin = "127.0.0.1:9090"
+[tls]
+cert = "cert.pem"
+key = "key.pem"
+[routing]
+sni_suffix = "db.localtest"
+rules = ["sni", "options", "database", "user"]
+[[tenant]]
+id = "alpha"
+backend = { kind = "fixed", address = "127.0.0.1:5433" }
+"#;
+
+    #[test]
+    fn example_parses_with_defaults() {
+        let c = load(EXAMPLE).unwrap();
+        assert_eq!(c.tenants.len(), 1);
+        assert_eq!(c.limits.max_startup_message, ByteSize::kib(10));
+        assert_eq!(c.limits.startup_timeout, Duration::from_secs(10));
+        assert_eq!(c.limits.shutdown_grace, Duration::from_secs(30));
+        assert!(c.tls.unwrap().cert.is_absolute());
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let err = load(&EXAMPLE.replace("admin =", "admn ="))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("admn"), "{err}");
+        let err = load(&format!(
+            "{EXAMPLE}\n[limits]\nstartup_timeout = \"soon\"\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("startup_timeout"), "{err}");
+    }
+
+    #[test]
+    fn plaintext_needs_opt_in() {
+        let text = EXAMPLE.replace("[tls]\ncert = \"cert.pem\"\nkey = \"key.pem\"\n", "");
+        let err = load(&text).unwrap_err().to_string();
+        assert!(err.contains("allow_plaintext"), "{err}");
+        let ok = text.replace("[listen]\n", "[listen]\nallow_plaintext = true\n");
+        load(&ok).unwrap();
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let err = load(&EXAMPLE.replace("127.0.0.1:5433", "nowhere"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("tenant[0].backend.address"), "{err}");
+        let err = load(&format!("{EXAMPLE}[[tenant]]\nid = \"alpha\"\nbackend = {{ kind = \"fixed\", address = \"h:1\" }}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("configured twice"), "{err}");
+        let err = load(&EXAMPLE.replace("id = \"alpha\"", "id = \"al.pha\""))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("invalid tenant id"), "{err}");
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail fixes the closure's error type
+    fn environment_overrides() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("pgwake.toml", EXAMPLE)?;
+            jail.set_env("PGWAKE_LIMITS__STARTUP_TIMEOUT", "2s");
+            jail.set_env("PGWAKE_LISTEN__POSTGRES", "127.0.0.1:7000");
+            jail.set_env("PGWAKE_LOG", "debug");
+            let c = Config::load(Path::new("pgwake.toml")).map_err(|e| e.to_string())?;
+            assert_eq!(c.limits.startup_timeout, Duration::from_secs(2));
+            assert_eq!(c.listen.postgres.port(), 7000);
+            Ok(())
+        });
+    }
+}

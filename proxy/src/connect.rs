@@ -1,0 +1,249 @@
+//! Opening a backend connection and relaying the login: the client's startup goes to the
+//! backend, authentication is relayed message by message, and the backend's cancel key is
+//! replaced by a gateway-issued one before the client sees it.
+
+use std::sync::Arc;
+
+use pgwake_protocol::backend::{
+    auth_code, auth_request_code, backend_key_data, parse_backend_key_data, ssl_request,
+    startup_packet,
+};
+use pgwake_routing::Endpoint;
+use rustls::ClientConfig;
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::{Instant, timeout_at};
+use tokio_rustls::TlsConnector;
+
+use crate::cancel::{CancelMap, CancelRegistration, CancelTarget};
+use crate::config::BackendTls;
+use crate::error::SessionError;
+use crate::stream::Stream;
+
+/// How to reach and log in to backends.
+pub struct BackendLink {
+    /// TLS client configuration for backends.
+    pub tls_config: Arc<ClientConfig>,
+    /// Largest message accepted from a backend during login.
+    pub max_message: usize,
+    /// Largest message accepted from a client during login (password, SASL).
+    pub max_client_message: usize,
+}
+
+/// Opens TCP (and TLS, per `mode`) to `endpoint` by `deadline`.
+pub async fn connect(
+    link: &BackendLink,
+    endpoint: &Endpoint,
+    mode: BackendTls,
+    deadline: Instant,
+) -> Result<Stream, SessionError> {
+    let unreachable = |source| SessionError::BackendUnreachable {
+        endpoint: endpoint.to_string(),
+        source,
+    };
+    let timed_out = || unreachable(std::io::Error::from(std::io::ErrorKind::TimedOut));
+    let mut tcp = timeout_at(
+        deadline,
+        TcpStream::connect((endpoint.host.as_str(), endpoint.port)),
+    )
+    .await
+    .map_err(|_| timed_out())?
+    .map_err(unreachable)?;
+    tcp.set_nodelay(true).map_err(unreachable)?;
+    if mode == BackendTls::Disable {
+        return Ok(Stream::Plain(tcp));
+    }
+    let answer = timeout_at(deadline, async {
+        tcp.write_all(&ssl_request()).await?;
+        let mut b = [0u8; 1];
+        tcp.read_exact(&mut b).await?;
+        Ok::<u8, std::io::Error>(b[0])
+    })
+    .await
+    .map_err(|_| timed_out())?
+    .map_err(unreachable)?;
+    match (answer, mode) {
+        (b'S', _) => {}
+        (b'N', BackendTls::Prefer) => return Ok(Stream::Plain(tcp)),
+        (b'N', _) => {
+            return Err(SessionError::BackendUnsupported(
+                "does not accept TLS, and [backend] tls = \"require\"".into(),
+            ));
+        }
+        (other, _) => {
+            return Err(SessionError::BackendProtocol(format!(
+                "unexpected answer {other:#x} to SSLRequest"
+            )));
+        }
+    }
+    let name = ServerName::try_from(endpoint.host.clone())
+        .map_err(|e| SessionError::BackendUnsupported(format!("host name is invalid: {e}")))?;
+    let tls = timeout_at(
+        deadline,
+        TlsConnector::from(link.tls_config.clone()).connect(name, tcp),
+    )
+    .await
+    .map_err(|_| timed_out())?
+    .map_err(unreachable)?;
+    Ok(Stream::ClientTls(Box::new(tls)))
+}
+
+/// One framed message read whole during login: header included, so it can be forwarded as is.
+struct RawMessage {
+    bytes: Vec<u8>,
+}
+
+impl RawMessage {
+    fn tag(&self) -> u8 {
+        self.bytes[0]
+    }
+    fn body(&self) -> &[u8] {
+        &self.bytes[5..]
+    }
+}
+
+async fn read_message<R: AsyncRead + Unpin>(
+    r: &mut R,
+    max: usize,
+) -> std::io::Result<Option<RawMessage>> {
+    let mut header = [0u8; 5];
+    r.read_exact(&mut header).await?;
+    let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+    if len < 4 || len - 4 > max {
+        return Ok(None);
+    }
+    let mut bytes = vec![0u8; len + 1];
+    bytes[..5].copy_from_slice(&header);
+    r.read_exact(&mut bytes[5..]).await?;
+    Ok(Some(RawMessage { bytes }))
+}
+
+/// Relays the login between `client` and `backend` until the backend's first ReadyForQuery has
+/// reached the client. Returns the cancel registration backing the key the client was given.
+#[allow(clippy::too_many_arguments)]
+pub async fn login(
+    link: &BackendLink,
+    client: &mut Stream,
+    backend: &mut Stream,
+    params: &[(String, String)],
+    endpoint: &Endpoint,
+    cancels: &Arc<CancelMap>,
+    deadline: Instant,
+) -> Result<Option<CancelRegistration>, SessionError> {
+    timeout_at(
+        deadline,
+        login_exchange(link, client, backend, params, endpoint, cancels),
+    )
+    .await
+    .unwrap_or(Err(SessionError::LoginTimeout))
+}
+
+async fn login_exchange(
+    link: &BackendLink,
+    client: &mut Stream,
+    backend: &mut Stream,
+    params: &[(String, String)],
+    endpoint: &Endpoint,
+    cancels: &Arc<CancelMap>,
+) -> Result<Option<CancelRegistration>, SessionError> {
+    let backend_io = |e: std::io::Error| SessionError::BackendUnreachable {
+        endpoint: endpoint.to_string(),
+        source: e,
+    };
+    backend
+        .write_all(&startup_packet(params))
+        .await
+        .map_err(backend_io)?;
+    let mut to_client: Vec<u8> = Vec::with_capacity(512);
+    let mut registration = None;
+    loop {
+        let msg = read_message(backend, link.max_message)
+            .await
+            .map_err(backend_io)?
+            .ok_or_else(|| SessionError::BackendProtocol("message length out of range".into()))?;
+        match msg.tag() {
+            b'R' => {
+                let code = auth_request_code(msg.body()).ok_or_else(|| {
+                    SessionError::BackendProtocol("short authentication request".into())
+                })?;
+                match code {
+                    auth_code::OK | auth_code::SASL_FINAL => {
+                        to_client.extend_from_slice(&msg.bytes)
+                    }
+                    auth_code::SASL
+                    | auth_code::SASL_CONTINUE
+                    | auth_code::CLEARTEXT
+                    | auth_code::MD5 => {
+                        to_client.extend_from_slice(&msg.bytes);
+                        client
+                            .write_all(&to_client)
+                            .await
+                            .map_err(SessionError::ClientIo)?;
+                        to_client.clear();
+                        let answer = read_message(client, link.max_client_message)
+                            .await
+                            .map_err(SessionError::ClientIo)?
+                            .ok_or_else(|| {
+                                SessionError::ClientProtocol(
+                                    "password message length out of range".into(),
+                                )
+                            })?;
+                        if answer.tag() != b'p' {
+                            return Err(SessionError::ClientProtocol(format!(
+                                "expected a password message, got message type {:?}",
+                                answer.tag() as char
+                            )));
+                        }
+                        backend.write_all(&answer.bytes).await.map_err(backend_io)?;
+                    }
+                    other => {
+                        return Err(SessionError::BackendUnsupported(format!(
+                            "asks for authentication method {other}, which the gateway cannot relay"
+                        )));
+                    }
+                }
+            }
+            b'K' => {
+                let (pid, secret) = parse_backend_key_data(msg.body()).ok_or_else(|| {
+                    SessionError::BackendProtocol("malformed BackendKeyData".into())
+                })?;
+                let reg = cancels.register(CancelTarget {
+                    endpoint: endpoint.clone(),
+                    pid,
+                    secret,
+                });
+                to_client.extend_from_slice(&backend_key_data(reg.pid, reg.secret));
+                registration = Some(reg);
+            }
+            b'Z' => {
+                to_client.extend_from_slice(&msg.bytes);
+                client
+                    .write_all(&to_client)
+                    .await
+                    .map_err(SessionError::ClientIo)?;
+                client.flush().await.map_err(SessionError::ClientIo)?;
+                return Ok(registration);
+            }
+            b'E' => {
+                to_client.extend_from_slice(&msg.bytes);
+                client
+                    .write_all(&to_client)
+                    .await
+                    .map_err(SessionError::ClientIo)?;
+                client.flush().await.map_err(SessionError::ClientIo)?;
+                return Err(SessionError::LoginRefused);
+            }
+            b'S' | b'N' => to_client.extend_from_slice(&msg.bytes),
+            // The gateway asks the backend for plain 3.0 without extensions, so a negotiation
+            // answer carries nothing the client needs (it got the gateway's own).
+            b'v' => {}
+            other => {
+                return Err(SessionError::BackendProtocol(format!(
+                    "unexpected message type {:?} during login",
+                    other as char
+                )));
+            }
+        }
+    }
+}

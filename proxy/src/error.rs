@@ -1,0 +1,166 @@
+//! Why a connection ended early: what is logged, what kind is counted, what the client is told.
+
+use pgwake_protocol::{ErrorMessage, StartupError, sqlstate};
+use pgwake_routing::ResolveError;
+
+/// How to name tenants, given to clients that named none or an unknown one.
+const TENANT_HINT: &str = "name the tenant with the TLS server name <tenant>.<sni_suffix>, \
+     options=endpoint=<tenant> (or --tenant=<tenant>), database <tenant>.<database> or user \
+     <user>.<tenant>";
+
+/// A reason to end a client connection before or outside the relay.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// The client's first messages broke the protocol or a limit.
+    #[error("startup: {0}")]
+    Startup(#[from] StartupError),
+    /// The client did not finish its startup in time.
+    #[error("startup not finished within the time limit")]
+    StartupTimeout,
+    /// A plaintext startup while plaintext is not allowed.
+    #[error("plaintext connection refused")]
+    PlaintextRefused,
+    /// Direct TLS without ALPN `postgresql`.
+    #[error("direct TLS connection without ALPN \"postgresql\"")]
+    MissingAlpn,
+    /// A second SSL or GSS request, or one inside TLS.
+    #[error("unexpected {0} during negotiation")]
+    UnexpectedRequest(&'static str),
+    /// The TLS handshake with the client failed.
+    #[error("TLS handshake failed: {0}")]
+    Handshake(std::io::Error),
+    /// Rules disagreed or named no tenant.
+    #[error("routing: {0}")]
+    Route(#[from] ResolveError),
+    /// The tenant is not configured (or, later, not allowed).
+    #[error("unknown or forbidden tenant {0:?}")]
+    UnknownTenant(String),
+    /// The backend could not be reached.
+    #[error("backend {endpoint} unreachable: {source}")]
+    BackendUnreachable {
+        /// The address tried.
+        endpoint: String,
+        /// What failed.
+        source: std::io::Error,
+    },
+    /// The backend requires something the gateway cannot relay or refused TLS when required.
+    #[error("backend {0}")]
+    BackendUnsupported(String),
+    /// The backend broke the protocol or a limit during login.
+    #[error("backend protocol error: {0}")]
+    BackendProtocol(String),
+    /// The backend refused the login (its ErrorResponse was relayed as is).
+    #[error("backend refused the login")]
+    LoginRefused,
+    /// The login exchange took longer than allowed.
+    #[error("login not finished within the time limit")]
+    LoginTimeout,
+    /// The client went away or its socket failed.
+    #[error("client I/O: {0}")]
+    ClientIo(std::io::Error),
+    /// The client sent something other than a password message during login.
+    #[error("client protocol error: {0}")]
+    ClientProtocol(String),
+    /// The gateway is shutting down.
+    #[error("gateway shutting down")]
+    ShuttingDown,
+}
+
+impl SessionError {
+    /// Label for `pgwake_errors_total`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SessionError::Startup(_)
+            | SessionError::MissingAlpn
+            | SessionError::UnexpectedRequest(_) => "client_protocol",
+            SessionError::ClientProtocol(_) => "client_protocol",
+            SessionError::StartupTimeout => "startup_timeout",
+            SessionError::PlaintextRefused => "plaintext_refused",
+            SessionError::Handshake(_) => "tls_handshake",
+            SessionError::Route(_) | SessionError::UnknownTenant(_) => "routing",
+            SessionError::BackendUnreachable { .. } => "backend_unreachable",
+            SessionError::BackendUnsupported(_) | SessionError::BackendProtocol(_) => {
+                "backend_protocol"
+            }
+            SessionError::LoginRefused => "login_refused",
+            SessionError::LoginTimeout => "login_timeout",
+            SessionError::ClientIo(_) => "client_io",
+            SessionError::ShuttingDown => "shutdown",
+        }
+    }
+
+    /// The message for the client, or `None` when nothing can or should be sent (the client is
+    /// gone, the backend's own error was already relayed, or TLS failed).
+    pub fn client_message(&self) -> Option<ErrorMessage> {
+        use sqlstate::*;
+        let m = match self {
+            SessionError::Startup(StartupError::UnsupportedProtocol { .. }) => {
+                ErrorMessage::fatal(FEATURE_NOT_SUPPORTED, self.inner_text())
+            }
+            SessionError::Startup(e) => ErrorMessage::fatal(PROTOCOL_VIOLATION, e.to_string()),
+            SessionError::StartupTimeout => ErrorMessage::fatal(
+                PROTOCOL_VIOLATION,
+                "timeout: the startup message did not arrive in time",
+            ),
+            SessionError::PlaintextRefused => ErrorMessage::fatal(
+                INVALID_AUTHORIZATION_SPECIFICATION,
+                "this gateway requires TLS: plaintext connections are not accepted",
+            )
+            .with_hint("connect with sslmode=require"),
+            SessionError::MissingAlpn => ErrorMessage::fatal(
+                PROTOCOL_VIOLATION,
+                "received a direct TLS connection without ALPN protocol \"postgresql\"",
+            ),
+            SessionError::UnexpectedRequest(what) => {
+                ErrorMessage::fatal(PROTOCOL_VIOLATION, format!("unexpected {what}"))
+            }
+            SessionError::Route(ResolveError::Conflict { .. }) => ErrorMessage::fatal(
+                SQLSERVER_REJECTED_ESTABLISHMENT_OF_SQLCONNECTION,
+                format!("conflicting tenant names: {}", self.inner_text()),
+            )
+            .with_hint("name the tenant one way, or the same way everywhere"),
+            SessionError::Route(ResolveError::NotNamed) | SessionError::UnknownTenant(_) => {
+                ErrorMessage::fatal(
+                    SQLSERVER_REJECTED_ESTABLISHMENT_OF_SQLCONNECTION,
+                    "unknown or forbidden tenant",
+                )
+                .with_hint(TENANT_HINT)
+            }
+            SessionError::BackendUnreachable { .. } => ErrorMessage::fatal(
+                SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+                "could not connect to the tenant's database",
+            ),
+            SessionError::BackendUnsupported(what) => ErrorMessage::fatal(
+                FEATURE_NOT_SUPPORTED,
+                format!("the tenant's database {what}"),
+            ),
+            SessionError::BackendProtocol(_) => ErrorMessage::fatal(
+                CONNECTION_FAILURE,
+                "the tenant's database sent an invalid response",
+            ),
+            SessionError::LoginTimeout => ErrorMessage::fatal(
+                CONNECTION_FAILURE,
+                "timeout: login to the tenant's database did not finish in time",
+            ),
+            SessionError::ClientProtocol(what) => {
+                ErrorMessage::fatal(PROTOCOL_VIOLATION, what.clone())
+            }
+            SessionError::ShuttingDown => ErrorMessage::fatal(
+                ADMIN_SHUTDOWN,
+                "terminating connection because the gateway is shutting down",
+            ),
+            SessionError::Handshake(_) | SessionError::LoginRefused | SessionError::ClientIo(_) => {
+                return None;
+            }
+        };
+        Some(m)
+    }
+
+    fn inner_text(&self) -> String {
+        match self {
+            SessionError::Startup(e) => e.to_string(),
+            SessionError::Route(e) => e.to_string(),
+            other => other.to_string(),
+        }
+    }
+}

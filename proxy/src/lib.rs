@@ -1,0 +1,16 @@
+//! pgwake, the gateway: configuration, listeners, TLS, the login relay, the byte relay, cancel
+//! forwarding, metrics and graceful shutdown. Routing rules live in `pgwake-routing`, protocol
+//! rules in `pgwake-protocol`.
+
+pub mod admin;
+pub mod cancel;
+pub mod config;
+pub mod connect;
+pub mod error;
+pub mod listener;
+pub mod metrics;
+pub mod negotiate;
+pub mod relay;
+pub mod server;
+pub mod stream;
+pub mod tls;

@@ -1,0 +1,224 @@
+//! Accepting client connections and carrying each through the journey:
+//! negotiate → route → connect → login → relay.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pgwake_routing::{TenantDirectory, TenantId, TenantResolver};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::cancel::{CancelMap, forward_cancel};
+use crate::config::{BackendTls, Limits};
+use crate::connect::{BackendLink, connect, login};
+use crate::error::SessionError;
+use crate::metrics::Metrics;
+use crate::negotiate::{NegotiateSettings, Negotiated, negotiate};
+use crate::relay::{RelaySettings, relay};
+use crate::stream::Stream;
+
+/// Everything a connection needs, shared by all of them.
+pub struct Gateway {
+    /// Negotiation settings (TLS, plaintext policy, startup size).
+    pub negotiate: NegotiateSettings,
+    /// Tenant rules.
+    pub resolver: TenantResolver,
+    /// Configured tenants.
+    pub directory: TenantDirectory,
+    /// TLS mode towards each tenant's backend.
+    pub backend_tls: std::collections::HashMap<TenantId, BackendTls>,
+    /// Backend connection settings.
+    pub link: BackendLink,
+    /// Gateway-issued cancel keys.
+    pub cancels: Arc<CancelMap>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Timeouts and sizes.
+    pub limits: Limits,
+    /// Fires when sessions must end (grace period over).
+    pub terminate: CancellationToken,
+}
+
+/// Decrements the active gauge however a connection ends.
+struct ActiveGuard(Arc<Metrics>);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.connections_active.dec();
+        self.0.connections_closed.inc();
+    }
+}
+
+/// Accepts connections until `stop` fires; each runs as a task in `tasks`.
+pub async fn serve(
+    listener: TcpListener,
+    gateway: Arc<Gateway>,
+    tasks: TaskTracker,
+    stop: CancellationToken,
+) {
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => break,
+            a = listener.accept() => a,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of file descriptors or similar: back off instead of spinning.
+                warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let gw = gateway.clone();
+        gw.metrics.connections_accepted.inc();
+        gw.metrics.connections_active.inc();
+        let guard = ActiveGuard(gw.metrics.clone());
+        let span = info_span!("conn", %peer, tenant = tracing::field::Empty);
+        tasks.spawn(
+            async move {
+                let _guard = guard;
+                handle(tcp, peer, &gw).await;
+            }
+            .instrument(span),
+        );
+    }
+    info!("listener stopped accepting");
+}
+
+async fn handle(tcp: TcpStream, peer: SocketAddr, gw: &Gateway) {
+    let accepted_at = Instant::now();
+    let _ = tcp.set_nodelay(true);
+    let negotiated = tokio::select! {
+        n = negotiate(tcp, &gw.negotiate, accepted_at + gw.limits.startup_timeout) => n,
+        _ = gw.terminate.cancelled() => return,
+    };
+    let (mut client, startup) = match negotiated {
+        Ok(Negotiated::Cancel(key)) => {
+            match gw.cancels.lookup(&key) {
+                Some(target) => {
+                    gw.metrics.cancels_forwarded.inc();
+                    if let Err(e) = forward_cancel(&target, gw.limits.connect_timeout).await {
+                        warn!(error = %e, backend = %target.endpoint, "cancel not delivered");
+                    }
+                }
+                None => debug!("cancel request with an unknown key dropped"),
+            }
+            return;
+        }
+        Ok(Negotiated::Session { stream, startup }) => (stream, startup),
+        Err((stream, err)) => return fail(gw, stream, err).await,
+    };
+    let session = tokio::select! {
+        r = open_session(gw, &mut client, startup, accepted_at) => r,
+        _ = gw.terminate.cancelled() => Err(SessionError::ShuttingDown),
+    };
+    let mut backend = match session {
+        Ok(s) => s,
+        Err(err) => return fail(gw, Some(client), err).await,
+    };
+    gw.metrics
+        .startup_duration
+        .observe(accepted_at.elapsed().as_secs_f64());
+    debug!(peer = %peer, "session ready");
+    let settings = RelaySettings {
+        buffer: gw.limits.relay_buffer.as_u64() as usize,
+        max_message: gw.limits.max_message.as_u64() as u32,
+    };
+    let counters = (
+        gw.metrics.bytes_client_to_backend.clone(),
+        gw.metrics.bytes_backend_to_client.clone(),
+    );
+    let end = relay(
+        &mut client,
+        &mut backend.stream,
+        settings,
+        counters,
+        &gw.terminate,
+    )
+    .await;
+    drop(backend.cancel);
+    match end.error_kind() {
+        Some(kind) => {
+            gw.metrics.error(kind);
+            info!(reason = ?end, "session ended");
+        }
+        None => debug!(reason = ?end, "session ended"),
+    }
+}
+
+/// A backend connection that finished login, and the cancel key the client holds for it.
+struct BackendSession {
+    stream: Stream,
+    cancel: Option<crate::cancel::CancelRegistration>,
+}
+
+async fn open_session(
+    gw: &Gateway,
+    client: &mut Stream,
+    mut startup: pgwake_protocol::StartupMessage,
+    accepted_at: Instant,
+) -> Result<BackendSession, SessionError> {
+    if startup.needs_negotiation() {
+        let msg =
+            pgwake_protocol::backend::negotiate_protocol_version(startup.unsupported_options());
+        client
+            .write_all(&msg)
+            .await
+            .map_err(SessionError::ClientIo)?;
+    }
+    let sni = client.sni().map(str::to_owned);
+    let resolved = gw.resolver.resolve(sni.as_deref(), &mut startup.params)?;
+    tracing::Span::current().record("tenant", resolved.tenant.as_str());
+    let tenant = gw
+        .directory
+        .get(&resolved.tenant)
+        .ok_or_else(|| SessionError::UnknownTenant(resolved.tenant.to_string()))?;
+    let endpoint = tenant
+        .backend
+        .wake(&tenant.id)
+        .await
+        .map_err(|e| SessionError::BackendUnsupported(e.to_string()))?;
+    let mode = gw.backend_tls.get(&tenant.id).copied().unwrap_or_default();
+    let connect_deadline = Instant::now() + gw.limits.connect_timeout;
+    let mut stream = connect(&gw.link, &endpoint, mode, connect_deadline).await?;
+    let params: Vec<(String, String)> = startup.forwardable_params().cloned().collect();
+    let login_deadline = Instant::now() + gw.limits.login_timeout;
+    let cancel = login(
+        &gw.link,
+        client,
+        &mut stream,
+        &params,
+        &endpoint,
+        &gw.cancels,
+        login_deadline,
+    )
+    .await?;
+    debug!(elapsed_ms = accepted_at.elapsed().as_millis() as u64, backend = %endpoint, "login relayed");
+    Ok(BackendSession { stream, cancel })
+}
+
+/// Counts, logs and (where possible) tells the client why its connection ends.
+async fn fail(gw: &Gateway, stream: Option<Stream>, err: SessionError) {
+    gw.metrics.error(err.kind());
+    match &err {
+        SessionError::ClientIo(_) | SessionError::LoginRefused => {
+            debug!(error = %err, "connection ended")
+        }
+        _ => info!(error = %err, kind = err.kind(), "connection refused"),
+    }
+    let (Some(mut stream), Some(msg)) = (stream, err.client_message()) else {
+        return;
+    };
+    let write = async {
+        stream.write_all(&msg.to_bytes()).await?;
+        stream.flush().await?;
+        stream.shutdown().await
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), write).await;
+}

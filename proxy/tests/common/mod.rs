@@ -1,0 +1,206 @@
+//! A pgwake process under test, with its own certificate and config, stopped on drop.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pgwake_testkit::{PgOptions, TestCert, TestPostgres, free_port, pg_bin_dir};
+
+pub const SNI_SUFFIX: &str = "db.localtest";
+
+/// A real Postgres with TLS and connection logging, as a tenant's backend.
+pub fn backend() -> TestPostgres {
+    TestPostgres::start(PgOptions {
+        tls: Some(TestCert::new(&["localhost", "127.0.0.1"])),
+        extra_conf: vec!["log_connections = on".into()],
+        ..PgOptions::default()
+    })
+    .expect("start postgres")
+}
+
+/// Lines in the backend's log that record an incoming connection.
+pub fn connections_seen(pg: &TestPostgres) -> usize {
+    pg.log().matches("connection received").count()
+}
+
+pub struct Gateway {
+    child: Option<Child>,
+    pub port: u16,
+    pub admin: u16,
+    pub cert: TestCert,
+    pub dir: tempfile::TempDir,
+    log: PathBuf,
+}
+
+impl Gateway {
+    /// Starts pgwake with tenant `alpha` on `pg` plus `extra` TOML, and env overrides.
+    pub fn start(pg: &TestPostgres, extra: &str, env: &[(&str, &str)]) -> Gateway {
+        let dir = tempfile::tempdir().unwrap();
+        let cert = TestCert::new(&["*.db.localtest", "localhost"]);
+        cert.write_to(dir.path()).unwrap();
+        let (port, admin) = (free_port(), free_port());
+        let config = format!(
+            r#"[listen]
+postgres = "127.0.0.1:{port}"
+admin = "127.0.0.1:{admin}"
+{extra}
+[tls]
+cert = "cert.pem"
+key = "key.pem"
+[routing]
+sni_suffix = "{SNI_SUFFIX}"
+rules = ["sni", "options", "database", "user"]
+[[tenant]]
+id = "alpha"
+backend = {{ kind = "fixed", address = "127.0.0.1:{pg_port}" }}
+"#,
+            pg_port = pg.port
+        );
+        let path = dir.path().join("pgwake.toml");
+        std::fs::write(&path, config).unwrap();
+        let log = dir.path().join("pgwake.log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_pgwake"));
+        cmd.args(["serve", "--config"])
+            .arg(&path)
+            .env("PGWAKE_LOG", "debug")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("spawn pgwake");
+        let mut gw = Gateway {
+            child: Some(child),
+            port,
+            admin,
+            cert,
+            dir,
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while gw.http_get("/readyz").map(|(s, _)| s) != Some(200) {
+            if let Some(status) = gw.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("pgwake exited with {status}: {}", gw.log());
+            }
+            assert!(Instant::now() < deadline, "pgwake not ready: {}", gw.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        gw
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// A GET on the admin listener: (status, body).
+    pub fn http_get(&self, path: &str) -> Option<(u16, String)> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.admin)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).ok()?;
+        let status = text.split_whitespace().nth(1)?.parse().ok()?;
+        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+        Some((status, body))
+    }
+
+    /// The value of an unlabelled (or fully labelled) metric line.
+    pub fn metric(&self, name: &str) -> f64 {
+        let (_, body) = self.http_get("/metrics").expect("metrics");
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    /// Waits until no client connection is open at the gateway.
+    pub fn wait_idle(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let active = self.metric("pgwake_connections_active");
+            if active == 0.0 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{active} connections still active"
+            );
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    pub fn signal(&self, sig: &str) {
+        Command::new("kill")
+            .args([sig, &self.pid().to_string()])
+            .status()
+            .unwrap();
+    }
+
+    /// Waits for the process to exit; returns whether it did in time.
+    pub fn wait_exit(&mut self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Some(c) = self.child.as_mut()
+                && c.try_wait().unwrap().is_some()
+            {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    /// Runs psql with this connection string (key=value, the gateway's port is added; or a
+    /// URI, taken as is) and SQL; returns its output.
+    pub fn psql(&self, pg: &TestPostgres, conninfo: &str, sql: &str) -> Output {
+        let conninfo = if conninfo.starts_with("postgresql://") {
+            conninfo.to_owned()
+        } else {
+            format!("{conninfo} port={}", self.port)
+        };
+        Command::new(pg_bin_dir().unwrap().join("psql"))
+            .args(["-X", "-A", "-t", "-w", "-c", sql])
+            .arg(conninfo)
+            .env("PGPASSWORD", &pg.options.password)
+            .env("PGCONNECT_TIMEOUT", "10")
+            .output()
+            .expect("run psql")
+    }
+
+    /// A tokio-rustls connector trusting the gateway's certificate, speaking ALPN postgresql.
+    pub fn tls_connector(&self) -> tokio_rustls::TlsConnector {
+        let mut roots = rustls::RootCertStore::empty();
+        let der = rustls_pemfile_der(&self.cert.cert_pem);
+        roots.add(der).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        cfg.alpn_protocols = vec![b"postgresql".to_vec()];
+        tokio_rustls::TlsConnector::from(Arc::new(cfg))
+    }
+}
+
+fn rustls_pemfile_der(pem: &str) -> rustls::pki_types::CertificateDer<'static> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).unwrap()
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
