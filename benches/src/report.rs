@@ -1,0 +1,427 @@
+//! Turning runs into the Markdown report, and keeping `benches/RESULTS.md` up to date.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::fs;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+use crate::process::command_output;
+use crate::scenarios::{LATER, Metric, Scenario};
+use crate::targets::TargetKind;
+
+/// Start of the section of RESULTS.md that the harness owns.
+pub const BEGIN_MARKER: &str = "<!-- harness:begin -->";
+/// End of that section.
+pub const END_MARKER: &str = "<!-- harness:end -->";
+
+/// What one pgbench run against one target measured.
+#[derive(Clone, Debug)]
+pub struct Measurement {
+    /// tps or average latency in µs, according to the scenario's metric.
+    pub value: f64,
+    /// Transactions pgbench counted as failed.
+    pub failed: u64,
+    /// Proxy CPU (user + system) per completed transaction, in µs.
+    pub proxy_cpu_us_per_tx: Option<f64>,
+    /// Proxy resident memory at the end of the run, in KiB.
+    pub proxy_rss_kib: Option<u64>,
+}
+
+/// Every run's outcome, keyed by scenario number and target.
+#[derive(Default)]
+pub struct Results {
+    runs: BTreeMap<(u8, TargetKind), Vec<Result<Measurement, String>>>,
+}
+
+impl Results {
+    /// Records one run.
+    pub fn record(&mut self, scenario: u8, target: TargetKind, run: Result<Measurement, String>) {
+        self.runs.entry((scenario, target)).or_default().push(run);
+    }
+
+    fn ok(&self, scenario: u8, target: TargetKind) -> Vec<&Measurement> {
+        self.runs
+            .get(&(scenario, target))
+            .map(|v| v.iter().filter_map(|r| r.as_ref().ok()).collect())
+            .unwrap_or_default()
+    }
+
+    fn median_value(&self, scenario: u8, target: TargetKind) -> Option<f64> {
+        median(
+            &self
+                .ok(scenario, target)
+                .iter()
+                .map(|m| m.value)
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    /// Error messages of failed runs, each with its scenario and target.
+    pub fn errors(&self) -> Vec<String> {
+        self.runs
+            .iter()
+            .flat_map(|((s, t), runs)| {
+                runs.iter()
+                    .filter_map(move |r| r.as_ref().err().map(|e| format!("{s}. {t}: {e}")))
+            })
+            .collect()
+    }
+}
+
+/// The median of `values` (mean of the middle two for an even count), `None` when empty.
+pub fn median(values: &[f64]) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    Some(if v.len() % 2 == 0 {
+        (v[mid - 1] + v[mid]) / 2.0
+    } else {
+        v[mid]
+    })
+}
+
+/// Facts about the machine and the software measured, shown above the table.
+pub struct Facts {
+    /// Label and value pairs, in order.
+    pub rows: Vec<(&'static str, String)>,
+}
+
+impl Facts {
+    /// Reads /proc and the workspace's commit; `software` lists the measured programs' versions.
+    pub fn collect(command: &str, software: Vec<(&'static str, String)>) -> Facts {
+        let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu_model = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name"))
+            .and_then(|l| l.split_once(':'))
+            .map_or("unknown".into(), |(_, m)| m.trim().to_owned());
+        let meminfo = fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let memory = meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+            .map_or("unknown".into(), |kib| {
+                format!("{:.1} GiB", kib / 1024.0 / 1024.0)
+            });
+        let or_unknown = |v: Option<String>| v.unwrap_or_else(|| "unknown".into());
+        let mut rows = vec![
+            ("command", format!("`{command}`")),
+            (
+                "date",
+                or_unknown(command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"])),
+            ),
+            ("CPUs (nproc)", or_unknown(command_output("nproc", &[]))),
+            ("CPU model", cpu_model),
+            ("memory", memory),
+            ("kernel", or_unknown(command_output("uname", &["-sr"]))),
+        ];
+        rows.extend(software);
+        rows.push(("pgwake commit", pgwake_commit()));
+        Facts { rows }
+    }
+}
+
+/// The workspace commit, marked when the gateway's folders have uncommitted changes.
+fn pgwake_commit() -> String {
+    let root = crate::targets::workspace_root();
+    let root = root.to_string_lossy();
+    let Some(head) = command_output("git", &["-C", &root, "rev-parse", "--short", "HEAD"]) else {
+        return "unknown".into();
+    };
+    let dirty = command_output(
+        "git",
+        &[
+            "-C",
+            &root,
+            "status",
+            "--porcelain",
+            "--",
+            "proxy",
+            "protocol",
+            "routing",
+        ],
+    )
+    .is_some_and(|s| !s.is_empty());
+    if dirty {
+        format!("{head} + uncommitted changes")
+    } else {
+        head
+    }
+}
+
+/// Everything the report needs besides the runs.
+pub struct ReportInput<'a> {
+    /// Machine and software facts.
+    pub facts: &'a Facts,
+    /// The scenarios in table order.
+    pub scenarios: &'a [Scenario],
+    /// Targets that were measured.
+    pub measured: &'a [TargetKind],
+    /// Targets left out, with the reason.
+    pub skipped: &'a [(TargetKind, String)],
+    /// Repetitions run.
+    pub reps: u32,
+    /// pgbench scale of the data.
+    pub scale: u32,
+    /// How clients logged in.
+    pub auth: crate::targets::Auth,
+}
+
+/// The Markdown report: facts, the results table, what was skipped and what went wrong.
+pub fn render(input: &ReportInput<'_>, results: &Results) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "## Load harness results\n");
+    let _ = writeln!(out, "| fact | value |\n|---|---|");
+    for (k, v) in &input.facts.rows {
+        let _ = writeln!(out, "| {k} | {} |", cell(v));
+    }
+    let _ = writeln!(
+        out,
+        "| method | {} repetition(s); per repetition every scenario runs against each target in \
+         turn, target order rotated each repetition; pgbench data at scale {}; client auth {} |",
+        input.reps, input.scale, input.auth
+    );
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "| # | scenario | target | median | min–max | vs direct | vs PgBouncer | failed tx | \
+         proxy CPU µs/tx | proxy RSS MiB |\n\
+         |---|---|---|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for s in input.scenarios {
+        for kind in TargetKind::ALL {
+            let _ = writeln!(out, "{}", row(input, results, s, kind));
+        }
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "Median and min–max over repetitions. Ratios divide this row's median by the reference \
+         target's median: above 1.00× is better for tps, worse for latency. Proxy CPU is the \
+         proxy process's utime+stime during the run divided by transactions; RSS is VmRSS at the \
+         end of the run (both medians; direct Postgres has no proxy).\n"
+    );
+    let _ = writeln!(
+        out,
+        "Commands (connection settings come from PG* variables):\n"
+    );
+    for s in input.scenarios {
+        let _ = writeln!(
+            out,
+            "{}. `{}` with sslmode={}",
+            s.number,
+            s.command_line(),
+            s.sslmode
+        );
+    }
+    let _ = writeln!(out, "\nNot measured yet:\n");
+    for l in LATER {
+        let _ = writeln!(out, "- {}: {}", l.name, l.skip_reason());
+    }
+    if !input.skipped.is_empty() {
+        let _ = writeln!(out, "\nTargets skipped:\n");
+        for (kind, why) in input.skipped {
+            let _ = writeln!(out, "- {kind}: {}", one_line(why));
+        }
+    }
+    let errors = results.errors();
+    if !errors.is_empty() {
+        let _ = writeln!(out, "\nFailed runs:\n");
+        for e in errors {
+            let _ = writeln!(out, "- {}", one_line(&e));
+        }
+    }
+    out
+}
+
+fn row(input: &ReportInput<'_>, results: &Results, s: &Scenario, kind: TargetKind) -> String {
+    let head = format!(
+        "| {} | {} ({}) | {kind} |",
+        s.number,
+        s.name,
+        s.metric.unit()
+    );
+    if !input.measured.contains(&kind) {
+        return format!("{head} skipped | | | | | | |");
+    }
+    let ok = results.ok(s.number, kind);
+    let total = results.runs.get(&(s.number, kind)).map_or(0, Vec::len);
+    if ok.is_empty() {
+        return format!("{head} failed | | | | | | |");
+    }
+    let values: Vec<f64> = ok.iter().map(|m| m.value).collect();
+    let med = median(&values).unwrap_or(f64::NAN);
+    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let ratio = |reference: TargetKind| {
+        if reference == kind {
+            return "—".to_owned();
+        }
+        results
+            .median_value(s.number, reference)
+            .filter(|r| *r > 0.0)
+            .map_or("—".into(), |r| format!("{:.2}×", med / r))
+    };
+    let failed: u64 = ok.iter().map(|m| m.failed).sum();
+    let cpu = median(
+        &ok.iter()
+            .filter_map(|m| m.proxy_cpu_us_per_tx)
+            .collect::<Vec<_>>(),
+    )
+    .map_or("—".into(), |v| format!("{v:.1}"));
+    let rss = median(
+        &ok.iter()
+            .filter_map(|m| m.proxy_rss_kib.map(|k| k as f64 / 1024.0))
+            .collect::<Vec<_>>(),
+    )
+    .map_or("—".into(), |v| format!("{v:.1}"));
+    let partial = if ok.len() < total {
+        format!(" ({}/{total} runs ok)", ok.len())
+    } else {
+        String::new()
+    };
+    format!(
+        "{head} {}{partial} | {}–{} | {} | {} | {failed} | {cpu} | {rss} |",
+        number(s.metric, med),
+        number(s.metric, min),
+        number(s.metric, max),
+        ratio(TargetKind::Direct),
+        ratio(TargetKind::PgBouncer),
+    )
+}
+
+/// tps as whole numbers; latencies with one decimal, since single-client round trips on loopback
+/// are tens of µs.
+fn number(metric: Metric, v: f64) -> String {
+    match metric {
+        Metric::Tps => format!("{v:.0}"),
+        Metric::LatencyUs => format!("{v:.1}"),
+    }
+}
+
+fn cell(s: &str) -> String {
+    one_line(s).replace('|', "\\|")
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Replaces the harness section of `path` (between the markers) with `section`, creating the
+/// file with a short header if it is missing, and appending the section if the markers are.
+/// Everything outside the markers is kept, so people's notes survive.
+pub fn write_results_file(path: &Path, section: &str) -> Result<()> {
+    let existing = match fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => RESULTS_HEADER.to_owned(),
+        Err(e) => return Err(e).with_context(|| format!("read {}", path.display())),
+    };
+    fs::write(path, replace_section(&existing, section))
+        .with_context(|| format!("write {}", path.display()))
+}
+
+const RESULTS_HEADER: &str = "# pgwake benchmark results\n\n\
+Numbers from the load harness and notes about them. The section between the harness markers is \
+rewritten by `cargo run -p pgwake-bench --release -- all --write`; everything outside it is kept, \
+so add notes above or below it.\n";
+
+/// `text` with the marked section replaced by `section` (or appended when there is none).
+pub fn replace_section(text: &str, section: &str) -> String {
+    let block = format!("{BEGIN_MARKER}\n{}\n{END_MARKER}", section.trim_end());
+    if let Some(begin) = text.find(BEGIN_MARKER)
+        && let Some(end_rel) = text[begin..].find(END_MARKER)
+    {
+        let end = begin + end_rel + END_MARKER.len();
+        return format!("{}{block}{}", &text[..begin], &text[end..]);
+    }
+    let mut out = text.trim_end().to_owned();
+    out.push_str("\n\n");
+    out.push_str(&block);
+    out.push('\n');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
+    }
+
+    #[test]
+    fn section_is_replaced_and_notes_survive() {
+        let text = format!(
+            "# title\n\nnote above\n\n{BEGIN_MARKER}\nold table\n{END_MARKER}\n\nnote below\n"
+        );
+        let new = replace_section(&text, "new table\n");
+        assert_eq!(
+            new,
+            format!(
+                "# title\n\nnote above\n\n{BEGIN_MARKER}\nnew table\n{END_MARKER}\n\nnote below\n"
+            )
+        );
+        // Idempotent in shape: a second write replaces, never duplicates.
+        let again = replace_section(&new, "newer");
+        assert_eq!(again.matches(BEGIN_MARKER).count(), 1);
+        assert!(again.contains("newer") && !again.contains("new table"));
+    }
+
+    #[test]
+    fn section_is_appended_when_markers_are_missing() {
+        let new = replace_section("# title\n\nnotes\n", "table");
+        assert_eq!(
+            new,
+            format!("# title\n\nnotes\n\n{BEGIN_MARKER}\ntable\n{END_MARKER}\n")
+        );
+    }
+
+    #[test]
+    fn ratios_and_skips_in_rows() {
+        let scenarios = crate::scenarios::scenarios(
+            crate::scenarios::Durations::QUICK,
+            Path::new("select1.sql"),
+        );
+        let mut results = Results::default();
+        let m = |value, cpu| Measurement {
+            value,
+            failed: 0,
+            proxy_cpu_us_per_tx: cpu,
+            proxy_rss_kib: cpu.map(|_| 2048),
+        };
+        for v in [100.0, 110.0, 90.0] {
+            results.record(1, TargetKind::Direct, Ok(m(v, None)));
+            results.record(1, TargetKind::PgBouncer, Ok(m(v / 2.0, Some(12.0))));
+        }
+        let facts = Facts { rows: vec![] };
+        let skipped = vec![(TargetKind::Pgwake, "binary missing".to_owned())];
+        let input = ReportInput {
+            facts: &facts,
+            scenarios: &scenarios[..1],
+            measured: &[TargetKind::Direct, TargetKind::PgBouncer],
+            skipped: &skipped,
+            reps: 3,
+            scale: 10,
+            auth: crate::targets::Auth::Trust,
+        };
+        let text = render(&input, &results);
+        assert!(
+            text.contains("| direct | 100 | 90–110 | — | 2.00× | 0 | — | — |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| PgBouncer | 50 | 45–55 | 0.50× | — | 0 | 12.0 | 2.0 |"),
+            "{text}"
+        );
+        assert!(text.contains("| pgwake | skipped |"), "{text}");
+        assert!(text.contains("- pgwake: binary missing"), "{text}");
+    }
+}

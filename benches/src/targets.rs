@@ -1,0 +1,542 @@
+//! The three things pgbench is pointed at — Postgres itself, PgBouncer and pgwake — set up on
+//! loopback with configs written into one temporary directory, and torn down by PID on drop.
+
+use std::fmt;
+use std::fs;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::fs::chown;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use pgwake_testkit::{
+    PgOptions, TestCert, TestPostgres, free_port, hand_over, pg_bin_dir, pg_command,
+};
+
+use crate::pgbench::{Endpoint, Pgbench};
+use crate::process::{Guarded, command_output};
+
+/// What pgbench talks to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TargetKind {
+    /// Postgres directly: the baseline.
+    Direct,
+    /// PgBouncer in session pool mode: the proxy to beat.
+    PgBouncer,
+    /// The gateway under test.
+    Pgwake,
+}
+
+impl TargetKind {
+    /// All targets in table order.
+    pub const ALL: [TargetKind; 3] = [
+        TargetKind::Direct,
+        TargetKind::PgBouncer,
+        TargetKind::Pgwake,
+    ];
+}
+
+impl fmt::Display for TargetKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TargetKind::Direct => "direct",
+            TargetKind::PgBouncer => "PgBouncer",
+            TargetKind::Pgwake => "pgwake",
+        })
+    }
+}
+
+/// A running target: where to connect, and the proxy process whose CPU and memory are sampled
+/// (none for direct Postgres, whose work is spread over one forked backend per connection).
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// Which one.
+    pub kind: TargetKind,
+    /// Where pgbench connects.
+    pub endpoint: Endpoint,
+    /// PID of the proxy process.
+    pub proxy_pid: Option<u32>,
+}
+
+/// How clients log in, the same on all three targets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Auth {
+    /// No password check anywhere (Postgres `trust`, PgBouncer `auth_type = trust`): connection
+    /// churn then measures connection handling, not SCRAM's deliberately slow key derivation.
+    Trust,
+    /// SCRAM-SHA-256: Postgres checks direct and relayed (pgwake) logins, PgBouncer checks its
+    /// own clients against the auth file. Realistic, but churn becomes mostly PBKDF2 time.
+    Scram,
+}
+
+impl fmt::Display for Auth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Auth::Trust => "trust",
+            Auth::Scram => "scram-sha-256",
+        })
+    }
+}
+
+/// How to find pgwake.
+#[derive(Clone, Debug)]
+pub struct PgwakeSource {
+    /// Use this binary instead of the workspace's release build.
+    pub binary: Option<PathBuf>,
+    /// Run `cargo build --release -p pgwake` first.
+    pub build: bool,
+}
+
+/// Everything the harness started. Field order is drop order: the proxies stop before the
+/// Postgres they talk to, and the config directory goes last.
+pub struct Environment {
+    pgwake: Option<Guarded>,
+    pgbouncer: Option<Guarded>,
+    postgres: TestPostgres,
+    dir: tempfile::TempDir,
+    /// Targets that started and may be measured, in table order.
+    pub targets: Vec<Target>,
+    /// Why a target is missing, for the report.
+    pub skipped: Vec<(TargetKind, String)>,
+    /// The pgbench of the server's PostgreSQL installation.
+    pub pgbench: Pgbench,
+    /// `postgres --version`.
+    pub postgres_version: String,
+    /// `pgbouncer --version` (first line), when installed.
+    pub pgbouncer_version: Option<String>,
+}
+
+impl Environment {
+    /// Starts Postgres with TLS and initializes pgbench data at `scale`, then PgBouncer and pgwake
+    /// in front of it. A proxy that cannot start is recorded in `skipped`; Postgres failing is an
+    /// error.
+    pub fn start(scale: u32, auth: Auth, pgwake: &PgwakeSource) -> Result<Environment> {
+        // Build first: compiling on a small machine must not overlap anything measured, and a
+        // build failure only removes pgwake from the run.
+        let pgwake_binary = locate_pgwake(pgwake);
+        let bin = pg_bin_dir().context("find the PostgreSQL binaries")?;
+        let pgbench = Pgbench {
+            program: bin.join("pgbench"),
+        };
+        let postgres_version = command_output(bin.join("postgres"), &["--version"])
+            .unwrap_or_else(|| "unknown".into());
+
+        // One certificate for all three, so TLS costs compare like for like (ECDSA P-256).
+        let cert = TestCert::new(&["localhost", "127.0.0.1"]);
+        let dir = tempfile::Builder::new()
+            .prefix("pgwake-bench-")
+            .tempdir()
+            .context("create the harness directory")?;
+        // PgBouncer runs as the postgres account when we are root and must read its files here.
+        hand_over(dir.path()).context("hand the harness directory to the postgres account")?;
+        let (cert_path, key_path) = cert.write_to(dir.path())?;
+        give_to_postgres(&cert_path)?;
+        give_to_postgres(&key_path)?;
+
+        crate::progress(format_args!("starting PostgreSQL ({postgres_version}) ..."));
+        let postgres = TestPostgres::start(PgOptions {
+            tls: Some(cert),
+            // Large enough to hold the pgbench data at the default scale, so runs read from
+            // shared buffers rather than racing the page cache.
+            extra_conf: vec!["shared_buffers = 256MB".into()],
+            trust: auth == Auth::Trust,
+            ..PgOptions::default()
+        })
+        .context("start PostgreSQL")?;
+        let direct = Endpoint {
+            port: postgres.port,
+            user: postgres.options.user.clone(),
+            password: postgres.options.password.clone(),
+            dbname: "postgres".into(),
+        };
+        crate::progress(format_args!(
+            "initializing pgbench data (pgbench -i -s {scale}) ..."
+        ));
+        pgbench.initialize(&direct, scale)?;
+
+        let mut env = Environment {
+            pgwake: None,
+            pgbouncer: None,
+            postgres,
+            dir,
+            targets: vec![Target {
+                kind: TargetKind::Direct,
+                endpoint: direct.clone(),
+                proxy_pid: None,
+            }],
+            skipped: Vec::new(),
+            pgbench,
+            postgres_version,
+            pgbouncer_version: None,
+        };
+
+        match find_pgbouncer() {
+            None => env.skipped.push((
+                TargetKind::PgBouncer,
+                "PgBouncer is not installed: apt-get install -y pgbouncer".into(),
+            )),
+            Some(program) => {
+                env.pgbouncer_version = command_output(&program, &["--version"])
+                    .and_then(|v| v.lines().next().map(str::to_owned));
+                crate::progress(format_args!("starting PgBouncer ..."));
+                match start_pgbouncer(
+                    &program,
+                    env.dir.path(),
+                    auth,
+                    &direct,
+                    &cert_path,
+                    &key_path,
+                ) {
+                    Ok((guard, port)) => {
+                        env.targets.push(Target {
+                            kind: TargetKind::PgBouncer,
+                            endpoint: Endpoint {
+                                port,
+                                ..direct.clone()
+                            },
+                            proxy_pid: Some(guard.pid()),
+                        });
+                        env.pgbouncer = Some(guard);
+                    }
+                    Err(e) => env.skipped.push((
+                        TargetKind::PgBouncer,
+                        format!("PgBouncer did not start: {e:#}"),
+                    )),
+                }
+            }
+        }
+
+        let started = pgwake_binary.and_then(|binary| {
+            start_pgwake(&binary, env.dir.path(), &direct, &cert_path, &key_path)
+        });
+        match started {
+            Ok((guard, port)) => {
+                env.targets.push(Target {
+                    kind: TargetKind::Pgwake,
+                    endpoint: Endpoint { port, ..direct },
+                    proxy_pid: Some(guard.pid()),
+                });
+                env.pgwake = Some(guard);
+            }
+            Err(e) => env.skipped.push((TargetKind::Pgwake, format!("{e:#}"))),
+        }
+        Ok(env)
+    }
+
+    /// The harness's temporary directory (configs, logs, scripts).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Takes a target out of the measured set, e.g. when its warm-up run fails.
+    pub fn drop_target(&mut self, kind: TargetKind, reason: String) {
+        self.targets.retain(|t| t.kind != kind);
+        self.skipped.push((kind, reason));
+    }
+
+    /// The last lines of a proxy's log, to explain a failure.
+    pub fn proxy_log_tail(&self, kind: TargetKind) -> String {
+        let guard = match kind {
+            TargetKind::Direct => return tail_lines(&self.postgres.log(), 5),
+            TargetKind::PgBouncer => self.pgbouncer.as_ref(),
+            TargetKind::Pgwake => self.pgwake.as_ref(),
+        };
+        guard.map(|g| g.log_tail(5)).unwrap_or_default()
+    }
+}
+
+fn tail_lines(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Makes a file readable by the postgres account when we are root (it runs PgBouncer).
+fn give_to_postgres(path: &Path) -> Result<()> {
+    if let Some((uid, gid)) = pgwake_testkit::postgres_account() {
+        chown(path, Some(uid), Some(gid)).with_context(|| format!("chown {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// `PGWAKE_BENCH_PGBOUNCER`, else the Debian package's path, else `pgbouncer` on PATH.
+fn find_pgbouncer() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("PGWAKE_BENCH_PGBOUNCER") {
+        return Some(PathBuf::from(p));
+    }
+    let debian = PathBuf::from("/usr/sbin/pgbouncer");
+    if debian.exists() {
+        return Some(debian);
+    }
+    std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join("pgbouncer"))
+            .find(|p| p.exists())
+    })
+}
+
+/// Writes PgBouncer's config and auth file and starts it in the foreground (as the postgres
+/// account when we are root, since PgBouncer refuses to run as root). Returns it and its port.
+fn start_pgbouncer(
+    program: &Path,
+    dir: &Path,
+    auth: Auth,
+    backend: &Endpoint,
+    cert: &Path,
+    key: &Path,
+) -> Result<(Guarded, u16)> {
+    let port = free_port();
+    let auth_file = dir.join("userlist.txt");
+    // Plain password in the auth file: PgBouncer checks the client's SCRAM against it and can
+    // log in to the server with SCRAM using it. With `trust` the user must still be listed.
+    fs::write(
+        &auth_file,
+        format!("\"{}\" \"{}\"\n", backend.user, backend.password),
+    )?;
+    give_to_postgres(&auth_file)?;
+    let ini = dir.join("pgbouncer.ini");
+    let log = dir.join("pgbouncer.log");
+    fs::write(
+        &ini,
+        format!(
+            "[databases]\n\
+             * = host=127.0.0.1 port={backend_port}\n\
+             \n\
+             [pgbouncer]\n\
+             listen_addr = 127.0.0.1\n\
+             listen_port = {port}\n\
+             unix_socket_dir =\n\
+             auth_type = {auth}\n\
+             auth_file = {auth_file}\n\
+             pool_mode = session\n\
+             max_client_conn = 200\n\
+             default_pool_size = 40\n\
+             client_tls_sslmode = allow\n\
+             client_tls_cert_file = {cert}\n\
+             client_tls_key_file = {key}\n\
+             logfile = {log}\n\
+             ; Per-connection log lines would put disk writes in the churn scenarios' path.\n\
+             log_connections = 0\n\
+             log_disconnections = 0\n",
+            backend_port = backend.port,
+            auth_file = auth_file.display(),
+            cert = cert.display(),
+            key = key.display(),
+            log = log.display(),
+        ),
+    )?;
+    give_to_postgres(&ini)?;
+    let child = pg_command(program)
+        .arg(&ini)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("spawn {}", program.display()))?;
+    let mut guard = Guarded::new("pgbouncer", child, log);
+    wait_until(&mut guard, Duration::from_secs(10), || {
+        Ok(TcpStream::connect(("127.0.0.1", port)).is_ok())
+    })?;
+    Ok((guard, port))
+}
+
+/// The pgwake binary to run: the given one, or the workspace's release build (built first unless
+/// told not to).
+fn locate_pgwake(source: &PgwakeSource) -> Result<PathBuf> {
+    let binary = match &source.binary {
+        Some(b) => b.clone(),
+        None => {
+            if source.build {
+                build_pgwake()?;
+            }
+            target_dir()?.join("release").join("pgwake")
+        }
+    };
+    if !binary.exists() {
+        bail!(
+            "pgwake binary {} not found (build it with cargo build --release -p pgwake)",
+            binary.display()
+        );
+    }
+    Ok(binary)
+}
+
+/// Writes pgwake's config and starts `pgwake serve`. Returns it and its Postgres port once the
+/// port accepts TCP and `/readyz` answers 200.
+fn start_pgwake(
+    binary: &Path,
+    dir: &Path,
+    backend: &Endpoint,
+    cert: &Path,
+    key: &Path,
+) -> Result<(Guarded, u16)> {
+    let port = free_port();
+    let admin = free_port();
+    let config = dir.join("pgwake.toml");
+    fs::write(
+        &config,
+        format!(
+            "[listen]\n\
+             postgres = \"127.0.0.1:{port}\"\n\
+             admin = \"127.0.0.1:{admin}\"\n\
+             allow_plaintext = true\n\
+             \n\
+             [tls]\n\
+             cert = \"{cert}\"\n\
+             key = \"{key}\"\n\
+             \n\
+             [routing]\n\
+             rules = [\"sni\", \"options\", \"database\", \"user\"]\n\
+             default_tenant = \"bench\"\n\
+             \n\
+             [[tenant]]\n\
+             id = \"bench\"\n\
+             backend = {{ kind = \"fixed\", address = \"127.0.0.1:{backend_port}\" }}\n",
+            cert = cert.display(),
+            key = key.display(),
+            backend_port = backend.port,
+        ),
+    )?;
+    let log = dir.join("pgwake.log");
+    let mut cmd = Command::new(binary);
+    cmd.args(["serve", "--config"]).arg(&config);
+    // PGWAKE_* variables override config keys; a developer's shell must not change the run.
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("PGWAKE_") {
+            cmd.env_remove(key);
+        }
+    }
+    // Per-connection log lines would be in the churn path; PgBouncer's are off too.
+    if std::env::var_os("RUST_LOG").is_none() {
+        cmd.env("RUST_LOG", "warn");
+    }
+    crate::progress(format_args!("starting pgwake ({}) ...", binary.display()));
+    let log_file = fs::File::create(&log)?;
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(log_file.try_clone()?)
+        .stderr(log_file)
+        .spawn()
+        .with_context(|| format!("spawn {}", binary.display()))?;
+    let mut guard = Guarded::new("pgwake", child, log);
+    wait_until(&mut guard, Duration::from_secs(20), || {
+        Ok(TcpStream::connect(("127.0.0.1", port)).is_ok()
+            && http_status(admin, "/readyz") == Some(200))
+    })
+    .context("pgwake did not start")?;
+    Ok((guard, port))
+}
+
+/// Polls `ready` until it holds, failing early if the child exits.
+fn wait_until(
+    guard: &mut Guarded,
+    limit: Duration,
+    mut ready: impl FnMut() -> Result<bool>,
+) -> Result<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = guard.exited() {
+            bail!("exited with {status} before serving: {}", guard.log_tail(5));
+        }
+        if ready()? {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("not ready within {limit:?}: {}", guard.log_tail(5));
+        }
+        sleep(Duration::from_millis(50));
+    }
+}
+
+/// The status code of a plain HTTP/1.0 GET on 127.0.0.1, or `None` if there is no valid answer.
+/// Hand-written so the harness needs no HTTP client crate.
+pub fn http_status(port: u16, path: &str) -> Option<u16> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut head = Vec::new();
+    // HTTP/1.0: the server closes after the answer; the status line is all we need.
+    let _ = stream.take(4096).read_to_end(&mut head);
+    parse_status_line(&String::from_utf8_lossy(&head))
+}
+
+fn parse_status_line(response: &str) -> Option<u16> {
+    let line = response.lines().next()?;
+    let mut parts = line.split_whitespace();
+    parts.next().filter(|v| v.starts_with("HTTP/"))?;
+    parts.next()?.parse().ok()
+}
+
+/// Where this workspace is: the bench crate's parent folder.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("benches/ has a parent")
+        .to_path_buf()
+}
+
+fn cargo() -> Command {
+    // `cargo run` sets CARGO to the cargo that built us; use the same one.
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(workspace_root());
+    cmd
+}
+
+fn build_pgwake() -> Result<()> {
+    crate::progress(format_args!(
+        "building pgwake (cargo build --release -p pgwake) ..."
+    ));
+    let status = cargo()
+        .args(["build", "--release", "-p", "pgwake"])
+        .status()
+        .context("run cargo build")?;
+    if !status.success() {
+        bail!("cargo build --release -p pgwake failed ({status})");
+    }
+    Ok(())
+}
+
+/// The cargo target directory: `CARGO_TARGET_DIR`, else what `cargo metadata` says.
+fn target_dir() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR") {
+        // Cargo reads a relative CARGO_TARGET_DIR against the directory it was started in.
+        return std::path::absolute(dir).context("resolve CARGO_TARGET_DIR");
+    }
+    let out = cargo()
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .output()
+        .context("run cargo metadata")?;
+    if !out.status.success() {
+        bail!(
+            "cargo metadata failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let meta: serde_json::Value =
+        serde_json::from_slice(&out.stdout).context("parse cargo metadata")?;
+    meta["target_directory"]
+        .as_str()
+        .map(PathBuf::from)
+        .ok_or_else(|| anyhow!("cargo metadata has no target_directory"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_line() {
+        assert_eq!(
+            parse_status_line("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"),
+            Some(200)
+        );
+        assert_eq!(
+            parse_status_line("HTTP/1.0 503 Service Unavailable\r\n"),
+            Some(503)
+        );
+        assert_eq!(parse_status_line("garbage"), None);
+        assert_eq!(parse_status_line(""), None);
+    }
+}
