@@ -216,23 +216,18 @@ async fn login_exchange(
                 to_client.extend_from_slice(&backend_key_data(reg.pid, reg.secret));
                 registration = Some(reg);
             }
-            b'Z' => {
+            b'Z' | b'E' => {
                 to_client.extend_from_slice(&msg.bytes);
                 client
                     .write_all(&to_client)
                     .await
                     .map_err(SessionError::ClientIo)?;
                 client.flush().await.map_err(SessionError::ClientIo)?;
-                return Ok(registration);
-            }
-            b'E' => {
-                to_client.extend_from_slice(&msg.bytes);
-                client
-                    .write_all(&to_client)
-                    .await
-                    .map_err(SessionError::ClientIo)?;
-                client.flush().await.map_err(SessionError::ClientIo)?;
-                return Err(SessionError::LoginRefused);
+                // After an ErrorResponse (the backend's own, relayed as is) the login is over.
+                return match msg.tag() {
+                    b'Z' => Ok(registration),
+                    _ => Err(SessionError::LoginRefused),
+                };
             }
             b'S' | b'N' => to_client.extend_from_slice(&msg.bytes),
             // The gateway asks the backend for plain 3.0 without extensions, so a negotiation
