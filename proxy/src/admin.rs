@@ -1,4 +1,5 @@
-//! The admin listener: Prometheus metrics, liveness and readiness.
+//! The admin listener: Prometheus metrics, liveness, readiness, and the tenant API
+//! (`GET /v1/tenants`, `POST /v1/tenants/{id}/wake`, `POST /v1/tenants/{id}/sleep`).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -14,12 +15,16 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tracing::warn;
 
+use pgwake_routing::{TenantId, WakeCoordinator, WakeError};
+
 use crate::metrics::Metrics;
 
 /// What the admin endpoints report on.
 pub struct AdminState {
     /// Metrics to export.
     pub metrics: Arc<Metrics>,
+    /// Tenants and their states.
+    pub coordinator: Arc<WakeCoordinator>,
     /// False once shutdown has begun, so load balancers stop sending clients.
     pub ready: AtomicBool,
 }
@@ -36,14 +41,58 @@ fn text(
         .unwrap_or_default()
 }
 
-fn route(state: &AdminState, req: &Request<Incoming>) -> Response<Full<Bytes>> {
-    const PLAIN: &str = "text/plain; charset=utf-8";
-    match (req.method(), req.uri().path()) {
-        (&Method::GET, "/metrics") => text(
-            StatusCode::OK,
-            "text/plain; version=0.0.4; charset=utf-8",
-            state.metrics.render(),
-        ),
+const PLAIN: &str = "text/plain; charset=utf-8";
+const JSON: &str = "application/json";
+
+fn json_error(status: StatusCode, message: impl Into<String>) -> Response<Full<Bytes>> {
+    let body = serde_json::json!({ "error": message.into() });
+    text(status, JSON, body.to_string())
+}
+
+async fn tenant_action(state: &AdminState, id: &str, action: &str) -> Response<Full<Bytes>> {
+    let Ok(tenant) = TenantId::parse(id) else {
+        return json_error(StatusCode::NOT_FOUND, format!("no tenant {id:?}"));
+    };
+    let result = match action {
+        "wake" => state.coordinator.wake(&tenant).await,
+        "sleep" => state.coordinator.sleep(&tenant).await,
+        _ => return json_error(StatusCode::NOT_FOUND, "unknown action"),
+    };
+    match result {
+        Ok(()) => {
+            let status = state.coordinator.status();
+            let t = status.iter().find(|t| t.id == tenant.as_str());
+            text(
+                StatusCode::OK,
+                JSON,
+                serde_json::to_string(&t).unwrap_or_default(),
+            )
+        }
+        Err(WakeError::UnknownTenant(_)) => {
+            json_error(StatusCode::NOT_FOUND, format!("no tenant {id:?}"))
+        }
+        Err(e @ WakeError::Busy(_)) => json_error(StatusCode::CONFLICT, e.to_string()),
+        Err(e @ WakeError::QueueFull { .. }) => {
+            json_error(StatusCode::TOO_MANY_REQUESTS, e.to_string())
+        }
+        Err(e) => json_error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+async fn route(state: &AdminState, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    let path = req.uri().path();
+    match (req.method(), path) {
+        (&Method::GET, "/metrics") => {
+            state.metrics.set_tenants(
+                &state.coordinator.status(),
+                state.coordinator.waiters_total(),
+            );
+            text(
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                state.metrics.render(),
+            )
+        }
         (&Method::GET, "/healthz") => text(StatusCode::OK, PLAIN, "ok\n"),
         (&Method::GET, "/readyz") if state.ready.load(Ordering::Relaxed) => {
             text(StatusCode::OK, PLAIN, "ready\n")
@@ -51,7 +100,18 @@ fn route(state: &AdminState, req: &Request<Incoming>) -> Response<Full<Bytes>> {
         (&Method::GET, "/readyz") => {
             text(StatusCode::SERVICE_UNAVAILABLE, PLAIN, "shutting down\n")
         }
-        (_, "/metrics" | "/healthz" | "/readyz") => text(
+        (&Method::GET, "/v1/tenants") => text(
+            StatusCode::OK,
+            JSON,
+            serde_json::to_string(&state.coordinator.status()).unwrap_or_default(),
+        ),
+        (&Method::POST, p) if p.starts_with("/v1/tenants/") => {
+            match p["/v1/tenants/".len()..].split_once('/') {
+                Some((id, action)) => tenant_action(state, id, action).await,
+                None => json_error(StatusCode::NOT_FOUND, "not found"),
+            }
+        }
+        (_, "/metrics" | "/healthz" | "/readyz" | "/v1/tenants") => text(
             StatusCode::METHOD_NOT_ALLOWED,
             PLAIN,
             "method not allowed\n",
@@ -74,8 +134,8 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>) {
         let state = state.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| {
-                let resp = route(&state, &req);
-                async move { Ok::<_, Infallible>(resp) }
+                let state = state.clone();
+                async move { Ok::<_, Infallible>(route(&state, &req).await) }
             });
             let _ = http1::Builder::new()
                 .serve_connection(TokioIo::new(tcp), service)

@@ -12,7 +12,9 @@ use pgwake_routing::{Endpoint, Rule, TenantId};
 use serde::Deserialize;
 
 /// Top-level sections; only environment variables naming one of them are read as overrides.
-const SECTIONS: &[&str] = &["listen", "tls", "limits", "routing", "backend"];
+const SECTIONS: &[&str] = &[
+    "listen", "tls", "limits", "routing", "backend", "wake", "local",
+];
 
 /// A configuration problem, naming the key and what to do.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +57,12 @@ pub struct Config {
     /// How the gateway talks to backends.
     #[serde(default)]
     pub backend: BackendConfig,
+    /// Waking and idle sleep.
+    #[serde(default)]
+    pub wake: WakeConfig,
+    /// The embedded local backend.
+    #[serde(default)]
+    pub local: Option<LocalConfig>,
     /// The tenants served.
     #[serde(default, rename = "tenant")]
     pub tenants: Vec<TenantConfig>,
@@ -187,6 +195,92 @@ pub struct BackendConfig {
     pub ca: Option<PathBuf>,
 }
 
+/// `[wake]`: the accept queue, wake retries and idle sleep.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WakeConfig {
+    /// How long a connection waits for its tenant to wake before FATAL 57P03.
+    #[serde(with = "humantime_serde")]
+    pub wake_timeout: Duration,
+    /// Connections that may wait for one tenant; more get FATAL 53300 at once.
+    pub max_waiters_per_tenant: usize,
+    /// Connections that may wait across all tenants.
+    pub max_waiters_total: usize,
+    /// Attempts one wake makes before the tenant is marked failed.
+    pub attempts: u32,
+    /// Pause after a failed attempt (doubling each time).
+    #[serde(with = "humantime_serde")]
+    pub retry_backoff: Duration,
+    /// How long a failed tenant refuses connections before the next wake.
+    #[serde(with = "humantime_serde")]
+    pub failed_retry_delay: Duration,
+    /// A tenant with no connections for this long is put to sleep (per-tenant override:
+    /// `idle_timeout` in `[[tenant]]`).
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// How often idle tenants are looked for.
+    #[serde(with = "humantime_serde")]
+    pub idle_check_interval: Duration,
+    /// Send a NoticeResponse ("waking database …") to clients that have to wait.
+    pub wake_notice: bool,
+}
+
+impl Default for WakeConfig {
+    fn default() -> Self {
+        WakeConfig {
+            wake_timeout: Duration::from_secs(30),
+            max_waiters_per_tenant: 1000,
+            max_waiters_total: 10_000,
+            attempts: 3,
+            retry_backoff: Duration::from_millis(200),
+            failed_retry_delay: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(300),
+            idle_check_interval: Duration::from_secs(1),
+            wake_notice: false,
+        }
+    }
+}
+
+/// `[local]`: Postgres servers this gateway starts and stops itself.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalConfig {
+    /// Folder with one data directory per tenant (created when missing).
+    pub data_dir: PathBuf,
+    /// Folder with `initdb` and `postgres` (default: found on PATH or /usr/lib/postgresql).
+    #[serde(default)]
+    pub bin_dir: Option<PathBuf>,
+    /// Account the servers run as when the gateway is root (default `postgres`).
+    #[serde(default)]
+    pub run_as: Option<String>,
+    /// Superuser `initdb` creates in each tenant's cluster.
+    #[serde(default = "default_superuser")]
+    pub superuser: String,
+    /// Its password.
+    pub password: String,
+    /// Extra `postgresql.conf` settings, written when a data directory is created.
+    #[serde(default)]
+    pub settings: std::collections::BTreeMap<String, String>,
+    /// How long a fast shutdown may take before an immediate one.
+    #[serde(default = "default_stop_timeout", with = "humantime_serde")]
+    pub stop_timeout: Duration,
+    /// Time between readiness probes while a server starts.
+    #[serde(default = "default_probe_interval", with = "humantime_serde")]
+    pub probe_interval: Duration,
+}
+
+fn default_superuser() -> String {
+    "pgwake".into()
+}
+
+fn default_stop_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+
+fn default_probe_interval() -> Duration {
+    Duration::from_millis(5)
+}
+
 /// `[[tenant]]`: one tenant.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -195,6 +289,9 @@ pub struct TenantConfig {
     pub id: TenantId,
     /// Where its database runs.
     pub backend: TenantBackend,
+    /// Overrides `[wake] idle_timeout`.
+    #[serde(default, with = "humantime_serde")]
+    pub idle_timeout: Option<Duration>,
 }
 
 /// A tenant's compute backend.
@@ -209,6 +306,8 @@ pub enum TenantBackend {
         #[serde(default)]
         tls: Option<BackendTls>,
     },
+    /// A Postgres server the gateway starts and stops itself (see `[local]`).
+    Local,
 }
 
 impl Config {
@@ -253,6 +352,12 @@ impl Config {
         if let Some(ca) = &mut self.backend.ca {
             fix(ca);
         }
+        if let Some(local) = &mut self.local {
+            fix(&mut local.data_dir);
+            if let Some(bin) = &mut local.bin_dir {
+                fix(bin);
+            }
+        }
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -290,6 +395,13 @@ impl Config {
                         ));
                     }
                 }
+                TenantBackend::Local if self.local.is_none() => {
+                    return Err(invalid(
+                        format!("tenant[{i}].backend"),
+                        "kind = \"local\" needs a [local] section with data_dir and password",
+                    ));
+                }
+                TenantBackend::Local => {}
             }
         }
         if let Some(d) = &self.routing.default_tenant
@@ -298,6 +410,19 @@ impl Config {
             return Err(invalid(
                 "routing.default_tenant",
                 format!("tenant \"{d}\" is not configured"),
+            ));
+        }
+        let w = &self.wake;
+        if w.wake_timeout.is_zero() || w.idle_check_interval.is_zero() {
+            return Err(invalid(
+                "wake.wake_timeout",
+                "wake_timeout and idle_check_interval must be greater than zero",
+            ));
+        }
+        if w.max_waiters_per_tenant == 0 || w.max_waiters_total == 0 || w.attempts == 0 {
+            return Err(invalid(
+                "wake.max_waiters_per_tenant",
+                "max_waiters_per_tenant, max_waiters_total and attempts must be at least 1",
             ));
         }
         let l = &self.limits;
@@ -366,6 +491,23 @@ backend = { kind = "fixed", address = "127.0.0.1:5433" }
         assert_eq!(c.limits.startup_timeout, Duration::from_secs(10));
         assert_eq!(c.limits.shutdown_grace, Duration::from_secs(30));
         assert!(c.tls.unwrap().cert.is_absolute());
+    }
+
+    #[test]
+    fn local_tenants_need_a_local_section() {
+        let text = EXAMPLE.replace(
+            "backend = { kind = \"fixed\", address = \"127.0.0.1:5433\" }",
+            "backend = { kind = \"local\" }\nidle_timeout = \"30s\"",
+        );
+        let err = load(&text).unwrap_err().to_string();
+        assert!(err.contains("[local]"), "{err}");
+        let c = load(&format!(
+            "{text}[local]\ndata_dir = \"data\"\npassword = \"pw\"\n"
+        ))
+        .unwrap();
+        assert_eq!(c.tenants[0].idle_timeout, Some(Duration::from_secs(30)));
+        assert!(c.local.unwrap().data_dir.is_absolute());
+        assert_eq!(c.wake.wake_timeout, Duration::from_secs(30));
     }
 
     #[test]

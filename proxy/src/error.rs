@@ -1,7 +1,7 @@
 //! Why a connection ended early: what is logged, what kind is counted, what the client is told.
 
 use pgwake_protocol::{ErrorMessage, StartupError, sqlstate};
-use pgwake_routing::ResolveError;
+use pgwake_routing::{ResolveError, TenantId, WakeError};
 
 /// How to name tenants, given to clients that named none or an unknown one.
 const TENANT_HINT: &str = "name the tenant with the TLS server name <tenant>.<sni_suffix>, \
@@ -35,6 +35,9 @@ pub enum SessionError {
     /// The tenant is not configured (or, later, not allowed).
     #[error("unknown or forbidden tenant {0:?}")]
     UnknownTenant(String),
+    /// The tenant could not be woken (or the queue was full).
+    #[error("tenant {0}: {1}")]
+    Wake(TenantId, WakeError),
     /// The backend could not be reached.
     #[error("backend {endpoint} unreachable: {source}")]
     BackendUnreachable {
@@ -78,6 +81,10 @@ impl SessionError {
             SessionError::PlaintextRefused => "plaintext_refused",
             SessionError::Handshake(_) => "tls_handshake",
             SessionError::Route(_) | SessionError::UnknownTenant(_) => "routing",
+            SessionError::Wake(_, WakeError::QueueFull { .. }) => "wake_queue_full",
+            SessionError::Wake(_, WakeError::Timeout(_)) => "wake_timeout",
+            SessionError::Wake(_, WakeError::UnknownTenant(_)) => "routing",
+            SessionError::Wake(_, _) => "wake_failed",
             SessionError::BackendUnreachable { .. } => "backend_unreachable",
             SessionError::BackendUnsupported(_) | SessionError::BackendProtocol(_) => {
                 "backend_protocol"
@@ -126,6 +133,35 @@ impl SessionError {
                 )
                 .with_hint(TENANT_HINT)
             }
+            SessionError::Wake(_, WakeError::UnknownTenant(_)) => ErrorMessage::fatal(
+                SQLSERVER_REJECTED_ESTABLISHMENT_OF_SQLCONNECTION,
+                "unknown or forbidden tenant",
+            )
+            .with_hint(TENANT_HINT),
+            SessionError::Wake(t, WakeError::QueueFull { limit, .. }) => ErrorMessage::fatal(
+                TOO_MANY_CONNECTIONS,
+                format!("too many connections waiting for tenant \"{t}\" to wake (limit {limit})"),
+            ),
+            SessionError::Wake(t, WakeError::Timeout(d)) => ErrorMessage::fatal(
+                CANNOT_CONNECT_NOW,
+                format!(
+                    "the database for tenant \"{t}\" did not start within {} s",
+                    d.as_secs_f64()
+                ),
+            )
+            .with_hint("retry in a moment"),
+            SessionError::Wake(t, WakeError::Failed { retry_in, .. }) => ErrorMessage::fatal(
+                CANNOT_CONNECT_NOW,
+                format!("the database for tenant \"{t}\" failed to start"),
+            )
+            .with_detail(format!(
+                "the next start is tried in {} s; the gateway log has the reason",
+                retry_in.as_secs().max(1)
+            )),
+            SessionError::Wake(t, WakeError::Busy(_)) => ErrorMessage::fatal(
+                CANNOT_CONNECT_NOW,
+                format!("the database for tenant \"{t}\" is not available"),
+            ),
             SessionError::BackendUnreachable { .. } => ErrorMessage::fatal(
                 SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
                 "could not connect to the tenant's database",

@@ -10,6 +10,7 @@ pub mod error;
 pub mod listener;
 pub mod metrics;
 pub mod negotiate;
+pub mod quickstart;
 pub mod relay;
 pub mod server;
 pub mod stream;

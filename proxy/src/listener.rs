@@ -5,7 +5,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pgwake_routing::{TenantDirectory, TenantId, TenantResolver};
+use pgwake_routing::backend::LocalBackend;
+use pgwake_routing::{Lease, TenantDirectory, TenantId, TenantResolver, WakeCoordinator};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
@@ -30,6 +31,12 @@ pub struct Gateway {
     pub resolver: TenantResolver,
     /// Configured tenants.
     pub directory: TenantDirectory,
+    /// Wakes tenants and holds connections while they wake.
+    pub coordinator: Arc<WakeCoordinator>,
+    /// The local backend, when any tenant uses it (stopped with the gateway).
+    pub local: Option<Arc<LocalBackend>>,
+    /// Tell waiting clients that their database is waking.
+    pub wake_notice: bool,
     /// TLS mode towards each tenant's backend.
     pub backend_tls: std::collections::HashMap<TenantId, BackendTls>,
     /// Backend connection settings.
@@ -143,6 +150,7 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, gw: &Gateway) {
     )
     .await;
     drop(backend.cancel);
+    drop(backend.lease);
     match end.error_kind() {
         Some(kind) => {
             gw.metrics.error(kind);
@@ -156,6 +164,7 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, gw: &Gateway) {
 struct BackendSession {
     stream: Stream,
     cancel: Option<crate::cancel::CancelRegistration>,
+    lease: Lease,
 }
 
 async fn open_session(
@@ -179,11 +188,22 @@ async fn open_session(
         .directory
         .get(&resolved.tenant)
         .ok_or_else(|| SessionError::UnknownTenant(resolved.tenant.to_string()))?;
-    let endpoint = tenant
-        .backend
-        .wake(&tenant.id)
+    if gw.wake_notice && !gw.coordinator.is_awake(&tenant.id) {
+        let notice = pgwake_protocol::ErrorMessage::notice(
+            "00000",
+            format!("waking database for tenant \"{}\"", tenant.id),
+        );
+        client
+            .write_all(&notice.to_bytes())
+            .await
+            .map_err(SessionError::ClientIo)?;
+    }
+    let admission = gw
+        .coordinator
+        .ensure_awake(&tenant.id)
         .await
-        .map_err(|e| SessionError::BackendUnsupported(e.to_string()))?;
+        .map_err(|e| SessionError::Wake(tenant.id.clone(), e))?;
+    let endpoint = admission.endpoint;
     let mode = gw.backend_tls.get(&tenant.id).copied().unwrap_or_default();
     let connect_deadline = Instant::now() + gw.limits.connect_timeout;
     let mut stream = connect(&gw.link, &endpoint, mode, connect_deadline).await?;
@@ -200,7 +220,11 @@ async fn open_session(
     )
     .await?;
     debug!(elapsed_ms = accepted_at.elapsed().as_millis() as u64, backend = %endpoint, "login relayed");
-    Ok(BackendSession { stream, cancel })
+    Ok(BackendSession {
+        stream,
+        cancel,
+        lease: admission.lease,
+    })
 }
 
 /// Counts, logs and (where possible) tells the client why its connection ends.

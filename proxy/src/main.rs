@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use pgwake::config::Config;
+use pgwake::quickstart::{self, QuickstartOptions};
+use pgwake_routing::TenantId;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
@@ -38,6 +40,25 @@ enum Command {
         #[arg(long)]
         admin: Option<SocketAddr>,
     },
+    /// Set up a gateway with local Postgres tenants in a folder (reused on later runs), print how
+    /// to connect, and serve in the foreground.
+    Quickstart {
+        /// Folder for config, certificate and data directories.
+        #[arg(long, default_value = ".pgwake")]
+        dir: PathBuf,
+        /// Tenants to create on the first run, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "alpha")]
+        tenants: Vec<String>,
+        /// Postgres listener port (first run; later runs override the config when given).
+        #[arg(long)]
+        port: Option<u16>,
+        /// Admin listener port (likewise).
+        #[arg(long)]
+        admin_port: Option<u16>,
+        /// Idle time before a tenant sleeps (first run), e.g. 30s or 5m.
+        #[arg(long, default_value = "60s")]
+        idle_timeout: humantime::Duration,
+    },
     /// Validate a configuration (including certificates) without serving.
     CheckConfig {
         /// TOML configuration file.
@@ -48,6 +69,31 @@ enum Command {
 
 fn load(path: &std::path::Path) -> anyhow::Result<Config> {
     Config::load(path).with_context(|| format!("invalid configuration in {}", path.display()))
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")
+}
+
+/// Serves until SIGTERM or SIGINT; `banner` is printed once the listeners are up.
+fn serve(cfg: Config, banner: Option<String>) -> anyhow::Result<()> {
+    runtime()?.block_on(async {
+        let shutdown = CancellationToken::new();
+        let mut term = signal(SignalKind::terminate()).context("install SIGTERM handler")?;
+        let mut int = signal(SignalKind::interrupt()).context("install SIGINT handler")?;
+        let trigger = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = term.recv() => info!("SIGTERM received"),
+                _ = int.recv() => info!("SIGINT received"),
+            }
+            trigger.cancel();
+        });
+        pgwake::server::run(cfg, shutdown, banner).await
+    })
 }
 
 fn main() -> anyhow::Result<()> {
@@ -91,25 +137,37 @@ fn main() -> anyhow::Result<()> {
             if admin.is_some() {
                 cfg.listen.admin = admin;
             }
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .context("start the async runtime")?;
-            runtime.block_on(async {
-                let shutdown = CancellationToken::new();
-                let mut term =
-                    signal(SignalKind::terminate()).context("install SIGTERM handler")?;
-                let mut int = signal(SignalKind::interrupt()).context("install SIGINT handler")?;
-                let trigger = shutdown.clone();
-                tokio::spawn(async move {
-                    tokio::select! {
-                        _ = term.recv() => info!("SIGTERM received"),
-                        _ = int.recv() => info!("SIGINT received"),
-                    }
-                    trigger.cancel();
-                });
-                pgwake::server::run(cfg, shutdown).await
-            })
+            serve(cfg, None)
+        }
+        Command::Quickstart {
+            dir,
+            tenants,
+            port,
+            admin_port,
+            idle_timeout,
+        } => {
+            let tenants = tenants
+                .iter()
+                .map(|t| TenantId::parse(t))
+                .collect::<Result<Vec<_>, _>>()
+                .context("--tenants")?;
+            let opts = QuickstartOptions {
+                dir: dir.clone(),
+                tenants,
+                port: port.unwrap_or(6432),
+                admin_port: admin_port.unwrap_or(9090),
+                idle_timeout: idle_timeout.into(),
+            };
+            let path = runtime()?.block_on(quickstart::prepare(&opts))?;
+            let mut cfg = load(&path)?;
+            if let Some(p) = port {
+                cfg.listen.postgres.set_port(p);
+            }
+            if let (Some(p), Some(admin)) = (admin_port, cfg.listen.admin.as_mut()) {
+                admin.set_port(p);
+            }
+            let banner = quickstart::banner(&cfg, &dir);
+            serve(cfg, Some(banner))
         }
     }
 }

@@ -1,8 +1,9 @@
 //! Every metric the gateway exports, declared in one place with its help text.
 
+use pgwake_routing::{Phase, TenantStatus, WakeEvent};
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// The gateway's metrics and the registry they are exported from.
@@ -23,6 +24,10 @@ pub struct Metrics {
     errors: IntCounterVec,
     /// Seconds from accepting a connection to the client's first ReadyForQuery.
     pub startup_duration: Histogram,
+    wake_duration: HistogramVec,
+    wakes: IntCounterVec,
+    waiters: IntGauge,
+    tenants: IntGaugeVec,
 }
 
 impl Metrics {
@@ -86,7 +91,50 @@ impl Metrics {
         registry
             .register(Box::new(startup_duration.clone()))
             .expect("unique metric");
+        let wake_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "pgwake_wake_duration_seconds",
+                "Time a wake took, by backend kind and outcome.",
+            )
+            .buckets(vec![
+                0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0,
+            ]),
+            &["backend", "outcome"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(wake_duration.clone()))
+            .expect("unique metric");
+        let wakes = IntCounterVec::new(
+            Opts::new(
+                "pgwake_wakes_total",
+                "Wakes finished, by backend kind and outcome.",
+            ),
+            &["backend", "outcome"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(wakes.clone()))
+            .expect("unique metric");
+        let waiters = IntGauge::new(
+            "pgwake_wake_waiters",
+            "Connections waiting in accept queues for a tenant to wake.",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(waiters.clone()))
+            .expect("unique metric");
+        let tenants =
+            IntGaugeVec::new(Opts::new("pgwake_tenants", "Tenants by state."), &["state"])
+                .expect("valid metric");
+        registry
+            .register(Box::new(tenants.clone()))
+            .expect("unique metric");
         Metrics {
+            wake_duration,
+            wakes,
+            waiters,
+            tenants,
             connections_accepted,
             connections_active,
             connections_closed,
@@ -102,6 +150,28 @@ impl Metrics {
     /// Counts a connection that ended with an error of this kind.
     pub fn error(&self, kind: &'static str) {
         self.errors.with_label_values(&[kind]).inc();
+    }
+
+    /// Records a finished wake.
+    pub fn wake_finished(&self, event: &WakeEvent) {
+        let outcome = if event.ok { "ok" } else { "error" };
+        self.wake_duration
+            .with_label_values(&[event.backend, outcome])
+            .observe(event.duration.as_secs_f64());
+        self.wakes
+            .with_label_values(&[event.backend, outcome])
+            .inc();
+    }
+
+    /// Sets the tenant gauges from a snapshot of the coordinator.
+    pub fn set_tenants(&self, status: &[TenantStatus], waiters: usize) {
+        for phase in Phase::ALL {
+            let n = status.iter().filter(|t| t.state == phase).count();
+            self.tenants
+                .with_label_values(&[phase.as_str()])
+                .set(n as i64);
+        }
+        self.waiters.set(waiters as i64);
     }
 
     /// The Prometheus text exposition of all metrics.

@@ -5,8 +5,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use pgwake_routing::backend::FixedBackend;
-use pgwake_routing::{Endpoint, ResolverConfig, Tenant, TenantDirectory, TenantResolver};
+use pgwake_routing::backend::{FixedBackend, LocalBackend, LocalSettings};
+use pgwake_routing::{
+    ComputeBackend, Endpoint, ResolverConfig, Tenant, TenantDirectory, TenantResolver,
+    WakeCoordinator, WakeSettings,
+};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
@@ -15,7 +18,7 @@ use tracing::info;
 
 use crate::admin::{self, AdminState};
 use crate::cancel::CancelMap;
-use crate::config::{Config, TenantBackend};
+use crate::config::{Config, LocalConfig, TenantBackend};
 use crate::connect::BackendLink;
 use crate::listener::{self, Gateway};
 use crate::metrics::Metrics;
@@ -25,15 +28,61 @@ use crate::tls;
 /// How long terminated sessions get to deliver their last message before the process exits.
 const TERMINATE_DRAIN: Duration = Duration::from_secs(5);
 
-/// Builds the shared gateway state; fails on unusable certificates.
-pub fn build(config: &Config, terminate: CancellationToken) -> Result<Gateway, tls::TlsError> {
+/// Why the gateway could not be built from a valid configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// Certificates or keys are unusable.
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+    /// The local backend cannot run here.
+    #[error("local backend: {0}")]
+    Local(#[from] pgwake_routing::BackendError),
+}
+
+/// The local backend's settings from `[local]`.
+pub fn local_settings(local: &LocalConfig, start_timeout: Duration) -> LocalSettings {
+    LocalSettings {
+        data_dir: local.data_dir.clone(),
+        bin_dir: local.bin_dir.clone(),
+        run_as: local.run_as.clone(),
+        superuser: local.superuser.clone(),
+        password: local.password.clone(),
+        settings: local
+            .settings
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        stop_timeout: local.stop_timeout,
+        probe_interval: local.probe_interval,
+        start_timeout,
+    }
+}
+
+/// Builds the shared gateway state; fails on unusable certificates or a local backend that
+/// cannot run here.
+pub fn build(config: &Config, terminate: CancellationToken) -> Result<Gateway, BuildError> {
     let acceptor = match &config.tls {
         Some(t) => Some(TlsAcceptor::from(tls::server_config(t)?)),
         None => None,
     };
+    let local = match &config.local {
+        Some(l)
+            if config
+                .tenants
+                .iter()
+                .any(|t| matches!(t.backend, TenantBackend::Local)) =>
+        {
+            Some(Arc::new(LocalBackend::new(local_settings(
+                l,
+                config.wake.wake_timeout,
+            ))?))
+        }
+        _ => None,
+    };
     let mut backend_tls = HashMap::new();
-    let tenants = config.tenants.iter().map(|t| {
-        let backend = match &t.backend {
+    let mut tenants = Vec::new();
+    for t in &config.tenants {
+        let backend: Arc<dyn ComputeBackend> = match &t.backend {
             TenantBackend::Fixed { address, tls } => {
                 backend_tls.insert(t.id.clone(), tls.unwrap_or(config.backend.tls));
                 // Addresses were checked when the config was validated.
@@ -43,13 +92,44 @@ pub fn build(config: &Config, terminate: CancellationToken) -> Result<Gateway, t
                 });
                 Arc::new(FixedBackend::new(endpoint))
             }
+            TenantBackend::Local => match &local {
+                Some(l) => l.clone(),
+                None => unreachable!("validated: local tenants have a [local] section"),
+            },
         };
-        Tenant {
+        tenants.push(Tenant {
             id: t.id.clone(),
             backend,
-        }
-    });
-    let directory = TenantDirectory::new(tenants.collect::<Vec<_>>());
+        });
+    }
+    let directory = TenantDirectory::new(tenants);
+    let metrics = Arc::new(Metrics::new());
+    let idle: HashMap<_, _> = config
+        .tenants
+        .iter()
+        .map(|t| {
+            (
+                t.id.clone(),
+                t.idle_timeout.unwrap_or(config.wake.idle_timeout),
+            )
+        })
+        .collect();
+    let w = &config.wake;
+    let wake_metrics = metrics.clone();
+    let coordinator = WakeCoordinator::new(
+        &directory,
+        |id| idle.get(id).copied().unwrap_or(w.idle_timeout),
+        WakeSettings {
+            wake_timeout: w.wake_timeout,
+            max_waiters_per_tenant: w.max_waiters_per_tenant,
+            max_waiters_total: w.max_waiters_total,
+            attempts: w.attempts,
+            retry_backoff: w.retry_backoff,
+            failed_retry_delay: w.failed_retry_delay,
+            idle_check_interval: w.idle_check_interval,
+        },
+        move |event| wake_metrics.wake_finished(event),
+    );
     Ok(Gateway {
         negotiate: NegotiateSettings {
             tls: acceptor,
@@ -62,6 +142,9 @@ pub fn build(config: &Config, terminate: CancellationToken) -> Result<Gateway, t
             default_tenant: config.routing.default_tenant.clone(),
         }),
         directory,
+        coordinator,
+        local,
+        wake_notice: w.wake_notice,
         backend_tls,
         link: BackendLink {
             tls_config: tls::backend_client_config(&config.backend)?,
@@ -69,7 +152,7 @@ pub fn build(config: &Config, terminate: CancellationToken) -> Result<Gateway, t
             max_client_message: config.limits.max_startup_message.as_u64() as usize,
         },
         cancels: Arc::new(CancelMap::default()),
-        metrics: Arc::new(Metrics::new()),
+        metrics,
         limits: config.limits.clone(),
         terminate,
     })
@@ -77,7 +160,11 @@ pub fn build(config: &Config, terminate: CancellationToken) -> Result<Gateway, t
 
 /// Serves until `shutdown` fires, then drains: stop accepting, `/readyz` 503, sessions get
 /// `shutdown_grace`, the rest are ended with FATAL 57P01.
-pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn run(
+    config: Config,
+    shutdown: CancellationToken,
+    banner: Option<String>,
+) -> anyhow::Result<()> {
     let terminate = CancellationToken::new();
     let gateway = Arc::new(build(&config, terminate.clone())?);
     let listener = TcpListener::bind(config.listen.postgres)
@@ -88,10 +175,23 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                 config.listen.postgres
             )
         })?;
+    if let Some(local) = &gateway.local {
+        for t in gateway.directory.iter() {
+            local.stop_stale(&t.id).await;
+        }
+    }
     let admin_state = Arc::new(AdminState {
         metrics: gateway.metrics.clone(),
+        coordinator: gateway.coordinator.clone(),
         ready: true.into(),
     });
+    let sleeper_stop = CancellationToken::new();
+    tokio::spawn(
+        gateway
+            .coordinator
+            .clone()
+            .run_idle_sleeper(sleeper_stop.clone()),
+    );
     if let Some(addr) = config.listen.admin {
         let admin_listener = TcpListener::bind(addr)
             .await
@@ -105,6 +205,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         tls = config.tls.is_some(),
         "pgwake serving"
     );
+    if let Some(b) = banner {
+        println!("{b}");
+    }
     let tasks = TaskTracker::new();
     let stop = CancellationToken::new();
     let accept = tokio::spawn(listener::serve(
@@ -131,6 +234,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         );
         terminate.cancel();
         let _ = tokio::time::timeout(TERMINATE_DRAIN, tasks.wait()).await;
+    }
+    sleeper_stop.cancel();
+    if let Some(local) = &gateway.local {
+        // Servers this gateway started never outlive it.
+        local.stop_all().await;
     }
     info!("pgwake stopped");
     Ok(())

@@ -35,6 +35,11 @@ impl TenantDirectory {
         self.tenants.get(id).cloned()
     }
 
+    /// Every configured tenant.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Tenant>> {
+        self.tenants.values()
+    }
+
     /// Number of configured tenants.
     pub fn len(&self) -> usize {
         self.tenants.len()

@@ -3,10 +3,15 @@
 
 pub mod backend;
 pub mod directory;
+pub mod probe;
 pub mod resolver;
 pub mod tenant;
+pub mod wake;
 
 pub use backend::{BackendError, ComputeBackend, ComputeState, Endpoint};
 pub use directory::{Tenant, TenantDirectory};
 pub use resolver::{ResolveError, Resolved, ResolverConfig, Rule, Source, TenantResolver};
 pub use tenant::{InvalidTenantId, TenantId};
+pub use wake::{
+    Admission, Lease, Phase, TenantStatus, WakeCoordinator, WakeError, WakeEvent, WakeSettings,
+};

@@ -1,13 +1,16 @@
 //! Compute backends: where a tenant's database runs, and how to wake it and put it to sleep.
 
 mod fixed;
+mod local;
 
 use std::fmt;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use thiserror::Error;
 
 pub use fixed::FixedBackend;
+pub use local::{LocalBackend, LocalSettings};
 
 use crate::TenantId;
 
@@ -60,6 +63,15 @@ pub enum BackendError {
     /// The backend does not know this tenant.
     #[error("tenant {0} has no compute in this backend")]
     UnknownTenant(TenantId),
+    /// The backend cannot work at all on this machine (missing binaries, no account).
+    #[error("{0}")]
+    Unavailable(String),
+    /// Starting the database failed; the text says why (for the log, not the client).
+    #[error("start failed: {0}")]
+    StartFailed(String),
+    /// The database did not accept logins in time.
+    #[error("did not accept logins within {0:?}")]
+    Timeout(Duration),
 }
 
 /// Where a tenant's database runs, and how to wake it and put it to sleep.
@@ -67,7 +79,8 @@ pub enum BackendError {
 pub trait ComputeBackend: Send + Sync {
     /// Short name of the implementation, for logs and metrics.
     fn kind(&self) -> &'static str;
-    /// Makes the tenant's database accept logins and returns its address; idempotent.
+    /// Makes the tenant's database accept logins and returns its address once a login is
+    /// possible (backends probe with [`crate::probe`]); idempotent.
     async fn wake(&self, tenant: &TenantId) -> Result<Endpoint, BackendError>;
     /// Puts the tenant's database to sleep; idempotent.
     async fn sleep(&self, tenant: &TenantId) -> Result<(), BackendError>;

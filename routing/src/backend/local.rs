@@ -1,0 +1,380 @@
+//! The `local` backend, the embedded default: one Postgres data directory per tenant under one
+//! folder, created with `initdb` when missing, woken by spawning `postgres` directly and put to
+//! sleep with a fast shutdown (a clean checkpoint makes the next start fast).
+//!
+//! Postgres refuses to run as root, so when the gateway is root the servers run as `run_as`
+//! (the `postgres` account by default), which also owns their folders.
+
+use std::collections::HashMap;
+use std::fs;
+use std::os::unix::fs::{PermissionsExt, chown};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+use tokio::sync::Mutex;
+use tokio::time::{Instant, sleep};
+use tracing::{info, warn};
+
+use super::{BackendError, ComputeBackend, ComputeState, Endpoint};
+use crate::TenantId;
+use crate::probe::{Probe, probe};
+
+/// Settings of the local backend.
+#[derive(Clone, Debug)]
+pub struct LocalSettings {
+    /// Folder holding one subfolder per tenant.
+    pub data_dir: PathBuf,
+    /// Folder with `initdb` and `postgres`; found on PATH or under `/usr/lib/postgresql/*/bin`
+    /// when unset.
+    pub bin_dir: Option<PathBuf>,
+    /// Account the servers run as when the gateway is root.
+    pub run_as: Option<String>,
+    /// Superuser created by `initdb`.
+    pub superuser: String,
+    /// Its password (host connections use SCRAM-SHA-256).
+    pub password: String,
+    /// Extra `postgresql.conf` settings, after the fast-wake defaults.
+    pub settings: Vec<(String, String)>,
+    /// How long a fast shutdown may take before an immediate one.
+    pub stop_timeout: Duration,
+    /// Time between readiness probes while a server starts.
+    pub probe_interval: Duration,
+    /// How long a server may take to accept logins.
+    pub start_timeout: Duration,
+}
+
+/// Settings that shorten start-up or keep a sleeping tenant cheap; later settings win.
+const FAST_WAKE_CONF: &[(&str, &str)] = &[
+    ("listen_addresses", "'127.0.0.1'"),
+    ("shared_buffers", "'16MB'"),
+    ("max_connections", "100"),
+    ("shared_preload_libraries", "'pg_prewarm'"),
+    ("pg_prewarm.autoprewarm", "on"),
+    ("max_wal_senders", "0"),
+    ("wal_level", "minimal"),
+    ("huge_pages", "off"),
+    ("jit", "off"),
+    ("log_min_messages", "warning"),
+];
+
+struct Running {
+    child: Child,
+    port: u16,
+}
+
+/// Postgres servers on this machine, one per tenant.
+pub struct LocalBackend {
+    settings: LocalSettings,
+    bin: PathBuf,
+    account: Option<(u32, u32)>,
+    running: Mutex<HashMap<TenantId, Running>>,
+}
+
+fn io_error(context: &str, e: impl std::fmt::Display) -> BackendError {
+    BackendError::StartFailed(format!("{context}: {e}"))
+}
+
+impl LocalBackend {
+    /// Finds the Postgres binaries and the account to run them as.
+    pub fn new(settings: LocalSettings) -> Result<LocalBackend, BackendError> {
+        let bin = match &settings.bin_dir {
+            Some(b) => b.clone(),
+            None => find_bin_dir().ok_or_else(|| {
+                BackendError::Unavailable(
+                    "PostgreSQL server binaries (initdb, postgres) not found on PATH or under \
+                     /usr/lib/postgresql: install them with `apt-get install -y postgresql` or \
+                     set local.bin_dir"
+                        .into(),
+                )
+            })?,
+        };
+        let account = if nix::unistd::geteuid().is_root() {
+            let name = settings.run_as.clone().unwrap_or_else(|| "postgres".into());
+            let user = nix::unistd::User::from_name(&name)
+                .ok()
+                .flatten()
+                .ok_or_else(|| {
+                    BackendError::Unavailable(format!(
+                        "Postgres refuses to run as root and account {name:?} does not exist: \
+                         set local.run_as to an unprivileged account"
+                    ))
+                })?;
+            Some((user.uid.as_raw(), user.gid.as_raw()))
+        } else {
+            None
+        };
+        fs::create_dir_all(&settings.data_dir).map_err(|e| io_error("create local.data_dir", e))?;
+        let backend = LocalBackend {
+            settings,
+            bin,
+            account,
+            running: Mutex::new(HashMap::new()),
+        };
+        backend.give(&backend.settings.data_dir.clone(), 0o755)?;
+        Ok(backend)
+    }
+
+    fn tenant_dir(&self, tenant: &TenantId) -> PathBuf {
+        self.settings.data_dir.join(tenant.as_str())
+    }
+
+    /// The tenant's Postgres log file.
+    pub fn log_path(&self, tenant: &TenantId) -> PathBuf {
+        self.tenant_dir(tenant).join("postgres.log")
+    }
+
+    fn data_path(&self, tenant: &TenantId) -> PathBuf {
+        self.tenant_dir(tenant).join("data")
+    }
+
+    /// Hands a path to the server account, with this mode.
+    fn give(&self, path: &Path, mode: u32) -> Result<(), BackendError> {
+        if let Some((uid, gid)) = self.account {
+            chown(path, Some(uid), Some(gid)).map_err(|e| io_error("chown", e))?;
+        }
+        fs::set_permissions(path, fs::Permissions::from_mode(mode))
+            .map_err(|e| io_error("chmod", e))
+    }
+
+    fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new(self.bin.join(program));
+        if let Some((uid, gid)) = self.account {
+            cmd.uid(uid).gid(gid);
+        }
+        cmd.stdin(Stdio::null()).kill_on_drop(false);
+        cmd
+    }
+
+    /// Creates the tenant's data directory with `initdb` if it does not exist yet.
+    pub async fn ensure_initialized(&self, tenant: &TenantId) -> Result<(), BackendError> {
+        let dir = self.tenant_dir(tenant);
+        let data = self.data_path(tenant);
+        if data.join("PG_VERSION").exists() {
+            return Ok(());
+        }
+        fs::create_dir_all(&dir).map_err(|e| io_error("create tenant folder", e))?;
+        self.give(&dir, 0o700)?;
+        let sock = dir.join("sock");
+        fs::create_dir_all(&sock).map_err(|e| io_error("create socket folder", e))?;
+        self.give(&sock, 0o700)?;
+        let pwfile = dir.join("initdb.pw");
+        fs::write(&pwfile, &self.settings.password).map_err(|e| io_error("write password", e))?;
+        self.give(&pwfile, 0o600)?;
+        let out = self
+            .command("initdb")
+            .arg("-D")
+            .arg(&data)
+            .args(["-U", &self.settings.superuser])
+            .arg(format!("--pwfile={}", pwfile.display()))
+            .args([
+                "--auth-local=scram-sha-256",
+                "--auth-host=scram-sha-256",
+                "-E",
+                "UTF8",
+                "--locale=C.UTF-8",
+            ])
+            .stdout(Stdio::null())
+            .output()
+            .await;
+        let _ = fs::remove_file(&pwfile);
+        let out = out.map_err(|e| io_error("run initdb", e))?;
+        if !out.status.success() {
+            return Err(BackendError::StartFailed(format!(
+                "initdb failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        let mut conf = String::from("\n# pgwake: fast wake\n");
+        let sock_dir = format!("'{}'", sock.display());
+        let defaults = FAST_WAKE_CONF
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .chain([("unix_socket_directories".to_string(), sock_dir)])
+            .chain(self.settings.settings.iter().cloned());
+        for (k, v) in defaults {
+            conf.push_str(&format!("{k} = {v}\n"));
+        }
+        let path = data.join("postgresql.conf");
+        let mut text =
+            fs::read_to_string(&path).map_err(|e| io_error("read postgresql.conf", e))?;
+        text.push_str(&conf);
+        fs::write(&path, text).map_err(|e| io_error("write postgresql.conf", e))?;
+        info!(tenant = %tenant, data = %data.display(), "initialized data directory");
+        Ok(())
+    }
+
+    /// Stops a postmaster left running by an earlier gateway (found through `postmaster.pid`),
+    /// so every server this backend reports on is one it started.
+    pub async fn stop_stale(&self, tenant: &TenantId) {
+        let pidfile = self.data_path(tenant).join("postmaster.pid");
+        let Some(pid) = fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|t| t.lines().next()?.trim().parse::<i32>().ok())
+        else {
+            return;
+        };
+        let pid = Pid::from_raw(pid);
+        if kill(pid, None).is_err() {
+            return;
+        }
+        warn!(tenant = %tenant, pid = pid.as_raw(), "stopping a postmaster left by an earlier run");
+        let _ = kill(pid, Signal::SIGINT);
+        let deadline = Instant::now() + self.settings.stop_timeout;
+        while kill(pid, None).is_ok() && Instant::now() < deadline {
+            sleep(Duration::from_millis(20)).await;
+        }
+        if kill(pid, None).is_ok() {
+            let _ = kill(pid, Signal::SIGQUIT);
+        }
+    }
+
+    /// Stops every server this backend started (gateway shutdown).
+    pub async fn stop_all(&self) {
+        let tenants: Vec<TenantId> = self.running.lock().await.keys().cloned().collect();
+        for t in tenants {
+            let _ = self.sleep(&t).await;
+        }
+    }
+
+    fn log_tail(&self, tenant: &TenantId) -> String {
+        let text = fs::read_to_string(self.log_path(tenant)).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().rev().take(3).collect();
+        lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
+    }
+
+    async fn spawn(&self, tenant: &TenantId) -> Result<Running, BackendError> {
+        self.ensure_initialized(tenant).await?;
+        let port = free_port().map_err(|e| io_error("find a free port", e))?;
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path(tenant))
+            .map_err(|e| io_error("open postgres.log", e))?;
+        let child = self
+            .command("postgres")
+            .arg("-D")
+            .arg(self.data_path(tenant))
+            .args(["-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| io_error("spawn postgres", e))?;
+        Ok(Running { child, port })
+    }
+}
+
+#[async_trait]
+impl ComputeBackend for LocalBackend {
+    fn kind(&self) -> &'static str {
+        "local"
+    }
+
+    async fn wake(&self, tenant: &TenantId) -> Result<Endpoint, BackendError> {
+        // The coordinator runs one wake per tenant at a time, so the map is locked only to look
+        // and to record: one tenant's slow start never holds up another's.
+        {
+            let mut running = self.running.lock().await;
+            if let Some(r) = running.get_mut(tenant) {
+                if matches!(r.child.try_wait(), Ok(None)) {
+                    return Ok(endpoint(r.port));
+                }
+                running.remove(tenant);
+            }
+        }
+        let mut r = self.spawn(tenant).await?;
+        let ep = endpoint(r.port);
+        let deadline = Instant::now() + self.settings.start_timeout;
+        loop {
+            if let Ok(Some(status)) = r.child.try_wait() {
+                return Err(BackendError::StartFailed(format!(
+                    "postgres exited with {status} during start-up: {}",
+                    self.log_tail(tenant)
+                )));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let _ = r.child.start_kill();
+                let _ = r.child.wait().await;
+                return Err(BackendError::Timeout(self.settings.start_timeout));
+            }
+            match probe(&ep, &self.settings.superuser, "postgres", left).await {
+                Probe::Ready => break,
+                Probe::NotYet(_) => sleep(self.settings.probe_interval.min(left)).await,
+            }
+        }
+        self.running.lock().await.insert(tenant.clone(), r);
+        Ok(ep)
+    }
+
+    async fn sleep(&self, tenant: &TenantId) -> Result<(), BackendError> {
+        let Some(mut r) = self.running.lock().await.remove(tenant) else {
+            return Ok(());
+        };
+        let Some(pid) = r.child.id() else {
+            return Ok(());
+        };
+        // SIGINT is Postgres's fast shutdown: it checkpoints cleanly, so the next start skips
+        // crash recovery.
+        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGINT);
+        if tokio::time::timeout(self.settings.stop_timeout, r.child.wait())
+            .await
+            .is_err()
+        {
+            warn!(tenant = %tenant, "fast shutdown too slow: immediate shutdown");
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGQUIT);
+            let _ = r.child.wait().await;
+        }
+        Ok(())
+    }
+
+    async fn state(&self, tenant: &TenantId) -> Result<ComputeState, BackendError> {
+        let mut running = self.running.lock().await;
+        let alive = running
+            .get_mut(tenant)
+            .is_some_and(|r| matches!(r.child.try_wait(), Ok(None)));
+        Ok(if alive {
+            ComputeState::Awake
+        } else {
+            ComputeState::Asleep
+        })
+    }
+}
+
+fn endpoint(port: u16) -> Endpoint {
+    Endpoint {
+        host: "127.0.0.1".into(),
+        port,
+    }
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// The newest `/usr/lib/postgresql/<version>/bin`, else the folder of `postgres` on PATH.
+fn find_bin_dir() -> Option<PathBuf> {
+    let mut versions: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let v = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("postgres").exists().then_some((v, bin))
+        })
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, b)| b).or_else(|| {
+        std::env::var_os("PATH").and_then(|p| {
+            std::env::split_paths(&p)
+                .find(|d| d.join("postgres").exists() && d.join("initdb").exists())
+        })
+    })
+}

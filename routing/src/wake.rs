@@ -1,0 +1,516 @@
+//! The `WakeCoordinator`: per-tenant state, exactly one wake in flight per tenant, bounded accept
+//! queues with deadlines, failure back-off and idle sleep.
+//!
+//! A connection asks `ensure_awake`; if the tenant is awake it gets the endpoint and a lease at
+//! once. Otherwise it waits (bounded per tenant and in total) while a single wake task runs; the
+//! task outlives any one waiter, so a client giving up never cancels a wake others wait for.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use thiserror::Error;
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep, timeout_at};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::{BackendError, ComputeState, Endpoint, Tenant, TenantDirectory, TenantId};
+
+/// Limits and timings of the coordinator.
+#[derive(Clone, Debug)]
+pub struct WakeSettings {
+    /// How long a connection waits for its tenant to wake.
+    pub wake_timeout: Duration,
+    /// Connections that may wait for one tenant.
+    pub max_waiters_per_tenant: usize,
+    /// Connections that may wait across all tenants.
+    pub max_waiters_total: usize,
+    /// Attempts one wake makes before the tenant is marked failed.
+    pub attempts: u32,
+    /// Pause after the first failed attempt; doubles with each further one.
+    pub retry_backoff: Duration,
+    /// How long a failed tenant refuses connections before the next wake is tried.
+    pub failed_retry_delay: Duration,
+    /// How often idle tenants are looked for.
+    pub idle_check_interval: Duration,
+}
+
+/// A tenant's life cycle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    /// Stopped; the next connection wakes it.
+    Asleep,
+    /// A wake is in flight.
+    Waking,
+    /// Accepts connections.
+    Awake,
+    /// Being put to sleep; arrivals wait and then wake it again.
+    Sleeping,
+    /// The last wake failed; refused until the retry delay has passed.
+    Failed,
+}
+
+impl Phase {
+    /// Every phase, for metrics.
+    pub const ALL: [Phase; 5] = [
+        Phase::Asleep,
+        Phase::Waking,
+        Phase::Awake,
+        Phase::Sleeping,
+        Phase::Failed,
+    ];
+
+    /// Lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Asleep => "asleep",
+            Phase::Waking => "waking",
+            Phase::Awake => "awake",
+            Phase::Sleeping => "sleeping",
+            Phase::Failed => "failed",
+        }
+    }
+}
+
+/// A tenant as the admin API shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct TenantStatus {
+    /// Tenant id.
+    pub id: String,
+    /// Backend kind.
+    pub backend: &'static str,
+    /// Current phase.
+    pub state: Phase,
+    /// When it entered that phase, seconds since the Unix epoch.
+    pub since: f64,
+    /// Client connections open.
+    pub connections: usize,
+    /// Connections waiting for a wake.
+    pub waiters: usize,
+    /// How long the last successful wake took, in milliseconds.
+    pub last_wake_ms: Option<f64>,
+    /// Why the last wake failed, while failed.
+    pub last_error: Option<String>,
+}
+
+/// Why a connection could not be admitted to its tenant.
+#[derive(Debug, Error)]
+pub enum WakeError {
+    /// Not a configured tenant.
+    #[error("tenant {0} is not configured")]
+    UnknownTenant(TenantId),
+    /// Too many connections already wait for this tenant or in total.
+    #[error("too many connections waiting for tenant {tenant} (limit {limit})")]
+    QueueFull {
+        /// The tenant.
+        tenant: TenantId,
+        /// The limit that was hit.
+        limit: usize,
+    },
+    /// The tenant did not wake within the wait deadline.
+    #[error("the database did not start within {} s", .0.as_secs_f64())]
+    Timeout(Duration),
+    /// The wake failed (now or recently); `reason` is for logs.
+    #[error("the database failed to start: {reason}")]
+    Failed {
+        /// What went wrong, for the log.
+        reason: String,
+        /// Time until the next wake may be tried.
+        retry_in: Duration,
+    },
+    /// The tenant cannot be put to sleep while clients are connected.
+    #[error("tenant has {0} open connection(s)")]
+    Busy(usize),
+}
+
+/// One finished wake, for metrics.
+#[derive(Clone, Debug)]
+pub struct WakeEvent {
+    /// Backend kind.
+    pub backend: &'static str,
+    /// True when the tenant woke.
+    pub ok: bool,
+    /// How long the wake took.
+    pub duration: Duration,
+}
+
+type OnWake = Arc<dyn Fn(&WakeEvent) + Send + Sync>;
+
+struct Inner {
+    phase: Phase,
+    since: SystemTime,
+    connections: usize,
+    waiters: usize,
+    endpoint: Option<Endpoint>,
+    idle_since: Instant,
+    retry_at: Option<Instant>,
+    last_error: Option<String>,
+    last_wake: Option<Duration>,
+}
+
+struct Slot {
+    tenant: Arc<Tenant>,
+    idle_timeout: Duration,
+    inner: Mutex<Inner>,
+    changed: watch::Sender<u64>,
+}
+
+impl Slot {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set_phase(&self, inner: &mut Inner, phase: Phase) {
+        inner.phase = phase;
+        inner.since = SystemTime::now();
+    }
+
+    fn notify(&self) {
+        self.changed.send_modify(|g| *g = g.wrapping_add(1));
+    }
+}
+
+/// Proof that a connection counts against its tenant; dropping it ends the connection's claim
+/// and starts the idle clock when it was the last one.
+pub struct Lease {
+    slot: Arc<Slot>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut inner = self.slot.lock();
+        inner.connections = inner.connections.saturating_sub(1);
+        if inner.connections == 0 {
+            inner.idle_since = Instant::now();
+        }
+    }
+}
+
+/// A connection admitted to an awake tenant.
+pub struct Admission {
+    /// Where to connect.
+    pub endpoint: Endpoint,
+    /// The connection's claim on the tenant.
+    pub lease: Lease,
+}
+
+/// Removes a waiter from both counts however its wait ends.
+struct Waiter<'a> {
+    slot: &'a Slot,
+    total: &'a AtomicUsize,
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        self.slot.lock().waiters -= 1;
+        self.total.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Wakes tenants on demand, one wake per tenant at a time, and puts idle ones to sleep.
+pub struct WakeCoordinator {
+    slots: HashMap<TenantId, Arc<Slot>>,
+    settings: WakeSettings,
+    waiters_total: AtomicUsize,
+    on_wake: OnWake,
+}
+
+impl WakeCoordinator {
+    /// A coordinator for every tenant in `directory`; `idle_timeout` gives each tenant's idle
+    /// limit, `on_wake` hears of every finished wake.
+    pub fn new(
+        directory: &TenantDirectory,
+        idle_timeout: impl Fn(&TenantId) -> Duration,
+        settings: WakeSettings,
+        on_wake: impl Fn(&WakeEvent) + Send + Sync + 'static,
+    ) -> Arc<WakeCoordinator> {
+        let slots = directory
+            .iter()
+            .map(|t| {
+                let slot = Slot {
+                    idle_timeout: idle_timeout(&t.id),
+                    tenant: t.clone(),
+                    inner: Mutex::new(Inner {
+                        phase: Phase::Asleep,
+                        since: SystemTime::now(),
+                        connections: 0,
+                        waiters: 0,
+                        endpoint: None,
+                        idle_since: Instant::now(),
+                        retry_at: None,
+                        last_error: None,
+                        last_wake: None,
+                    }),
+                    changed: watch::Sender::new(0),
+                };
+                (t.id.clone(), Arc::new(slot))
+            })
+            .collect();
+        Arc::new(WakeCoordinator {
+            slots,
+            settings,
+            waiters_total: AtomicUsize::new(0),
+            on_wake: Arc::new(on_wake),
+        })
+    }
+
+    fn slot(&self, tenant: &TenantId) -> Result<&Arc<Slot>, WakeError> {
+        self.slots
+            .get(tenant)
+            .ok_or_else(|| WakeError::UnknownTenant(tenant.clone()))
+    }
+
+    /// True when the tenant accepts connections right now (no wait needed).
+    pub fn is_awake(&self, tenant: &TenantId) -> bool {
+        self.slots
+            .get(tenant)
+            .is_some_and(|s| s.lock().phase == Phase::Awake)
+    }
+
+    /// Admits a connection: at once if the tenant is awake, else after the (single) wake.
+    pub async fn ensure_awake(&self, tenant: &TenantId) -> Result<Admission, WakeError> {
+        let slot = self.slot(tenant)?;
+        let deadline = Instant::now() + self.settings.wake_timeout;
+        let mut waiter: Option<Waiter<'_>> = None;
+        loop {
+            // Subscribing under the lock means no change between the check and the wait is lost.
+            let mut changed = slot.changed.subscribe();
+            {
+                let mut inner = slot.lock();
+                match inner.phase {
+                    Phase::Awake => {
+                        inner.connections += 1;
+                        let endpoint = inner
+                            .endpoint
+                            .clone()
+                            .expect("awake tenants have an endpoint");
+                        return Ok(Admission {
+                            endpoint,
+                            lease: Lease { slot: slot.clone() },
+                        });
+                    }
+                    Phase::Failed => {
+                        let retry_at = inner.retry_at.unwrap_or_else(Instant::now);
+                        if retry_at > Instant::now() {
+                            return Err(WakeError::Failed {
+                                reason: inner.last_error.clone().unwrap_or_default(),
+                                retry_in: retry_at - Instant::now(),
+                            });
+                        }
+                        self.start_wake(slot, &mut inner);
+                    }
+                    Phase::Asleep => self.start_wake(slot, &mut inner),
+                    Phase::Waking | Phase::Sleeping => {}
+                }
+                if waiter.is_none() {
+                    let per_tenant = self.settings.max_waiters_per_tenant;
+                    if inner.waiters >= per_tenant {
+                        return Err(WakeError::QueueFull {
+                            tenant: tenant.clone(),
+                            limit: per_tenant,
+                        });
+                    }
+                    let total = self.settings.max_waiters_total;
+                    if self.waiters_total.fetch_add(1, Ordering::Relaxed) >= total {
+                        self.waiters_total.fetch_sub(1, Ordering::Relaxed);
+                        return Err(WakeError::QueueFull {
+                            tenant: tenant.clone(),
+                            limit: total,
+                        });
+                    }
+                    inner.waiters += 1;
+                    waiter = Some(Waiter {
+                        slot,
+                        total: &self.waiters_total,
+                    });
+                }
+            }
+            if timeout_at(deadline, changed.changed()).await.is_err() {
+                return Err(WakeError::Timeout(self.settings.wake_timeout));
+            }
+        }
+    }
+
+    /// Starts the tenant's single wake task; the caller holds the slot's lock.
+    fn start_wake(&self, slot: &Arc<Slot>, inner: &mut Inner) {
+        slot.set_phase(inner, Phase::Waking);
+        let slot = slot.clone();
+        let settings = self.settings.clone();
+        let on_wake = self.on_wake.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let backend = slot.tenant.backend.clone();
+            let id = slot.tenant.id.clone();
+            let mut backoff = settings.retry_backoff;
+            let mut attempt = 1;
+            let result = loop {
+                match backend.wake(&id).await {
+                    Ok(ep) => break Ok(ep),
+                    Err(e @ BackendError::Unavailable(_)) => break Err(e),
+                    Err(e) if attempt < settings.attempts => {
+                        warn!(tenant = %id, attempt, error = %e, "wake attempt failed; retrying");
+                        sleep(backoff).await;
+                        backoff *= 2;
+                        attempt += 1;
+                    }
+                    Err(e) => break Err(e),
+                }
+            };
+            let duration = started.elapsed();
+            let ok = result.is_ok();
+            {
+                let mut inner = slot.lock();
+                match result {
+                    Ok(ep) => {
+                        info!(tenant = %id, ms = duration.as_millis() as u64, "tenant awake");
+                        inner.endpoint = Some(ep);
+                        inner.last_wake = Some(duration);
+                        inner.last_error = None;
+                        inner.retry_at = None;
+                        inner.idle_since = Instant::now();
+                        slot.set_phase(&mut inner, Phase::Awake);
+                    }
+                    Err(e) => {
+                        warn!(tenant = %id, error = %e, retry_in = ?settings.failed_retry_delay, "wake failed");
+                        inner.endpoint = None;
+                        inner.last_error = Some(e.to_string());
+                        inner.retry_at = Some(Instant::now() + settings.failed_retry_delay);
+                        slot.set_phase(&mut inner, Phase::Failed);
+                    }
+                }
+            }
+            slot.notify();
+            on_wake(&WakeEvent {
+                backend: backend.kind(),
+                ok,
+                duration,
+            });
+        });
+    }
+
+    /// Starts putting the tenant to sleep; the caller holds the slot's lock.
+    fn start_sleep(slot: &Arc<Slot>, inner: &mut Inner) {
+        slot.set_phase(inner, Phase::Sleeping);
+        let slot = slot.clone();
+        tokio::spawn(async move {
+            let id = slot.tenant.id.clone();
+            let result = slot.tenant.backend.sleep(&id).await;
+            {
+                let mut inner = slot.lock();
+                inner.endpoint = None;
+                if let Err(e) = &result {
+                    warn!(tenant = %id, error = %e, "sleep failed; treating the tenant as asleep");
+                    inner.last_error = Some(e.to_string());
+                }
+                slot.set_phase(&mut inner, Phase::Asleep);
+            }
+            info!(tenant = %id, "tenant asleep");
+            slot.notify();
+        });
+    }
+
+    /// Wakes a tenant (admin API) and waits for the outcome.
+    pub async fn wake(&self, tenant: &TenantId) -> Result<(), WakeError> {
+        self.ensure_awake(tenant).await.map(drop)
+    }
+
+    /// Puts a tenant to sleep (admin API) and waits until it is asleep; refused while clients
+    /// are connected.
+    pub async fn sleep(&self, tenant: &TenantId) -> Result<(), WakeError> {
+        let slot = self.slot(tenant)?;
+        let deadline = Instant::now() + self.settings.wake_timeout;
+        loop {
+            let mut changed = slot.changed.subscribe();
+            {
+                let mut inner = slot.lock();
+                if inner.connections > 0 {
+                    return Err(WakeError::Busy(inner.connections));
+                }
+                match inner.phase {
+                    Phase::Asleep | Phase::Failed => return Ok(()),
+                    Phase::Awake => Self::start_sleep(slot, &mut inner),
+                    Phase::Waking | Phase::Sleeping => {}
+                }
+            }
+            if timeout_at(deadline, changed.changed()).await.is_err() {
+                return Err(WakeError::Timeout(self.settings.wake_timeout));
+            }
+        }
+    }
+
+    /// Every tenant's status, sorted by id.
+    pub fn status(&self) -> Vec<TenantStatus> {
+        let mut out: Vec<TenantStatus> = self
+            .slots
+            .values()
+            .map(|slot| {
+                let inner = slot.lock();
+                TenantStatus {
+                    id: slot.tenant.id.to_string(),
+                    backend: slot.tenant.backend.kind(),
+                    state: inner.phase,
+                    since: inner
+                        .since
+                        .duration_since(SystemTime::UNIX_EPOCH)
+                        .map(|d| d.as_secs_f64())
+                        .unwrap_or(0.0),
+                    connections: inner.connections,
+                    waiters: inner.waiters,
+                    last_wake_ms: inner.last_wake.map(|d| d.as_secs_f64() * 1000.0),
+                    last_error: (inner.phase == Phase::Failed)
+                        .then(|| inner.last_error.clone())
+                        .flatten(),
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
+    }
+
+    /// Connections waiting for a wake, across all tenants.
+    pub fn waiters_total(&self) -> usize {
+        self.waiters_total.load(Ordering::Relaxed)
+    }
+
+    /// Puts tenants to sleep once they have had no connection for their idle timeout, and
+    /// notices databases that stopped by themselves; runs until `stop` fires.
+    pub async fn run_idle_sleeper(self: Arc<Self>, stop: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = sleep(self.settings.idle_check_interval) => {}
+            }
+            for slot in self.slots.values() {
+                let awake = slot.lock().phase == Phase::Awake;
+                if !awake {
+                    continue;
+                }
+                let alive = !matches!(
+                    slot.tenant.backend.state(&slot.tenant.id).await,
+                    Ok(ComputeState::Asleep)
+                );
+                let mut inner = slot.lock();
+                if inner.phase != Phase::Awake {
+                    continue;
+                }
+                if !alive {
+                    warn!(tenant = %slot.tenant.id, "database stopped on its own; the next connection wakes it");
+                    inner.endpoint = None;
+                    slot.set_phase(&mut inner, Phase::Asleep);
+                    drop(inner);
+                    slot.notify();
+                } else if inner.connections == 0
+                    && inner.waiters == 0
+                    && inner.idle_since.elapsed() >= slot.idle_timeout
+                {
+                    info!(tenant = %slot.tenant.id, idle = ?slot.idle_timeout, "idle: putting tenant to sleep");
+                    Self::start_sleep(slot, &mut inner);
+                }
+            }
+        }
+    }
+}
