@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand};
 
-use crate::pgbench::write_select1_script;
 use crate::process::{ProcSample, clock_ticks_per_second};
 use crate::report::{Facts, Measurement, ReportInput, Results};
 use crate::scenarios::{Durations, Metric, Scenario};
@@ -106,8 +105,7 @@ fn run_all(args: &AllArgs) -> Result<()> {
     for (kind, why) in &env.skipped {
         progress(format_args!("{kind}: skipped: {why}"));
     }
-    let select1 = write_select1_script(env.dir())?;
-    let scenarios = scenarios::scenarios(durations, &select1);
+    let scenarios = scenarios::scenarios(durations);
     let clk_tck = clock_ticks_per_second();
 
     // Warm-up per target: fills caches and pools and proves the target accepts logins, so a

@@ -22,11 +22,17 @@ pub struct Endpoint {
     pub dbname: String,
 }
 
+/// The custom script of the round-trip scenario, relative to the pgbench working directory.
+pub const SELECT1_SCRIPT: &str = "select1.sql";
+
 /// A pgbench binary from the same PostgreSQL installation as the server.
 #[derive(Clone, Debug)]
 pub struct Pgbench {
     /// Path of the `pgbench` executable.
     pub program: PathBuf,
+    /// Where pgbench runs and finds its custom scripts, so command lines in the report name
+    /// scripts without a temporary path.
+    pub workdir: PathBuf,
 }
 
 /// The numbers pgbench prints at the end of a run.
@@ -93,6 +99,7 @@ impl Pgbench {
     /// variables are removed so a developer's own PGSERVICE or PGOPTIONS cannot change a run.
     fn command(&self, endpoint: &Endpoint, sslmode: &str) -> Command {
         let mut cmd = Command::new(&self.program);
+        cmd.current_dir(&self.workdir);
         for (key, _) in std::env::vars_os() {
             if key.to_string_lossy().starts_with("PG") {
                 cmd.env_remove(key);
@@ -163,11 +170,9 @@ fn last_lines(s: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join(" / ")
 }
 
-/// Writes the one-statement script of the round-trip scenario and returns its path.
-pub fn write_select1_script(dir: &Path) -> Result<PathBuf> {
-    let path = dir.join("select1.sql");
-    std::fs::write(&path, "SELECT 1;\n").context("write select1.sql")?;
-    Ok(path)
+/// Writes the custom scripts the scenarios use into `dir`, pgbench's working directory.
+pub fn write_scripts(dir: &Path) -> Result<()> {
+    std::fs::write(dir.join(SELECT1_SCRIPT), "SELECT 1;\n").context("write select1.sql")
 }
 
 #[cfg(test)]

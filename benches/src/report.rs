@@ -386,10 +386,7 @@ mod tests {
 
     #[test]
     fn ratios_and_skips_in_rows() {
-        let scenarios = crate::scenarios::scenarios(
-            crate::scenarios::Durations::QUICK,
-            Path::new("select1.sql"),
-        );
+        let scenarios = crate::scenarios::scenarios(crate::scenarios::Durations::QUICK);
         let mut results = Results::default();
         let m = |value, cpu| Measurement {
             value,

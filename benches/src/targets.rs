@@ -16,7 +16,7 @@ use pgwake_testkit::{
     PgOptions, TestCert, TestPostgres, free_port, hand_over, pg_bin_dir, pg_command,
 };
 
-use crate::pgbench::{Endpoint, Pgbench};
+use crate::pgbench::{Endpoint, Pgbench, write_scripts};
 use crate::process::{Guarded, command_output};
 
 /// What pgbench talks to.
@@ -118,9 +118,6 @@ impl Environment {
         // build failure only removes pgwake from the run.
         let pgwake_binary = locate_pgwake(pgwake);
         let bin = pg_bin_dir().context("find the PostgreSQL binaries")?;
-        let pgbench = Pgbench {
-            program: bin.join("pgbench"),
-        };
         let postgres_version = command_output(bin.join("postgres"), &["--version"])
             .unwrap_or_else(|| "unknown".into());
 
@@ -132,6 +129,11 @@ impl Environment {
             .context("create the harness directory")?;
         // PgBouncer runs as the postgres account when we are root and must read its files here.
         hand_over(dir.path()).context("hand the harness directory to the postgres account")?;
+        write_scripts(dir.path())?;
+        let pgbench = Pgbench {
+            program: bin.join("pgbench"),
+            workdir: dir.path().to_path_buf(),
+        };
         let (cert_path, key_path) = cert.write_to(dir.path())?;
         give_to_postgres(&cert_path)?;
         give_to_postgres(&key_path)?;
@@ -224,11 +226,6 @@ impl Environment {
             Err(e) => env.skipped.push((TargetKind::Pgwake, format!("{e:#}"))),
         }
         Ok(env)
-    }
-
-    /// The harness's temporary directory (configs, logs, scripts).
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
     }
 
     /// Takes a target out of the measured set, e.g. when its warm-up run fails.
