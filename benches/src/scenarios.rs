@@ -178,7 +178,9 @@ impl Later {
 pub const LATER: &[Later] = &[
     Later {
         name: "wake latency: connect to a sleeping tenant, time to first result, repeated sleep/wake cycles",
-        needs: "the `local` compute backend and the WakeCoordinator",
+        // The gateway side (local backend, WakeCoordinator, admin sleep/wake API) exists; the
+        // harness does not yet drive a local-backend tenant through sleep and wake.
+        needs: "harness support for a `local`-backend tenant's sleep/wake cycle",
         issue: None,
     },
     Later {
