@@ -221,8 +221,6 @@ pub struct WakeConfig {
     /// How often idle tenants are looked for.
     #[serde(with = "humantime_serde")]
     pub idle_check_interval: Duration,
-    /// Send a NoticeResponse ("waking database …") to clients that have to wait.
-    pub wake_notice: bool,
 }
 
 impl Default for WakeConfig {
@@ -236,7 +234,6 @@ impl Default for WakeConfig {
             failed_retry_delay: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(300),
             idle_check_interval: Duration::from_secs(1),
-            wake_notice: false,
         }
     }
 }

@@ -35,8 +35,6 @@ pub struct Gateway {
     pub coordinator: Arc<WakeCoordinator>,
     /// The local backend, when any tenant uses it (stopped with the gateway).
     pub local: Option<Arc<LocalBackend>>,
-    /// Tell waiting clients that their database is waking.
-    pub wake_notice: bool,
     /// TLS mode towards each tenant's backend.
     pub backend_tls: std::collections::HashMap<TenantId, BackendTls>,
     /// Backend connection settings.
@@ -188,16 +186,6 @@ async fn open_session(
         .directory
         .get(&resolved.tenant)
         .ok_or_else(|| SessionError::UnknownTenant(resolved.tenant.to_string()))?;
-    if gw.wake_notice && !gw.coordinator.is_awake(&tenant.id) {
-        let notice = pgwake_protocol::ErrorMessage::notice(
-            "00000",
-            format!("waking database for tenant \"{}\"", tenant.id),
-        );
-        client
-            .write_all(&notice.to_bytes())
-            .await
-            .map_err(SessionError::ClientIo)?;
-    }
     let admission = gw
         .coordinator
         .ensure_awake(&tenant.id)

@@ -144,7 +144,6 @@ pub fn build(config: &Config, terminate: CancellationToken) -> Result<Gateway, B
         directory,
         coordinator,
         local,
-        wake_notice: w.wake_notice,
         backend_tls,
         link: BackendLink {
             tls_config: tls::backend_client_config(&config.backend)?,

@@ -13,6 +13,9 @@ use pgwake_testkit::{PgOptions, TestCert, TestPostgres, free_port, pg_bin_dir};
 
 pub const SNI_SUFFIX: &str = "db.localtest";
 
+/// Superuser password of local-backend tenants in tests.
+pub const LOCAL_PASSWORD: &str = "local-test-password";
+
 /// A real Postgres with TLS and connection logging, as a tenant's backend.
 pub fn backend() -> TestPostgres {
     TestPostgres::start(PgOptions {
@@ -40,7 +43,85 @@ pub struct Gateway {
 impl Gateway {
     /// Starts pgwake with tenant `alpha` on `pg` plus `extra` TOML, and env overrides.
     pub fn start(pg: &TestPostgres, extra: &str, env: &[(&str, &str)]) -> Gateway {
+        let tenants = format!(
+            "[[tenant]]\nid = \"alpha\"\nbackend = {{ kind = \"fixed\", address = \"127.0.0.1:{}\" }}\n",
+            pg.port
+        );
+        Gateway::launch(extra, &tenants, env)
+    }
+
+    /// Starts pgwake with local-backend tenants (`ids`), the `[local]` section pointing into the
+    /// gateway's folder, plus `extra` top-level TOML and `local_settings` under `[local.settings]`.
+    pub fn start_local(
+        ids: &[&str],
+        extra: &str,
+        local_settings: &str,
+        env: &[(&str, &str)],
+    ) -> Gateway {
+        let mut tenants = format!(
+            "[local]\ndata_dir = \"data\"\npassword = \"{LOCAL_PASSWORD}\"\n[local.settings]\n{local_settings}\n"
+        );
+        for id in ids {
+            tenants.push_str(&format!(
+                "[[tenant]]\nid = \"{id}\"\nbackend = {{ kind = \"local\" }}\n"
+            ));
+        }
+        Gateway::launch(extra, &tenants, env)
+    }
+
+    /// The data folder of a local tenant.
+    pub fn local_dir(&self, tenant: &str) -> PathBuf {
+        self.dir.path().join("data").join(tenant)
+    }
+
+    /// Number of times a local tenant's Postgres reported itself ready (needs
+    /// `log_min_messages = 'log'` in the tenant's settings).
+    pub fn local_starts(&self, tenant: &str) -> usize {
+        std::fs::read_to_string(self.local_dir(tenant).join("postgres.log"))
+            .unwrap_or_default()
+            .matches("database system is ready to accept connections")
+            .count()
+    }
+
+    /// A tenant's entry from `GET /v1/tenants`, as (state, connections, waiters).
+    pub fn tenant_state(&self, tenant: &str) -> (String, u64, u64) {
+        let (_, body) = self.http_get("/v1/tenants").expect("tenants");
+        let all: serde_json::Value = serde_json::from_str(&body).expect("json");
+        let t = all
+            .as_array()
+            .and_then(|a| a.iter().find(|t| t["id"] == tenant))
+            .unwrap_or_else(|| panic!("no tenant {tenant} in {body}"));
+        (
+            t["state"].as_str().unwrap_or_default().to_owned(),
+            t["connections"].as_u64().unwrap_or(0),
+            t["waiters"].as_u64().unwrap_or(0),
+        )
+    }
+
+    /// Waits until a tenant reaches `state`.
+    pub fn wait_state(&self, tenant: &str, state: &str, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let now = self.tenant_state(tenant).0;
+            if now == state {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "tenant {tenant} is {now}, not {state}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn launch(extra: &str, tenants: &str, env: &[(&str, &str)]) -> Gateway {
         let dir = tempfile::tempdir().unwrap();
+        // The local backend's servers run as another account and must reach their folders.
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
         let cert = TestCert::new(&["*.db.localtest", "localhost"]);
         cert.write_to(dir.path()).unwrap();
         let (port, admin) = (free_port(), free_port());
@@ -55,11 +136,7 @@ key = "key.pem"
 [routing]
 sni_suffix = "{SNI_SUFFIX}"
 rules = ["sni", "options", "database", "user"]
-[[tenant]]
-id = "alpha"
-backend = {{ kind = "fixed", address = "127.0.0.1:{pg_port}" }}
-"#,
-            pg_port = pg.port
+{tenants}"#
         );
         let path = dir.path().join("pgwake.toml");
         std::fs::write(&path, config).unwrap();
@@ -103,9 +180,14 @@ backend = {{ kind = "fixed", address = "127.0.0.1:{pg_port}" }}
 
     /// A GET on the admin listener: (status, body).
     pub fn http_get(&self, path: &str) -> Option<(u16, String)> {
+        self.http("GET", path)
+    }
+
+    /// A request without body on the admin listener: (status, body).
+    pub fn http(&self, method: &str, path: &str) -> Option<(u16, String)> {
         let mut s = TcpStream::connect(("127.0.0.1", self.admin)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+        write!(s, "{method} {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
         let mut text = String::new();
         s.read_to_string(&mut text).ok()?;
         let status = text.split_whitespace().nth(1)?.parse().ok()?;
@@ -198,7 +280,18 @@ fn rustls_pemfile_der(pem: &str) -> rustls::pki_types::CertificateDer<'static> {
 
 impl Drop for Gateway {
     fn drop(&mut self) {
+        // SIGTERM first, so the gateway stops the local servers it started.
         if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
             let _ = c.kill();
             let _ = c.wait();
         }
