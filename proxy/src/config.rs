@@ -491,6 +491,13 @@ backend = { kind = "fixed", address = "127.0.0.1:5433" }
     }
 
     #[test]
+    fn shipped_example_is_valid() {
+        let c = load(include_str!("../../deploy/local/pgwake.toml")).unwrap();
+        assert_eq!(c.tenants.len(), 2);
+        assert_eq!(c.tenants[1].idle_timeout, Some(Duration::from_secs(60)));
+    }
+
+    #[test]
     fn local_tenants_need_a_local_section() {
         let text = EXAMPLE.replace(
             "backend = { kind = \"fixed\", address = \"127.0.0.1:5433\" }",
