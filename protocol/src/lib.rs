@@ -2,9 +2,12 @@
 //! relayed byte stream, parsing of the first message a client sends, and the messages the
 //! gateway writes itself. Nothing here touches a socket, so all of it is unit-tested and fuzzable.
 
+pub mod auth;
 pub mod backend;
+pub mod channel_binding;
 pub mod error;
 pub mod frame;
+pub mod scram;
 pub mod sqlstate;
 pub mod startup;
 
