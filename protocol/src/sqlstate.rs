@@ -12,6 +12,8 @@ pub const PROTOCOL_VIOLATION: &str = "08P01";
 pub const FEATURE_NOT_SUPPORTED: &str = "0A000";
 /// `28000` invalid_authorization_specification: the connection is not allowed as made.
 pub const INVALID_AUTHORIZATION_SPECIFICATION: &str = "28000";
+/// `28P01` invalid_password: wrong password or unknown user (one answer for both).
+pub const INVALID_PASSWORD: &str = "28P01";
 /// `53300` too_many_connections.
 pub const TOO_MANY_CONNECTIONS: &str = "53300";
 /// `57P01` admin_shutdown: the gateway is shutting down.

@@ -63,6 +63,9 @@ pub struct Config {
     /// The embedded local backend.
     #[serde(default)]
     pub local: Option<LocalConfig>,
+    /// Client authentication at the gateway.
+    #[serde(default)]
+    pub auth: AuthConfig,
     /// The tenants served.
     #[serde(default, rename = "tenant")]
     pub tenants: Vec<TenantConfig>,
@@ -221,6 +224,10 @@ pub struct WakeConfig {
     /// How often idle tenants are looked for.
     #[serde(with = "humantime_serde")]
     pub idle_check_interval: Duration,
+    /// Tell clients that must wait "waking database …" with a NoticeResponse; sent after the
+    /// gateway's AuthenticationOk (clients refuse notices earlier), so only for tenants the
+    /// gateway authenticates.
+    pub wake_notice: bool,
 }
 
 impl Default for WakeConfig {
@@ -234,6 +241,7 @@ impl Default for WakeConfig {
             failed_retry_delay: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(300),
             idle_check_interval: Duration::from_secs(1),
+            wake_notice: false,
         }
     }
 }
@@ -278,6 +286,90 @@ fn default_probe_interval() -> Duration {
     Duration::from_millis(5)
 }
 
+/// `[auth]`: settings shared by every tenant the gateway authenticates.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// Failed attempts per (client IP, tenant) before attempts are throttled.
+    pub throttle_free_failures: u32,
+    /// Wait after the first throttled failure; doubles with each further failure.
+    #[serde(with = "humantime_serde")]
+    pub throttle_base: Duration,
+    /// Longest throttle wait.
+    #[serde(with = "humantime_serde")]
+    pub throttle_max: Duration,
+    /// (client IP, tenant) pairs the throttle remembers.
+    pub throttle_capacity: u64,
+    /// Highest SCRAM iteration count the gateway derives keys for when logging in to a backend
+    /// with a password: a backend could otherwise make it burn CPU.
+    pub max_backend_iterations: u32,
+    /// How long verifiers fetched by `auth_query` are cached.
+    #[serde(with = "humantime_serde")]
+    pub auth_query_ttl: Duration,
+    /// Key for the salts of mock exchanges with unknown users; set it so replicas and
+    /// restarts answer alike (random per process when unset).
+    pub mock_secret: Option<String>,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            throttle_free_failures: 3,
+            throttle_base: Duration::from_secs(1),
+            throttle_max: Duration::from_secs(300),
+            throttle_capacity: 100_000,
+            max_backend_iterations: 100_000,
+            auth_query_ttl: Duration::from_secs(60),
+            mock_secret: None,
+        }
+    }
+}
+
+/// Who checks a client's password for a tenant.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMode {
+    /// The gateway, against the tenant's credential source; a wrong password never wakes it.
+    Gateway,
+    /// The backend (the login is relayed); such sessions cannot be revived later.
+    Passthrough,
+}
+
+/// Where the gateway finds a tenant's users and their secrets.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum CredentialsConfig {
+    /// A file of `"user" "secret"` lines (a SCRAM verifier, or a password), like PgBouncer's
+    /// auth_file; `pgwake passwd USER` prints a line.
+    Static {
+        /// The file.
+        file: PathBuf,
+    },
+    /// Verifiers looked up on the tenant's own database (which must then be awake).
+    AuthQuery {
+        /// Role the gateway logs in as to run the query.
+        user: String,
+        /// Its password.
+        password: String,
+        /// Database to connect to.
+        #[serde(default = "default_auth_database")]
+        database: String,
+        /// Query taking the user name as `$1` and returning (name, verifier).
+        #[serde(default = "default_auth_query")]
+        query: String,
+    },
+    /// The local backend's superuser and password from `[local]`.
+    Local,
+}
+
+fn default_auth_database() -> String {
+    "postgres".into()
+}
+
+fn default_auth_query() -> String {
+    "SELECT usename, passwd FROM pgwake.user_lookup($1)".into()
+}
+
 /// `[[tenant]]`: one tenant.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -289,6 +381,39 @@ pub struct TenantConfig {
     /// Overrides `[wake] idle_timeout`.
     #[serde(default, with = "humantime_serde")]
     pub idle_timeout: Option<Duration>,
+    /// Who checks passwords (default: the gateway when credentials are known, else passthrough).
+    #[serde(default)]
+    pub auth: Option<AuthMode>,
+    /// Where the tenant's users come from (default for local tenants: `local`).
+    #[serde(default)]
+    pub credentials: Option<CredentialsConfig>,
+    /// Client networks allowed (empty: all).
+    #[serde(default)]
+    pub allow: Vec<ipnet::IpNet>,
+    /// Client networks refused (checked first).
+    #[serde(default)]
+    pub deny: Vec<ipnet::IpNet>,
+}
+
+impl TenantConfig {
+    /// The credential source in force: the configured one, or `local` for local tenants.
+    pub fn effective_credentials(&self) -> Option<CredentialsConfig> {
+        match (&self.credentials, &self.backend) {
+            (Some(c), _) => Some(c.clone()),
+            (None, TenantBackend::Local) => Some(CredentialsConfig::Local),
+            (None, _) => None,
+        }
+    }
+
+    /// The auth mode in force.
+    pub fn effective_auth(&self) -> AuthMode {
+        self.auth
+            .unwrap_or(if self.effective_credentials().is_some() {
+                AuthMode::Gateway
+            } else {
+                AuthMode::Passthrough
+            })
+    }
 }
 
 /// A tenant's compute backend.
@@ -349,6 +474,11 @@ impl Config {
         if let Some(ca) = &mut self.backend.ca {
             fix(ca);
         }
+        for t in &mut self.tenants {
+            if let Some(CredentialsConfig::Static { file }) = &mut t.credentials {
+                fix(file);
+            }
+        }
         if let Some(local) = &mut self.local {
             fix(&mut local.data_dir);
             if let Some(bin) = &mut local.bin_dir {
@@ -399,6 +529,20 @@ impl Config {
                     ));
                 }
                 TenantBackend::Local => {}
+            }
+            if t.effective_auth() == AuthMode::Gateway && t.effective_credentials().is_none() {
+                return Err(invalid(
+                    format!("tenant[{i}].credentials"),
+                    "auth = \"gateway\" needs a credential source (static, auth_query or local)",
+                ));
+            }
+            if matches!(t.effective_credentials(), Some(CredentialsConfig::Local))
+                && self.local.is_none()
+            {
+                return Err(invalid(
+                    format!("tenant[{i}].credentials"),
+                    "kind = \"local\" credentials need a [local] section",
+                ));
             }
         }
         if let Some(d) = &self.routing.default_tenant

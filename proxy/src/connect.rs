@@ -16,6 +16,7 @@ use tokio::net::TcpStream;
 use tokio::time::{Instant, timeout_at};
 use tokio_rustls::TlsConnector;
 
+use crate::auth::backend_login::OnBehalf;
 use crate::cancel::{CancelMap, CancelRegistration, CancelTarget};
 use crate::config::BackendTls;
 use crate::error::SessionError;
@@ -90,20 +91,21 @@ pub async fn connect(
 }
 
 /// One framed message read whole during login: header included, so it can be forwarded as is.
-struct RawMessage {
+pub(crate) struct RawMessage {
     bytes: Vec<u8>,
 }
 
 impl RawMessage {
-    fn tag(&self) -> u8 {
+    pub(crate) fn tag(&self) -> u8 {
         self.bytes[0]
     }
-    fn body(&self) -> &[u8] {
+    pub(crate) fn body(&self) -> &[u8] {
         &self.bytes[5..]
     }
 }
 
-async fn read_message<R: AsyncRead + Unpin>(
+/// Reads one tagged message whole, or `None` when its length is out of range.
+pub(crate) async fn read_message<R: AsyncRead + Unpin>(
     r: &mut R,
     max: usize,
 ) -> std::io::Result<Option<RawMessage>> {
@@ -119,8 +121,17 @@ async fn read_message<R: AsyncRead + Unpin>(
     Ok(Some(RawMessage { bytes }))
 }
 
-/// Relays the login between `client` and `backend` until the backend's first ReadyForQuery has
-/// reached the client. Returns the cancel registration backing the key the client was given.
+/// Who answers the backend's authentication requests.
+pub enum BackendAuth<'a> {
+    /// The client, through the gateway (passthrough).
+    Relay,
+    /// The gateway, with what the client's login at the gateway left.
+    OnBehalf(OnBehalf<'a>),
+}
+
+/// Logs in to `backend` and carries the login to the client until the backend's first
+/// ReadyForQuery has reached it. Returns the cancel registration backing the key the client
+/// was given.
 #[allow(clippy::too_many_arguments)]
 pub async fn login(
     link: &BackendLink,
@@ -129,11 +140,12 @@ pub async fn login(
     params: &[(String, String)],
     endpoint: &Endpoint,
     cancels: &Arc<CancelMap>,
+    auth: BackendAuth<'_>,
     deadline: Instant,
 ) -> Result<Option<CancelRegistration>, SessionError> {
     timeout_at(
         deadline,
-        login_exchange(link, client, backend, params, endpoint, cancels),
+        login_exchange(link, client, backend, params, endpoint, cancels, auth),
     )
     .await
     .unwrap_or(Err(SessionError::LoginTimeout))
@@ -146,6 +158,7 @@ async fn login_exchange(
     params: &[(String, String)],
     endpoint: &Endpoint,
     cancels: &Arc<CancelMap>,
+    mut auth: BackendAuth<'_>,
 ) -> Result<Option<CancelRegistration>, SessionError> {
     let backend_io = |e: std::io::Error| SessionError::BackendUnreachable {
         endpoint: endpoint.to_string(),
@@ -167,6 +180,13 @@ async fn login_exchange(
                 let code = auth_request_code(msg.body()).ok_or_else(|| {
                     SessionError::BackendProtocol("short authentication request".into())
                 })?;
+                if let BackendAuth::OnBehalf(on_behalf) = &mut auth {
+                    // The client already has the gateway's AuthenticationOk.
+                    if let Some(reply) = on_behalf.answer(code, msg.body()).await? {
+                        backend.write_all(&reply).await.map_err(backend_io)?;
+                    }
+                    continue;
+                }
                 match code {
                     auth_code::OK | auth_code::SASL_FINAL => {
                         to_client.extend_from_slice(&msg.bytes)

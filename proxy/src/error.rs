@@ -35,6 +35,26 @@ pub enum SessionError {
     /// The tenant is not configured (or, later, not allowed).
     #[error("unknown or forbidden tenant {0:?}")]
     UnknownTenant(String),
+    /// The client's password was wrong, or the user unknown (the same answer for both).
+    #[error("password authentication failed for user {0:?}")]
+    AuthFailed(String),
+    /// Too many failed attempts from this address for this tenant.
+    #[error("throttled for {0:?} after failed authentication attempts")]
+    Throttled(std::time::Duration),
+    /// The startup message named no user.
+    #[error("no user name in the startup message")]
+    NoUser,
+    /// The credential source could not answer.
+    #[error("credentials unavailable: {0}")]
+    AuthUnavailable(String),
+    /// The gateway cannot log in to the backend with what it holds for this user.
+    #[error("cannot log in to the backend on behalf of {user:?}: {reason}")]
+    BackendLogin {
+        /// The user.
+        user: String,
+        /// Why, for the log.
+        reason: String,
+    },
     /// The tenant could not be woken (or the queue was full).
     #[error("tenant {0}: {1}")]
     Wake(TenantId, WakeError),
@@ -81,6 +101,11 @@ impl SessionError {
             SessionError::PlaintextRefused => "plaintext_refused",
             SessionError::Handshake(_) => "tls_handshake",
             SessionError::Route(_) | SessionError::UnknownTenant(_) => "routing",
+            SessionError::AuthFailed(_) => "auth_failed",
+            SessionError::Throttled(_) => "auth_throttled",
+            SessionError::NoUser => "client_protocol",
+            SessionError::AuthUnavailable(_) => "auth_unavailable",
+            SessionError::BackendLogin { .. } => "backend_login",
             SessionError::Wake(_, WakeError::QueueFull { .. }) => "wake_queue_full",
             SessionError::Wake(_, WakeError::Timeout(_)) => "wake_timeout",
             SessionError::Wake(_, WakeError::UnknownTenant(_)) => "routing",
@@ -133,6 +158,33 @@ impl SessionError {
                 )
                 .with_hint(TENANT_HINT)
             }
+            SessionError::AuthFailed(user) => ErrorMessage::fatal(
+                INVALID_PASSWORD,
+                format!("password authentication failed for user \"{user}\""),
+            ),
+            SessionError::Throttled(wait) => ErrorMessage::fatal(
+                INVALID_AUTHORIZATION_SPECIFICATION,
+                format!(
+                    "too many failed authentication attempts, retry in {} s",
+                    wait.as_secs().max(1)
+                ),
+            ),
+            SessionError::NoUser => ErrorMessage::fatal(
+                INVALID_AUTHORIZATION_SPECIFICATION,
+                "no PostgreSQL user name specified in startup packet",
+            ),
+            SessionError::AuthUnavailable(_) => ErrorMessage::fatal(
+                CANNOT_CONNECT_NOW,
+                "authentication is not available right now",
+            )
+            .with_hint("retry in a moment"),
+            SessionError::BackendLogin { user, .. } => ErrorMessage::fatal(
+                INVALID_AUTHORIZATION_SPECIFICATION,
+                format!("the gateway cannot log in to the tenant's database as \"{user}\""),
+            )
+            .with_hint(
+                "the database's password for this user differs from the gateway's credentials",
+            ),
             SessionError::Wake(_, WakeError::UnknownTenant(_)) => ErrorMessage::fatal(
                 SQLSERVER_REJECTED_ESTABLISHMENT_OF_SQLCONNECTION,
                 "unknown or forbidden tenant",

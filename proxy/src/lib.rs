@@ -3,6 +3,8 @@
 //! rules in `pgwake-protocol`.
 
 pub mod admin;
+pub mod admit;
+pub mod auth;
 pub mod cancel;
 pub mod config;
 pub mod connect;

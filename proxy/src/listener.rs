@@ -1,6 +1,7 @@
 //! Accepting client connections and carrying each through the journey:
 //! negotiate → route → connect → login → relay.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,17 +15,43 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use crate::admit::AccessList;
+use crate::auth::CredentialSource;
+use crate::auth::backend_login::OnBehalf;
+use crate::auth::client::{LoginMaterial, authenticate_client};
+use crate::auth::throttle::Throttle;
 use crate::cancel::{CancelMap, forward_cancel};
-use crate::config::{BackendTls, Limits};
-use crate::connect::{BackendLink, connect, login};
+use crate::config::{AuthMode, BackendTls, Limits};
+use crate::connect::{BackendAuth, BackendLink, connect, login};
 use crate::error::SessionError;
 use crate::metrics::Metrics;
 use crate::negotiate::{NegotiateSettings, Negotiated, negotiate};
 use crate::relay::{RelaySettings, relay};
 use crate::stream::Stream;
+use crate::tls::ServerTls;
+
+/// How one tenant's connections are admitted and authenticated.
+pub struct TenantPolicy {
+    /// Client networks allowed and denied.
+    pub access: AccessList,
+    /// Who checks passwords.
+    pub auth: AuthMode,
+    /// Where users come from, for gateway authentication.
+    pub credentials: Option<Arc<dyn CredentialSource>>,
+}
 
 /// Everything a connection needs, shared by all of them.
 pub struct Gateway {
+    /// Per-tenant admission and authentication.
+    pub policies: HashMap<TenantId, TenantPolicy>,
+    /// Failed-authentication throttle.
+    pub throttle: Throttle,
+    /// Key for mock SCRAM salts of unknown users.
+    pub mock_key: Vec<u8>,
+    /// Cap on SCRAM iterations when deriving backend keys from a password.
+    pub max_backend_iterations: u32,
+    /// The gateway's TLS identity (for channel binding).
+    pub server_tls: Option<Arc<ServerTls>>,
     /// Negotiation settings (TLS, plaintext policy, startup size).
     pub negotiate: NegotiateSettings,
     /// Tenant rules.
@@ -33,6 +60,8 @@ pub struct Gateway {
     pub directory: TenantDirectory,
     /// Wakes tenants and holds connections while they wake.
     pub coordinator: Arc<WakeCoordinator>,
+    /// Tell authenticated clients that must wait that their database is waking.
+    pub wake_notice: bool,
     /// The local backend, when any tenant uses it (stopped with the gateway).
     pub local: Option<Arc<LocalBackend>>,
     /// TLS mode towards each tenant's backend.
@@ -120,7 +149,7 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, gw: &Gateway) {
         Err((stream, err)) => return fail(gw, stream, err).await,
     };
     let session = tokio::select! {
-        r = open_session(gw, &mut client, startup, accepted_at) => r,
+        r = open_session(gw, &mut client, peer, startup, accepted_at) => r,
         _ = gw.terminate.cancelled() => Err(SessionError::ShuttingDown),
     };
     let mut backend = match session {
@@ -168,6 +197,7 @@ struct BackendSession {
 async fn open_session(
     gw: &Gateway,
     client: &mut Stream,
+    peer: SocketAddr,
     mut startup: pgwake_protocol::StartupMessage,
     accepted_at: Instant,
 ) -> Result<BackendSession, SessionError> {
@@ -186,6 +216,34 @@ async fn open_session(
         .directory
         .get(&resolved.tenant)
         .ok_or_else(|| SessionError::UnknownTenant(resolved.tenant.to_string()))?;
+    let policy = gw
+        .policies
+        .get(&tenant.id)
+        .ok_or_else(|| SessionError::UnknownTenant(tenant.id.to_string()))?;
+    // A denied address learns no more than about a tenant that does not exist.
+    if !policy.access.permits(peer.ip()) {
+        return Err(SessionError::UnknownTenant(tenant.id.to_string()));
+    }
+    let user = startup.get("user").map(str::to_owned);
+    // Authenticate first, then wake: a wrong password never starts a database.
+    let material = match (policy.auth, &policy.credentials) {
+        (AuthMode::Gateway, Some(source)) => {
+            let user = user.as_deref().ok_or(SessionError::NoUser)?;
+            Some(authenticate(gw, client, peer, &tenant.id, source.as_ref(), user).await?)
+        }
+        _ => None,
+    };
+    if material.is_some() && gw.wake_notice && !gw.coordinator.is_awake(&tenant.id) {
+        let notice = pgwake_protocol::ErrorMessage::notice(
+            "00000",
+            format!("waking database for tenant \"{}\"", tenant.id),
+        );
+        client
+            .write_all(&notice.to_bytes())
+            .await
+            .map_err(SessionError::ClientIo)?;
+        client.flush().await.map_err(SessionError::ClientIo)?;
+    }
     let admission = gw
         .coordinator
         .ensure_awake(&tenant.id)
@@ -197,6 +255,10 @@ async fn open_session(
     let mut stream = connect(&gw.link, &endpoint, mode, connect_deadline).await?;
     let params: Vec<(String, String)> = startup.forwardable_params().cloned().collect();
     let login_deadline = Instant::now() + gw.limits.login_timeout;
+    let backend_auth = match (&material, &user) {
+        (Some(m), Some(u)) => BackendAuth::OnBehalf(OnBehalf::new(u, m, gw.max_backend_iterations)),
+        _ => BackendAuth::Relay,
+    };
     let cancel = login(
         &gw.link,
         client,
@@ -204,6 +266,7 @@ async fn open_session(
         &params,
         &endpoint,
         &gw.cancels,
+        backend_auth,
         login_deadline,
     )
     .await?;
@@ -213,6 +276,51 @@ async fn open_session(
         cancel,
         lease: admission.lease,
     })
+}
+
+/// Checks the client's password at the gateway, with the throttle around it.
+async fn authenticate(
+    gw: &Gateway,
+    client: &mut Stream,
+    peer: SocketAddr,
+    tenant: &TenantId,
+    source: &dyn CredentialSource,
+    user: &str,
+) -> Result<LoginMaterial, SessionError> {
+    if let Some(wait) = gw.throttle.blocked_for(peer.ip(), tenant) {
+        gw.metrics.auth_attempt("throttled");
+        return Err(SessionError::Throttled(wait));
+    }
+    let credential = source.lookup(user).await.map_err(|e| {
+        gw.metrics.auth_attempt("error");
+        SessionError::AuthUnavailable(e.to_string())
+    })?;
+    let channel_binding = match (&gw.server_tls, client.is_tls()) {
+        (Some(tls), true) => tls.channel_binding(client.sni()),
+        _ => None,
+    };
+    let result = authenticate_client(
+        client,
+        user,
+        credential,
+        channel_binding,
+        &gw.mock_key,
+        gw.link.max_client_message,
+    )
+    .await;
+    match &result {
+        Ok(_) => {
+            gw.metrics.auth_attempt("ok");
+            gw.throttle.success(peer.ip(), tenant);
+        }
+        Err(SessionError::AuthFailed(_)) => {
+            gw.metrics.auth_attempt("failed");
+            gw.throttle.failure(peer.ip(), tenant);
+            source.failed(user);
+        }
+        Err(_) => gw.metrics.auth_attempt("error"),
+    }
+    result
 }
 
 /// Counts, logs and (where possible) tells the client why its connection ends.

@@ -59,6 +59,12 @@ enum Command {
         #[arg(long, default_value = "60s")]
         idle_timeout: humantime::Duration,
     },
+    /// Print a line for a static credentials file: the user and a SCRAM-SHA-256 verifier of the
+    /// password read from standard input (one line), so the file never holds the password.
+    Passwd {
+        /// The user name.
+        user: String,
+    },
     /// Validate a configuration (including certificates) without serving.
     CheckConfig {
         /// TOML configuration file.
@@ -123,6 +129,20 @@ fn main() -> anyhow::Result<()> {
                     .map(|a| a.to_string())
                     .unwrap_or_else(|| "(none)".into())
             );
+            Ok(())
+        }
+        Command::Passwd { user } => {
+            let mut password = String::new();
+            std::io::stdin()
+                .read_line(&mut password)
+                .context("read the password from standard input")?;
+            let password = password.trim_end_matches(['\n', '\r']);
+            if password.is_empty() {
+                anyhow::bail!("no password on standard input");
+            }
+            let credential = pgwake::auth::Credential::from_password(password);
+            let quote = |s: &str| s.replace('"', "\"\"");
+            println!("\"{}\" \"{}\"", quote(&user), credential.verifier);
             Ok(())
         }
         Command::Serve {

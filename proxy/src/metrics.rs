@@ -25,6 +25,7 @@ pub struct Metrics {
     /// Seconds from accepting a connection to the client's first ReadyForQuery.
     pub startup_duration: Histogram,
     wake_duration: HistogramVec,
+    auth_attempts: IntCounterVec,
     wakes: IntCounterVec,
     waiters: IntGauge,
     tenants: IntGaugeVec,
@@ -130,7 +131,19 @@ impl Metrics {
         registry
             .register(Box::new(tenants.clone()))
             .expect("unique metric");
+        let auth_attempts = IntCounterVec::new(
+            Opts::new(
+                "pgwake_auth_attempts_total",
+                "Client authentications at the gateway, by outcome (ok, failed, throttled, error).",
+            ),
+            &["outcome"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(auth_attempts.clone()))
+            .expect("unique metric");
         Metrics {
+            auth_attempts,
             wake_duration,
             wakes,
             waiters,
@@ -150,6 +163,11 @@ impl Metrics {
     /// Counts a connection that ended with an error of this kind.
     pub fn error(&self, kind: &'static str) {
         self.errors.with_label_values(&[kind]).inc();
+    }
+
+    /// Counts a client authentication attempt by outcome.
+    pub fn auth_attempt(&self, outcome: &'static str) {
+        self.auth_attempts.with_label_values(&[outcome]).inc();
     }
 
     /// Records a finished wake.

@@ -17,9 +17,16 @@ use tokio_util::task::TaskTracker;
 use tracing::info;
 
 use crate::admin::{self, AdminState};
+use crate::admit::AccessList;
+use crate::auth::throttle::{Throttle, ThrottleSettings};
+use crate::auth::{
+    AuthQuerySettings, AuthQuerySource, CredentialError, CredentialSource, LocalSource,
+    StaticSource,
+};
 use crate::cancel::CancelMap;
-use crate::config::{Config, LocalConfig, TenantBackend};
+use crate::config::{AuthMode, Config, CredentialsConfig, LocalConfig, TenantBackend};
 use crate::connect::BackendLink;
+use crate::listener::TenantPolicy;
 use crate::listener::{self, Gateway};
 use crate::metrics::Metrics;
 use crate::negotiate::NegotiateSettings;
@@ -37,6 +44,14 @@ pub enum BuildError {
     /// The local backend cannot run here.
     #[error("local backend: {0}")]
     Local(#[from] pgwake_routing::BackendError),
+    /// A credential source is unusable.
+    #[error("tenant {tenant}: credentials: {source}")]
+    Credentials {
+        /// The tenant.
+        tenant: String,
+        /// What is wrong.
+        source: CredentialError,
+    },
 }
 
 /// The local backend's settings from `[local]`.
@@ -61,10 +76,13 @@ pub fn local_settings(local: &LocalConfig, start_timeout: Duration) -> LocalSett
 /// Builds the shared gateway state; fails on unusable certificates or a local backend that
 /// cannot run here.
 pub fn build(config: &Config, terminate: CancellationToken) -> Result<Gateway, BuildError> {
-    let acceptor = match &config.tls {
-        Some(t) => Some(TlsAcceptor::from(tls::server_config(t)?)),
+    let server_tls = match &config.tls {
+        Some(t) => Some(Arc::new(tls::server_config(t)?)),
         None => None,
     };
+    let acceptor = server_tls
+        .as_ref()
+        .map(|t| TlsAcceptor::from(t.config.clone()));
     let local = match &config.local {
         Some(l)
             if config
@@ -130,7 +148,72 @@ pub fn build(config: &Config, terminate: CancellationToken) -> Result<Gateway, B
         },
         move |event| wake_metrics.wake_finished(event),
     );
+    let mut policies = HashMap::new();
+    for t in &config.tenants {
+        let credentials: Option<Arc<dyn CredentialSource>> = match t.effective_credentials() {
+            None => None,
+            Some(CredentialsConfig::Static { file }) => {
+                Some(Arc::new(StaticSource::load(&file).map_err(|source| {
+                    BuildError::Credentials {
+                        tenant: t.id.to_string(),
+                        source,
+                    }
+                })?))
+            }
+            Some(CredentialsConfig::Local) => config
+                .local
+                .as_ref()
+                .map(|l| Arc::new(LocalSource::new(&l.superuser, &l.password)) as _),
+            Some(CredentialsConfig::AuthQuery {
+                user,
+                password,
+                database,
+                query,
+            }) => Some(Arc::new(AuthQuerySource::new(
+                t.id.clone(),
+                AuthQuerySettings {
+                    user,
+                    password,
+                    database,
+                    query,
+                    ttl: config.auth.auth_query_ttl,
+                    timeout: config.limits.login_timeout,
+                },
+                coordinator.clone(),
+            ))),
+        };
+        let auth = t.effective_auth();
+        if auth == AuthMode::Passthrough {
+            info!(tenant = %t.id, "passthrough authentication: the backend checks passwords");
+        }
+        policies.insert(
+            t.id.clone(),
+            TenantPolicy {
+                access: AccessList {
+                    allow: t.allow.clone(),
+                    deny: t.deny.clone(),
+                },
+                auth,
+                credentials,
+            },
+        );
+    }
+    let a = &config.auth;
+    let mock_key = match &a.mock_secret {
+        Some(s) => s.as_bytes().to_vec(),
+        None => rand::random::<[u8; 32]>().to_vec(),
+    };
     Ok(Gateway {
+        policies,
+        throttle: Throttle::new(ThrottleSettings {
+            free_failures: a.throttle_free_failures,
+            base: a.throttle_base,
+            max: a.throttle_max,
+            capacity: a.throttle_capacity,
+        }),
+        mock_key,
+        max_backend_iterations: a.max_backend_iterations,
+        server_tls,
         negotiate: NegotiateSettings {
             tls: acceptor,
             allow_plaintext: config.listen.allow_plaintext,
@@ -144,6 +227,7 @@ pub fn build(config: &Config, terminate: CancellationToken) -> Result<Gateway, B
         directory,
         coordinator,
         local,
+        wake_notice: w.wake_notice,
         backend_tls,
         link: BackendLink {
             tls_config: tls::backend_client_config(&config.backend)?,

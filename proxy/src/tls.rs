@@ -110,8 +110,25 @@ impl ResolvesServerCert for SniResolver {
     }
 }
 
+/// The gateway's TLS identity towards clients: the rustls configuration and the certificate
+/// choice behind it, which SCRAM-SHA-256-PLUS binds to.
+pub struct ServerTls {
+    /// Configuration for the TLS acceptor.
+    pub config: Arc<ServerConfig>,
+    resolver: Arc<SniResolver>,
+}
+
+impl ServerTls {
+    /// `tls-server-end-point` channel-binding data of the certificate served for this SNI.
+    pub fn channel_binding(&self, sni: Option<&str>) -> Option<Vec<u8>> {
+        let key = self.resolver.pick(sni);
+        let leaf = key.cert.first()?;
+        pgwake_protocol::channel_binding::tls_server_end_point(leaf.as_ref()).ok()
+    }
+}
+
 /// The server-side TLS configuration for client connections.
-pub fn server_config(tls: &TlsConfig) -> Result<Arc<ServerConfig>, TlsError> {
+pub fn server_config(tls: &TlsConfig) -> Result<ServerTls, TlsError> {
     let provider = provider();
     let default = certified_key(&provider, &tls.cert, &tls.key)?;
     let mut by_name = Vec::new();
@@ -121,12 +138,16 @@ pub fn server_config(tls: &TlsConfig) -> Result<Arc<ServerConfig>, TlsError> {
             by_name.push((n.to_ascii_lowercase(), key.clone()));
         }
     }
+    let resolver = Arc::new(SniResolver { default, by_name });
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()
-        .with_cert_resolver(Arc::new(SniResolver { default, by_name }));
+        .with_cert_resolver(resolver.clone());
     config.alpn_protocols = vec![ALPN_POSTGRESQL.to_vec()];
-    Ok(Arc::new(config))
+    Ok(ServerTls {
+        config: Arc::new(config),
+        resolver,
+    })
 }
 
 /// The client-side TLS configuration for backend connections.

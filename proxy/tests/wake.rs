@@ -247,6 +247,48 @@ async fn idle_tenant_sleeps_and_wakes_again() {
     .unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wake_notice_after_gateway_authentication() {
+    let gw = blocking(|| {
+        Gateway::start_local(
+            &["loud"],
+            &format!("{PLAINTEXT}\n[wake]\nwake_notice = true"),
+            "",
+            &[],
+        )
+    })
+    .await
+    .unwrap();
+    let out = Command::new(pgwake_testkit::pg_bin_dir().unwrap().join("psql"))
+        .args(["-X", "-A", "-t", "-c", "select 2"])
+        .arg(conninfo(&gw, "loud"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "2", "{stderr}");
+    assert!(
+        stderr.contains("waking database for tenant \"loud\""),
+        "{stderr}"
+    );
+    let gw = blocking(move || {
+        gw.wait_idle();
+        let (status, body) = gw
+            .http("POST", "/v1/tenants/loud/sleep")
+            .expect("admin sleep");
+        assert_eq!(status, 200, "{body}");
+        gw
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        select_one(&conninfo(&gw, "loud"))
+            .await
+            .expect("tokio-postgres takes the notice"),
+        1
+    );
+    blocking(move || gw.wait_idle()).await.unwrap();
+}
+
 #[test]
 fn quickstart_serves_a_sleeping_tenant() {
     let dir = tempfile::tempdir().unwrap();

@@ -264,6 +264,13 @@ impl WakeCoordinator {
             .ok_or_else(|| WakeError::UnknownTenant(tenant.clone()))
     }
 
+    /// True when the tenant accepts connections right now (no wait needed).
+    pub fn is_awake(&self, tenant: &TenantId) -> bool {
+        self.slots
+            .get(tenant)
+            .is_some_and(|s| s.lock().phase == Phase::Awake)
+    }
+
     /// Admits a connection: at once if the tenant is awake, else after the (single) wake.
     pub async fn ensure_awake(&self, tenant: &TenantId) -> Result<Admission, WakeError> {
         let slot = self.slot(tenant)?;

@@ -15,8 +15,6 @@ use crate::sqlstate;
 
 /// The only channel-binding type Postgres (and so libpq) implements.
 const TLS_SERVER_END_POINT: &[u8] = b"tls-server-end-point";
-/// `28P01` invalid_password: what Postgres answers a failed password check.
-const INVALID_PASSWORD: &str = "28P01";
 
 /// Why a client's SCRAM exchange failed. Every way of not knowing the password, an unknown user
 /// included, is the single variant [`ScramError::AuthenticationFailed`]; the others describe
@@ -79,7 +77,7 @@ impl ScramError {
     /// The SQLSTATE for the client's ErrorResponse.
     pub fn sqlstate(&self) -> &'static str {
         match self.kind() {
-            ScramErrorKind::InvalidPassword => INVALID_PASSWORD,
+            ScramErrorKind::InvalidPassword => sqlstate::INVALID_PASSWORD,
             ScramErrorKind::ProtocolViolation => sqlstate::PROTOCOL_VIOLATION,
         }
     }

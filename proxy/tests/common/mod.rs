@@ -114,7 +114,8 @@ impl Gateway {
         }
     }
 
-    fn launch(extra: &str, tenants: &str, env: &[(&str, &str)]) -> Gateway {
+    /// Starts pgwake with `extra` top-level TOML and `tenants` (tenant tables and anything after).
+    pub fn launch(extra: &str, tenants: &str, env: &[(&str, &str)]) -> Gateway {
         let dir = tempfile::tempdir().unwrap();
         // The local backend's servers run as another account and must reach their folders.
         std::fs::set_permissions(
