@@ -1,17 +1,26 @@
-//! The pgwake load harness: Postgres direct vs PgBouncer vs pgwake under pgbench, on loopback.
+//! The pgwake load harness, on loopback: Postgres direct vs PgBouncer vs pgwake under pgbench,
+//! wake latency over sleep/wake cycles of a `local`-backend tenant, and the gateway's memory per
+//! connection queued for a wake.
 //!
-//! `cargo run -p pgwake-bench --release -- all [--quick] [--write] [--reps N]`
+//! `cargo run -p pgwake-bench --release -- all [--quick] [--write] [--reps N]`, or `wake` /
+//! `queued` alone.
 //!
-//! The harness sets everything up in a temporary directory, lets pgbench generate the load, reads
-//! the proxies' CPU and memory from /proc between runs, and prints a Markdown report. See
-//! `benches/README.md` for the scenarios and how to read the table.
+//! The harness sets everything up in temporary directories, lets pgbench or its own clients
+//! generate the load, reads the proxies' CPU and memory from /proc, and prints a Markdown report.
+//! See `benches/README.md` for the scenarios and how to read the tables.
 
+mod client;
+mod gateway;
+mod http;
 mod pgbench;
 mod process;
+mod queued;
 mod report;
 mod scenarios;
 mod targets;
+mod wake;
 
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
@@ -19,13 +28,20 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand};
 
-use crate::process::{ProcSample, clock_ticks_per_second};
-use crate::report::{Facts, Measurement, ReportInput, Results};
+use crate::process::{ProcSample, clock_ticks_per_second, command_output};
+use crate::queued::QueuedOptions;
+use crate::report::{
+    Facts, Measurement, PGBENCH_SECTION, QUEUED_SECTION, ReportInput, Results, Section,
+    WAKE_SECTION,
+};
 use crate::scenarios::{Durations, Metric, Scenario};
 use crate::targets::{Auth, Environment, PgwakeSource, Target, TargetKind};
+use crate::wake::WakeOptions;
 
 #[derive(Parser)]
-#[command(about = "Load harness: Postgres direct vs PgBouncer vs pgwake under pgbench")]
+#[command(
+    about = "Load harness: Postgres direct vs PgBouncer vs pgwake, wake latency, queue memory"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
@@ -33,33 +49,99 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Set up Postgres, PgBouncer and pgwake on loopback and run every scenario.
+    /// The pgbench comparison (Postgres, PgBouncer and pgwake on loopback), then `wake` and
+    /// `queued`.
     All(AllArgs),
+    /// Wake latency: sleep/wake cycles of one local-backend tenant, and a Postgres-only floor.
+    Wake(WakeArgs),
+    /// Gateway memory per connection waiting in a tenant's accept queue.
+    Queued(QueuedArgs),
+}
+
+/// Options every command takes.
+#[derive(Args)]
+struct Common {
+    /// Short runs for a smoke check (pgbench: one repetition of 5 s runs; wake: 5 cycles;
+    /// queued: 2,000 connections).
+    #[arg(long)]
+    quick: bool,
+    /// Replace this command's sections of benches/RESULTS.md with the report.
+    #[arg(long)]
+    write: bool,
+    /// Use this pgwake binary instead of building the workspace's release binary.
+    #[arg(long, value_name = "PATH")]
+    pgwake: Option<PathBuf>,
+    /// Do not run `cargo build --release -p pgwake`; use the binary already in the target folder.
+    #[arg(long)]
+    no_build: bool,
+}
+
+#[derive(Args)]
+struct WakeFlags {
+    /// Sleep/wake cycles per transport, plaintext and TLS, each plaintext one with a start of
+    /// Postgres alone (default 30, or 5 with --quick).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    cycles: Option<u32>,
+}
+
+impl WakeFlags {
+    fn options(&self, quick: bool) -> WakeOptions {
+        WakeOptions {
+            cycles: self.cycles.unwrap_or(if quick { 5 } else { 30 }),
+        }
+    }
+}
+
+#[derive(Args)]
+struct QueuedFlags {
+    /// Connections queued at once (default 10,000, or 2,000 with --quick).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(2..))]
+    connections: Option<u32>,
+}
+
+impl QueuedFlags {
+    fn options(&self, quick: bool) -> QueuedOptions {
+        QueuedOptions {
+            connections: self
+                .connections
+                .unwrap_or(if quick { 2_000 } else { 10_000 }),
+        }
+    }
 }
 
 #[derive(Args)]
 struct AllArgs {
-    /// One repetition of short runs (whole run under three minutes), for a smoke check.
-    #[arg(long)]
-    quick: bool,
-    /// Replace the harness section of benches/RESULTS.md with the report.
-    #[arg(long)]
-    write: bool,
-    /// Repetitions of the whole scenario list (default 3, or 1 with --quick).
+    #[command(flatten)]
+    common: Common,
+    /// Repetitions of the whole pgbench scenario list (default 3, or 1 with --quick).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     reps: Option<u32>,
     /// pgbench scale factor of the test data (`pgbench -i -s`).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
     scale: u32,
-    /// How clients log in on every target.
+    /// How pgbench clients log in on every target.
     #[arg(long, value_enum, default_value_t = Auth::Trust)]
     auth: Auth,
-    /// Use this pgwake binary instead of building the workspace's release binary.
-    #[arg(long, value_name = "PATH")]
-    pgwake: Option<std::path::PathBuf>,
-    /// Do not run `cargo build --release -p pgwake`; use the binary already in the target folder.
-    #[arg(long)]
-    no_build: bool,
+    #[command(flatten)]
+    wake: WakeFlags,
+    #[command(flatten)]
+    queued: QueuedFlags,
+}
+
+#[derive(Args)]
+struct WakeArgs {
+    #[command(flatten)]
+    common: Common,
+    #[command(flatten)]
+    wake: WakeFlags,
+}
+
+#[derive(Args)]
+struct QueuedArgs {
+    #[command(flatten)]
+    common: Common,
+    #[command(flatten)]
+    queued: QueuedFlags,
 }
 
 /// Pause between runs so sockets in TIME_WAIT and exiting backends from one run do not weigh on
@@ -70,8 +152,107 @@ const SETTLE: Duration = Duration::from_secs(1);
 const CPU_TAIL: Duration = Duration::from_millis(300);
 
 fn main() -> Result<()> {
-    let Cmd::All(args) = Cli::parse().command;
-    run_all(&args)
+    let started = *STARTED.get_or_init(Instant::now);
+    let (common, sections) = match Cli::parse().command {
+        Cmd::All(args) => {
+            let binary = locate(&args.common);
+            let mut sections = vec![(
+                PGBENCH_SECTION,
+                run_pgbench(&args, binary.as_deref().map_err(String::as_str))?,
+            )];
+            sections.push((
+                WAKE_SECTION,
+                run_wake(
+                    binary.as_deref().map_err(String::as_str),
+                    args.wake.options(args.common.quick),
+                ),
+            ));
+            sections.push((
+                QUEUED_SECTION,
+                run_queued(
+                    binary.as_deref().map_err(String::as_str),
+                    args.queued.options(args.common.quick),
+                ),
+            ));
+            (args.common, sections)
+        }
+        Cmd::Wake(args) => {
+            let binary = locate(&args.common);
+            let section = run_wake(
+                binary.as_deref().map_err(String::as_str),
+                args.wake.options(args.common.quick),
+            );
+            (args.common, vec![(WAKE_SECTION, section)])
+        }
+        Cmd::Queued(args) => {
+            let binary = locate(&args.common);
+            let section = run_queued(
+                binary.as_deref().map_err(String::as_str),
+                args.queued.options(args.common.quick),
+            );
+            (args.common, vec![(QUEUED_SECTION, section)])
+        }
+    };
+    for (_, text) in &sections {
+        println!("{text}");
+    }
+    if common.write {
+        let path = targets::workspace_root().join("benches").join("RESULTS.md");
+        let parts: Vec<(Section, &str)> = sections.iter().map(|(s, t)| (*s, t.as_str())).collect();
+        report::write_results_file(&path, &parts)?;
+        progress(format_args!("wrote {}", path.display()));
+    }
+    progress(format_args!("done in {:.0?}", started.elapsed()));
+    Ok(())
+}
+
+/// The pgwake binary (built first unless told not to), or why there is none. Building before
+/// anything runs keeps the compiler off the CPUs during measurements.
+fn locate(common: &Common) -> Result<PathBuf, String> {
+    targets::locate_pgwake(&PgwakeSource {
+        binary: common.pgwake.clone(),
+        build: !common.no_build,
+    })
+    .map_err(|e| format!("{e:#}"))
+}
+
+/// Facts for the wake and queued sections: the machine, PostgreSQL and the commit.
+fn local_facts() -> Facts {
+    let postgres = pgwake_testkit::pg_bin_dir()
+        .ok()
+        .and_then(|bin| command_output(bin.join("postgres"), &["--version"]))
+        .unwrap_or_else(|| "unknown".into());
+    Facts::collect(&command_line(), vec![("PostgreSQL", postgres)])
+}
+
+fn run_wake(binary: Result<&Path, &str>, opts: WakeOptions) -> String {
+    progress(format_args!(
+        "wake latency: {} cycles per transport ...",
+        opts.cycles
+    ));
+    let outcome = binary
+        .map_err(|e| anyhow!("{e}"))
+        .and_then(|b| wake::run(b, opts))
+        .map_err(|e| format!("{e:#}"));
+    if let Err(e) = &outcome {
+        progress(format_args!("wake latency failed: {e}"));
+    }
+    wake::render(&local_facts(), opts, &outcome)
+}
+
+fn run_queued(binary: Result<&Path, &str>, opts: QueuedOptions) -> String {
+    progress(format_args!(
+        "queued connections: {} clients ...",
+        opts.connections
+    ));
+    let outcome = binary
+        .map_err(|e| anyhow!("{e}"))
+        .and_then(|b| queued::run(b, opts))
+        .map_err(|e| format!("{e:#}"));
+    if let Err(e) = &outcome {
+        progress(format_args!("queued connections failed: {e}"));
+    }
+    queued::render(&local_facts(), &outcome)
 }
 
 /// When the harness started, for the timestamps of its progress lines.
@@ -84,24 +265,18 @@ pub(crate) fn progress(message: impl std::fmt::Display) {
     eprintln!("[{t:6.1}s] {message}");
 }
 
-fn run_all(args: &AllArgs) -> Result<()> {
-    let started = *STARTED.get_or_init(Instant::now);
-    let durations = if args.quick {
+/// The pgbench comparison; returns its report section.
+fn run_pgbench(args: &AllArgs, pgwake: Result<&Path, &str>) -> Result<String> {
+    let quick = args.common.quick;
+    let durations = if quick {
         Durations::QUICK
     } else {
         Durations::FULL
     };
-    let reps = args.reps.unwrap_or(if args.quick { 1 } else { 3 });
+    let reps = args.reps.unwrap_or(if quick { 1 } else { 3 });
     let command = command_line();
 
-    let mut env = Environment::start(
-        args.scale,
-        args.auth,
-        &PgwakeSource {
-            binary: args.pgwake.clone(),
-            build: !args.no_build,
-        },
-    )?;
+    let mut env = Environment::start(args.scale, args.auth, pgwake)?;
     for (kind, why) in &env.skipped {
         progress(format_args!("{kind}: skipped: {why}"));
     }
@@ -187,16 +362,10 @@ fn run_all(args: &AllArgs) -> Result<()> {
         },
         &results,
     );
-    // Stop everything before writing files, so a hung shutdown shows before "done".
+    // Stop everything before the next scenarios, so a hung shutdown shows and nothing of this
+    // part runs while they measure.
     drop(env);
-    println!("{report}");
-    if args.write {
-        let path = targets::workspace_root().join("benches").join("RESULTS.md");
-        report::write_results_file(&path, &report)?;
-        progress(format_args!("wrote {}", path.display()));
-    }
-    progress(format_args!("done in {:.0?}", started.elapsed()));
-    Ok(())
+    Ok(report)
 }
 
 /// One pgbench run of `scenario` against `target`, with the proxy's CPU and memory around it.

@@ -17,16 +17,40 @@ pub struct Guarded {
     name: &'static str,
     child: Option<Child>,
     log: PathBuf,
+    signal: &'static str,
+    limit: Duration,
+}
+
+/// How a stop went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stopped {
+    /// The child had already exited (or was stopped before).
+    Already,
+    /// It exited this long after the stop signal.
+    After(Duration),
+    /// It ignored the stop signal for the whole limit and was killed.
+    Killed,
 }
 
 impl Guarded {
-    /// Takes ownership of a spawned child whose output goes to `log`.
+    /// Takes ownership of a spawned child whose output goes to `log`. It is stopped with SIGTERM
+    /// and killed if still there 5 s later.
     pub fn new(name: &'static str, child: Child, log: PathBuf) -> Guarded {
         Guarded {
             name,
             child: Some(child),
             log,
+            signal: "TERM",
+            limit: Duration::from_secs(5),
         }
+    }
+
+    /// Stops the child with `signal` (a `kill -s` name such as `INT`) instead, waiting up to
+    /// `limit` before killing it.
+    pub fn stopped_with(mut self, signal: &'static str, limit: Duration) -> Guarded {
+        self.signal = signal;
+        self.limit = limit;
+        self
     }
 
     /// The child's process id.
@@ -46,39 +70,50 @@ impl Guarded {
         log_tail(&self.log, lines)
     }
 
-    /// Asks the child to stop with SIGTERM (both PgBouncer and pgwake treat it as "shut down now"),
-    /// then kills it if it has not gone within a few seconds.
-    pub fn stop(&mut self) {
+    /// Asks the child to stop with its stop signal (SIGTERM unless set otherwise: both PgBouncer
+    /// and pgwake treat it as "shut down now"), then kills it if it has not gone within the limit.
+    pub fn stop(&mut self) -> Stopped {
         let Some(mut child) = self.child.take() else {
-            return;
+            return Stopped::Already;
         };
         if let Ok(Some(_)) = child.try_wait() {
-            return;
+            return Stopped::Already;
         }
+        let sent = Instant::now();
         let _ = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
+            .args(["-s", self.signal, &child.id().to_string()])
             .status();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
+        while sent.elapsed() < self.limit {
             if let Ok(Some(_)) = child.try_wait() {
-                return;
+                return Stopped::After(sent.elapsed());
             }
-            sleep(Duration::from_millis(20));
+            sleep(Duration::from_millis(5));
         }
         eprintln!(
-            "{} (pid {}) ignored SIGTERM; killing it",
+            "{} (pid {}) ignored SIG{} for {:?}; killing it",
             self.name,
-            child.id()
+            child.id(),
+            self.signal,
+            self.limit
         );
         let _ = child.kill();
         let _ = child.wait();
+        Stopped::Killed
     }
 }
 
 impl Drop for Guarded {
     fn drop(&mut self) {
-        self.stop();
+        let _ = self.stop();
     }
+}
+
+/// The 1, 5 and 15 minute load averages from `/proc/loadavg`, as printed there.
+pub fn load_average() -> String {
+    fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|| "unknown".into())
 }
 
 /// The last `lines` lines of a log file (empty if it cannot be read).

@@ -11,10 +11,30 @@ use crate::process::command_output;
 use crate::scenarios::{LATER, Metric, Scenario};
 use crate::targets::TargetKind;
 
-/// Start of the section of RESULTS.md that the harness owns.
-pub const BEGIN_MARKER: &str = "<!-- harness:begin -->";
-/// End of that section.
-pub const END_MARKER: &str = "<!-- harness:end -->";
+/// A part of RESULTS.md that the harness rewrites, between two marker comments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Section {
+    /// The line that opens it.
+    pub begin: &'static str,
+    /// The line that closes it.
+    pub end: &'static str,
+}
+
+/// The pgbench comparison table (`all`).
+pub const PGBENCH_SECTION: Section = Section {
+    begin: "<!-- harness:begin -->",
+    end: "<!-- harness:end -->",
+};
+/// The wake latency cycles (`wake`, and `all`).
+pub const WAKE_SECTION: Section = Section {
+    begin: "<!-- harness:wake:begin -->",
+    end: "<!-- harness:wake:end -->",
+};
+/// Memory per queued connection (`queued`, and `all`).
+pub const QUEUED_SECTION: Section = Section {
+    begin: "<!-- harness:queued:begin -->",
+    end: "<!-- harness:queued:end -->",
+};
 
 /// What one pgbench run against one target measured.
 #[derive(Clone, Debug)]
@@ -312,31 +332,33 @@ fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// Replaces the harness section of `path` (between the markers) with `section`, creating the
-/// file with a short header if it is missing, and appending the section if the markers are.
+/// Replaces each given section of `path` (between its markers) with its new text, creating the
+/// file with a short header if it is missing, and appending a section whose markers are missing.
 /// Everything outside the markers is kept, so people's notes survive.
-pub fn write_results_file(path: &Path, section: &str) -> Result<()> {
-    let existing = match fs::read_to_string(path) {
+pub fn write_results_file(path: &Path, sections: &[(Section, &str)]) -> Result<()> {
+    let mut text = match fs::read_to_string(path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => RESULTS_HEADER.to_owned(),
         Err(e) => return Err(e).with_context(|| format!("read {}", path.display())),
     };
-    fs::write(path, replace_section(&existing, section))
-        .with_context(|| format!("write {}", path.display()))
+    for (section, body) in sections {
+        text = replace_section(&text, *section, body);
+    }
+    fs::write(path, text).with_context(|| format!("write {}", path.display()))
 }
 
 const RESULTS_HEADER: &str = "# pgwake benchmark results\n\n\
-Numbers from the load harness and notes about them. The section between the harness markers is \
-rewritten by `cargo run -p pgwake-bench --release -- all --write`; everything outside it is kept, \
-so add notes above or below it.\n";
+Numbers from the load harness and notes about them. The sections between the harness markers are \
+rewritten by `cargo run -p pgwake-bench --release -- all --write` (or `wake --write`, \
+`queued --write`); everything outside them is kept, so add notes above or below.\n";
 
-/// `text` with the marked section replaced by `section` (or appended when there is none).
-pub fn replace_section(text: &str, section: &str) -> String {
-    let block = format!("{BEGIN_MARKER}\n{}\n{END_MARKER}", section.trim_end());
-    if let Some(begin) = text.find(BEGIN_MARKER)
-        && let Some(end_rel) = text[begin..].find(END_MARKER)
+/// `text` with the marked section replaced by `body` (or appended when there is none).
+pub fn replace_section(text: &str, section: Section, body: &str) -> String {
+    let block = format!("{}\n{}\n{}", section.begin, body.trim_end(), section.end);
+    if let Some(begin) = text.find(section.begin)
+        && let Some(end_rel) = text[begin..].find(section.end)
     {
-        let end = begin + end_rel + END_MARKER.len();
+        let end = begin + end_rel + section.end.len();
         return format!("{}{block}{}", &text[..begin], &text[end..]);
     }
     let mut out = text.trim_end().to_owned();
@@ -344,6 +366,24 @@ pub fn replace_section(text: &str, section: &str) -> String {
     out.push_str(&block);
     out.push('\n');
     out
+}
+
+/// The nearest-rank percentile `q` (0–100] of `values`: the smallest value with at least q % of
+/// the values at or below it. `None` when empty.
+pub fn percentile(values: &[f64], q: f64) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = ((q / 100.0) * v.len() as f64).ceil() as usize;
+    Some(v[rank.clamp(1, v.len()) - 1])
+}
+
+/// Milliseconds with one decimal ("0.0" rather than "-0.0" for tiny negative differences).
+pub fn fmt_ms(v: f64) -> String {
+    let v = if v.abs() < 0.05 { 0.0 } else { v };
+    format!("{v:.1}")
 }
 
 #[cfg(test)]
@@ -359,29 +399,52 @@ mod tests {
 
     #[test]
     fn section_is_replaced_and_notes_survive() {
-        let text = format!(
-            "# title\n\nnote above\n\n{BEGIN_MARKER}\nold table\n{END_MARKER}\n\nnote below\n"
-        );
-        let new = replace_section(&text, "new table\n");
+        let (b, e) = (PGBENCH_SECTION.begin, PGBENCH_SECTION.end);
+        let text = format!("# title\n\nnote above\n\n{b}\nold table\n{e}\n\nnote below\n");
+        let new = replace_section(&text, PGBENCH_SECTION, "new table\n");
         assert_eq!(
             new,
-            format!(
-                "# title\n\nnote above\n\n{BEGIN_MARKER}\nnew table\n{END_MARKER}\n\nnote below\n"
-            )
+            format!("# title\n\nnote above\n\n{b}\nnew table\n{e}\n\nnote below\n")
         );
         // Idempotent in shape: a second write replaces, never duplicates.
-        let again = replace_section(&new, "newer");
-        assert_eq!(again.matches(BEGIN_MARKER).count(), 1);
+        let again = replace_section(&new, PGBENCH_SECTION, "newer");
+        assert_eq!(again.matches(b).count(), 1);
         assert!(again.contains("newer") && !again.contains("new table"));
+        // Another section is added after it and leaves it alone.
+        let both = replace_section(&again, WAKE_SECTION, "wake table");
+        assert!(
+            both.contains("newer") && both.contains("wake table"),
+            "{both}"
+        );
+        let wake_again = replace_section(&both, WAKE_SECTION, "wake 2");
+        assert!(wake_again.contains("newer") && !wake_again.contains("wake table"));
+        assert!(wake_again.ends_with(&format!(
+            "{}\nwake 2\n{}\n",
+            WAKE_SECTION.begin, WAKE_SECTION.end
+        )));
     }
 
     #[test]
     fn section_is_appended_when_markers_are_missing() {
-        let new = replace_section("# title\n\nnotes\n", "table");
+        let new = replace_section("# title\n\nnotes\n", QUEUED_SECTION, "table");
         assert_eq!(
             new,
-            format!("# title\n\nnotes\n\n{BEGIN_MARKER}\ntable\n{END_MARKER}\n")
+            format!(
+                "# title\n\nnotes\n\n{}\ntable\n{}\n",
+                QUEUED_SECTION.begin, QUEUED_SECTION.end
+            )
         );
+    }
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<f64> = (1..=30).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), Some(15.0));
+        assert_eq!(percentile(&v, 95.0), Some(29.0));
+        assert_eq!(percentile(&v, 99.0), Some(30.0));
+        assert_eq!(percentile(&[7.0], 50.0), Some(7.0));
+        assert_eq!(percentile(&[], 50.0), None);
+        assert_eq!(percentile(&[3.0, 1.0, 2.0, 4.0, 5.0], 50.0), Some(3.0));
     }
 
     #[test]

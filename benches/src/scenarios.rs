@@ -1,5 +1,5 @@
-//! What the harness measures: the pgbench scenarios that run today and the ones that wait for
-//! gateway features.
+//! What the pgbench part of the harness measures: the scenarios that run today and the ones that
+//! wait for gateway features.
 
 use crate::pgbench::SELECT1_SCRIPT;
 
@@ -174,17 +174,14 @@ impl Later {
     }
 }
 
-/// Scenarios that wait for later gateway features.
+/// Scenarios that wait for later gateway features. (Wake latency and the memory of connections
+/// queued for a wake are measured by the `wake` and `queued` commands.)
 pub const LATER: &[Later] = &[
     Later {
-        name: "wake latency: connect to a sleeping tenant, time to first result, repeated sleep/wake cycles",
-        // The gateway side (local backend, WakeCoordinator, admin sleep/wake API) exists; the
-        // harness does not yet drive a local-backend tenant through sleep and wake.
-        needs: "harness support for a `local`-backend tenant's sleep/wake cycle",
-        issue: None,
-    },
-    Later {
-        name: "parked-connection memory: gateway RSS per idle client connection without a backend",
+        // Unlike a connection queued for a wake, a parked session has logged in and holds its
+        // session state while its backend connection is closed.
+        name: "parked-session memory: gateway RSS per logged-in idle session whose backend \
+               connection was closed",
         needs: "park/revive of idle sessions",
         issue: None,
     },

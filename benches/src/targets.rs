@@ -3,7 +3,6 @@
 
 use std::fmt;
 use std::fs;
-use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::fs::chown;
 use std::path::{Path, PathBuf};
@@ -111,12 +110,9 @@ pub struct Environment {
 
 impl Environment {
     /// Starts Postgres with TLS and initializes pgbench data at `scale`, then PgBouncer and pgwake
-    /// in front of it. A proxy that cannot start is recorded in `skipped`; Postgres failing is an
-    /// error.
-    pub fn start(scale: u32, auth: Auth, pgwake: &PgwakeSource) -> Result<Environment> {
-        // Build first: compiling on a small machine must not overlap anything measured, and a
-        // build failure only removes pgwake from the run.
-        let pgwake_binary = locate_pgwake(pgwake);
+    /// (`pgwake`: its binary, or why there is none) in front of it. A proxy that cannot start is
+    /// recorded in `skipped`; Postgres failing is an error.
+    pub fn start(scale: u32, auth: Auth, pgwake: Result<&Path, &str>) -> Result<Environment> {
         let bin = pg_bin_dir().context("find the PostgreSQL binaries")?;
         let postgres_version = command_output(bin.join("postgres"), &["--version"])
             .unwrap_or_else(|| "unknown".into());
@@ -211,8 +207,8 @@ impl Environment {
             }
         }
 
-        let started = pgwake_binary.and_then(|binary| {
-            start_pgwake(&binary, env.dir.path(), &direct, &cert_path, &key_path)
+        let started = pgwake.map_err(|e| anyhow!("{e}")).and_then(|binary| {
+            start_pgwake(binary, env.dir.path(), &direct, &cert_path, &key_path)
         });
         match started {
             Ok((guard, port)) => {
@@ -341,7 +337,7 @@ fn start_pgbouncer(
 
 /// The pgwake binary to run: the given one, or the workspace's release build (built first unless
 /// told not to).
-fn locate_pgwake(source: &PgwakeSource) -> Result<PathBuf> {
+pub fn locate_pgwake(source: &PgwakeSource) -> Result<PathBuf> {
     let binary = match &source.binary {
         Some(b) => b.clone(),
         None => {
@@ -396,34 +392,48 @@ fn start_pgwake(
             backend_port = backend.port,
         ),
     )?;
-    let log = dir.join("pgwake.log");
+    let guard = serve_pgwake(binary, &config, &dir.join("pgwake.log"), port, admin)?;
+    Ok((guard, port))
+}
+
+/// Starts `pgwake serve --config CONFIG` with its output in `log`, and returns it once its
+/// Postgres port accepts TCP and `/readyz` on the admin port answers 200.
+pub fn serve_pgwake(
+    binary: &Path,
+    config: &Path,
+    log: &Path,
+    port: u16,
+    admin: u16,
+) -> Result<Guarded> {
     let mut cmd = Command::new(binary);
-    cmd.args(["serve", "--config"]).arg(&config);
-    // PGWAKE_* variables override config keys; a developer's shell must not change the run.
+    cmd.args(["serve", "--config"]).arg(config);
+    // PGWAKE_<SECTION>__<KEY> variables override config keys; a developer's shell must not
+    // change the run. PGWAKE_LOG only sets log verbosity and is kept.
     for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("PGWAKE_") {
+        let key_text = key.to_string_lossy();
+        if key_text.starts_with("PGWAKE_") && key_text != "PGWAKE_LOG" {
             cmd.env_remove(key);
         }
     }
-    // Per-connection log lines would be in the churn path; PgBouncer's are off too.
-    if std::env::var_os("RUST_LOG").is_none() {
-        cmd.env("RUST_LOG", "warn");
+    // Per-connection log lines would be in the measured paths; PgBouncer's are off too.
+    if std::env::var_os("PGWAKE_LOG").is_none() {
+        cmd.env("PGWAKE_LOG", "warn");
     }
     crate::progress(format_args!("starting pgwake ({}) ...", binary.display()));
-    let log_file = fs::File::create(&log)?;
+    let log_file = fs::File::create(log)?;
     let child = cmd
         .stdin(Stdio::null())
         .stdout(log_file.try_clone()?)
         .stderr(log_file)
         .spawn()
         .with_context(|| format!("spawn {}", binary.display()))?;
-    let mut guard = Guarded::new("pgwake", child, log);
+    let mut guard = Guarded::new("pgwake", child, log.to_path_buf());
     wait_until(&mut guard, Duration::from_secs(20), || {
         Ok(TcpStream::connect(("127.0.0.1", port)).is_ok()
-            && http_status(admin, "/readyz") == Some(200))
+            && crate::http::status(admin, "/readyz") == Some(200))
     })
     .context("pgwake did not start")?;
-    Ok((guard, port))
+    Ok(guard)
 }
 
 /// Polls `ready` until it holds, failing early if the child exits.
@@ -445,25 +455,6 @@ fn wait_until(
         }
         sleep(Duration::from_millis(50));
     }
-}
-
-/// The status code of a plain HTTP/1.0 GET on 127.0.0.1, or `None` if there is no valid answer.
-/// Hand-written so the harness needs no HTTP client crate.
-pub fn http_status(port: u16, path: &str) -> Option<u16> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
-    let mut head = Vec::new();
-    // HTTP/1.0: the server closes after the answer; the status line is all we need.
-    let _ = stream.take(4096).read_to_end(&mut head);
-    parse_status_line(&String::from_utf8_lossy(&head))
-}
-
-fn parse_status_line(response: &str) -> Option<u16> {
-    let line = response.lines().next()?;
-    let mut parts = line.split_whitespace();
-    parts.next().filter(|v| v.starts_with("HTTP/"))?;
-    parts.next()?.parse().ok()
 }
 
 /// Where this workspace is: the bench crate's parent folder.
@@ -517,23 +508,4 @@ fn target_dir() -> Result<PathBuf> {
         .as_str()
         .map(PathBuf::from)
         .ok_or_else(|| anyhow!("cargo metadata has no target_directory"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn status_line() {
-        assert_eq!(
-            parse_status_line("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"),
-            Some(200)
-        );
-        assert_eq!(
-            parse_status_line("HTTP/1.0 503 Service Unavailable\r\n"),
-            Some(503)
-        );
-        assert_eq!(parse_status_line("garbage"), None);
-        assert_eq!(parse_status_line(""), None);
-    }
 }

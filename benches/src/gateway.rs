@@ -1,0 +1,322 @@
+//! A pgwake gateway serving one `local`-backend tenant, for the wake and queue scenarios: its
+//! config, its admin API, and a stop that also makes sure no Postgres it started outlives it.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use pgwake_testkit::{TestCert, free_port};
+
+use crate::client::Login;
+use crate::http;
+use crate::process::{Guarded, Stopped};
+use crate::targets::serve_pgwake;
+
+/// The superuser password of the harness's local tenants.
+const PASSWORD: &str = "pgwake-bench-local";
+
+/// How a local-tenant gateway is configured beyond the defaults.
+pub struct Spec<'a> {
+    /// Tenant id.
+    pub tenant: &'a str,
+    /// Lines of the `[wake]` section.
+    pub wake: Vec<String>,
+    /// Lines of `[limits]`.
+    pub limits: Vec<String>,
+    /// Extra `postgresql.conf` lines for the tenant (`[local.settings]`, values as Postgres
+    /// reads them, e.g. `pre_auth_delay = "'40s'"`).
+    pub settings: Vec<String>,
+}
+
+/// One tenant as `GET /v1/tenants` shows it.
+#[derive(Clone, Debug)]
+pub struct TenantStatus {
+    /// asleep, waking, awake, sleeping or failed.
+    pub state: String,
+    /// When it entered that state, seconds since the Unix epoch.
+    pub since: f64,
+    /// Connections waiting for a wake.
+    pub waiters: u64,
+    /// Duration of the last successful wake (spawn until a readiness probe got an answer).
+    pub last_wake_ms: Option<f64>,
+}
+
+/// What happened when the gateway was stopped.
+#[derive(Clone, Debug)]
+pub struct StopReport {
+    /// How the gateway process itself went.
+    pub gateway: Stopped,
+    /// A tenant postmaster still running after the gateway exited (which the harness then
+    /// stopped): its PID.
+    pub leftover_postmaster: Option<i32>,
+}
+
+/// A running gateway with one local tenant. Field order is drop order: the gateway stops first,
+/// then the data directory is checked for a postmaster that outlived it, then the folder goes.
+pub struct LocalGateway {
+    guard: Guarded,
+    /// The tenant id.
+    pub tenant: String,
+    /// Postgres protocol port.
+    pub port: u16,
+    /// Admin port.
+    pub admin: u16,
+    /// The gateway's certificate (self-signed, for `localhost`).
+    pub cert: TestCert,
+    stopped: Option<StopReport>,
+    dir: tempfile::TempDir,
+}
+
+impl LocalGateway {
+    /// Writes the config into a fresh temporary folder and starts `binary` on it.
+    pub fn start(binary: &Path, spec: &Spec<'_>) -> Result<LocalGateway> {
+        let dir = tempfile::Builder::new()
+            .prefix("pgwake-bench-local-")
+            .tempdir()
+            .context("create the gateway folder")?;
+        // The tenant's data lives below; the postgres account must be able to walk through.
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755))?;
+        let cert = TestCert::new(&["localhost", "127.0.0.1"]);
+        cert.write_to(dir.path())?;
+        let (port, admin) = (free_port(), free_port());
+        let lines = |v: &[String]| v.join("\n");
+        let config = format!(
+            "[listen]\n\
+             postgres = \"127.0.0.1:{port}\"\n\
+             admin = \"127.0.0.1:{admin}\"\n\
+             allow_plaintext = true\n\
+             \n\
+             [tls]\n\
+             cert = \"cert.pem\"\n\
+             key = \"key.pem\"\n\
+             \n\
+             [routing]\n\
+             rules = [\"database\"]\n\
+             \n\
+             [limits]\n{limits}\n\
+             \n\
+             [wake]\n{wake}\n\
+             \n\
+             [local]\n\
+             data_dir = \"data\"\n\
+             password = \"{PASSWORD}\"\n\
+             [local.settings]\n{settings}\n\
+             \n\
+             [[tenant]]\n\
+             id = \"{tenant}\"\n\
+             backend = {{ kind = \"local\" }}\n",
+            limits = lines(&spec.limits),
+            wake = lines(&spec.wake),
+            settings = lines(&spec.settings),
+            tenant = spec.tenant,
+        );
+        let config_path = dir.path().join("pgwake.toml");
+        fs::write(&config_path, config)?;
+        let binary = binary.to_path_buf();
+        let guard = serve_pgwake(
+            &binary,
+            &config_path,
+            &dir.path().join("pgwake.log"),
+            port,
+            admin,
+        )?
+        // After SIGTERM the gateway drains sessions and then stops its tenants' servers with a
+        // fast shutdown, which takes longer than a proxy's exit.
+        .stopped_with("TERM", Duration::from_secs(60));
+        Ok(LocalGateway {
+            guard,
+            tenant: spec.tenant.to_owned(),
+            port,
+            admin,
+            cert,
+            stopped: None,
+            dir,
+        })
+    }
+
+    /// The gateway's process id.
+    pub fn pid(&self) -> u32 {
+        self.guard.pid()
+    }
+
+    /// The last lines of the gateway's log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.guard.log_tail(lines)
+    }
+
+    /// The tenant's Postgres data directory (created by the gateway's first wake).
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data").join(&self.tenant).join("data")
+    }
+
+    /// A folder for the harness's own files next to the gateway's.
+    pub fn scratch(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// How a client logs in to the tenant through the gateway.
+    pub fn login(&self) -> Login {
+        Login {
+            port: self.port,
+            user: "pgwake".into(),
+            password: PASSWORD.into(),
+            dbname: format!("{}.postgres", self.tenant),
+        }
+    }
+
+    /// How a client logs in to the tenant's Postgres directly on `port`.
+    pub fn direct_login(&self, port: u16) -> Login {
+        Login {
+            port,
+            user: "pgwake".into(),
+            password: PASSWORD.into(),
+            dbname: "postgres".into(),
+        }
+    }
+
+    /// The tenant's row of `GET /v1/tenants`.
+    pub fn status(&self) -> Result<TenantStatus> {
+        let r = http::request(self.admin, "GET", "/v1/tenants", Duration::from_secs(5))?;
+        if r.status != 200 {
+            bail!("GET /v1/tenants answered {}: {}", r.status, r.body);
+        }
+        parse_status(&r.body, &self.tenant)
+    }
+
+    /// Puts the tenant to sleep with `POST /v1/tenants/{id}/sleep`, which answers once it is
+    /// asleep. A client that just closed its connection may still count for a moment (409), so
+    /// that answer is retried for a few seconds.
+    pub fn sleep_tenant(&self) -> Result<()> {
+        let path = format!("/v1/tenants/{}/sleep", self.tenant);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let r = http::request(self.admin, "POST", &path, Duration::from_secs(60))?;
+            match r.status {
+                200 => return Ok(()),
+                409 if Instant::now() < deadline => sleep(Duration::from_millis(10)),
+                _ => bail!("POST {path} answered {}: {}", r.status, r.body),
+            }
+        }
+    }
+
+    /// Stops the gateway with SIGTERM, then stops a tenant postmaster that survived it (which
+    /// would be a gateway bug, reported in the result). Idempotent.
+    pub fn stop(&mut self) -> StopReport {
+        if let Some(done) = &self.stopped {
+            return done.clone();
+        }
+        let gateway = self.guard.stop();
+        let leftover_postmaster = stop_postmaster(&self.data_dir());
+        let report = StopReport {
+            gateway,
+            leftover_postmaster,
+        };
+        self.stopped = Some(report.clone());
+        report
+    }
+}
+
+impl Drop for LocalGateway {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+fn parse_status(body: &str, tenant: &str) -> Result<TenantStatus> {
+    let all: serde_json::Value = serde_json::from_str(body).context("parse /v1/tenants")?;
+    let t = all
+        .as_array()
+        .and_then(|a| a.iter().find(|t| t["id"] == tenant))
+        .ok_or_else(|| anyhow!("tenant {tenant} missing from /v1/tenants: {body}"))?;
+    let count = |k: &str| t[k].as_u64().ok_or_else(|| anyhow!("{k} missing in {t}"));
+    Ok(TenantStatus {
+        state: t["state"]
+            .as_str()
+            .ok_or_else(|| anyhow!("state missing in {t}"))?
+            .to_owned(),
+        since: t["since"].as_f64().unwrap_or(0.0),
+        waiters: count("waiters")?,
+        last_wake_ms: t["last_wake_ms"].as_f64(),
+    })
+}
+
+/// Stops every process of the Postgres server of `data_dir` that is still running, and returns
+/// the postmaster's PID if there was one.
+///
+/// It runs only after the gateway has exited, so whatever is left is an orphan that nobody will
+/// use: an immediate shutdown (SIGQUIT) is enough, then SIGKILL. Processes are found by their
+/// command line, which names the data directory (a temporary path of this run), so a reused PID
+/// is never hit. A backend forked while the server was still starting keeps the postmaster's
+/// command line; with `pre_auth_delay` it sleeps with SIGTERM blocked and the postmaster does not
+/// signal it on shutdown, so it is stopped by name as well.
+pub fn stop_postmaster(data_dir: &Path) -> Option<i32> {
+    let postmaster: i32 = fs::read_to_string(data_dir.join("postmaster.pid"))
+        .ok()?
+        .lines()
+        .next()?
+        .trim()
+        .parse()
+        .ok()?;
+    if !processes_of(data_dir).contains(&postmaster) {
+        return None;
+    }
+    for signal in [Signal::SIGQUIT, Signal::SIGKILL] {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let left = processes_of(data_dir);
+            if left.is_empty() {
+                return Some(postmaster);
+            }
+            if Instant::now() > deadline {
+                break;
+            }
+            for pid in left {
+                let _ = kill(Pid::from_raw(pid), signal);
+            }
+            sleep(Duration::from_millis(50));
+        }
+    }
+    Some(postmaster)
+}
+
+/// Live processes (zombies have an empty command line) whose command line names `data_dir`.
+fn processes_of(data_dir: &Path) -> Vec<i32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                c.split(|b| *b == 0)
+                    .any(|arg| Path::new(&*String::from_utf8_lossy(arg)) == data_dir)
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_status_is_read_from_the_admin_list() {
+        let body = r#"[{"id":"a","backend":"local","state":"asleep","since":1.0,"connections":0,
+            "waiters":0,"last_wake_ms":null,"last_error":null},
+            {"id":"wake","backend":"local","state":"awake","since":1700000000.5,"connections":2,
+            "waiters":7,"last_wake_ms":81.25,"last_error":null}]"#;
+        let s = parse_status(body, "wake").unwrap();
+        assert_eq!(s.state, "awake");
+        assert_eq!(s.waiters, 7);
+        assert_eq!(s.last_wake_ms, Some(81.25));
+        assert_eq!(s.since, 1700000000.5);
+        assert_eq!(parse_status(body, "a").unwrap().last_wake_ms, None);
+        assert!(parse_status(body, "missing").is_err());
+    }
+}
