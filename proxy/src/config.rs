@@ -66,6 +66,9 @@ pub struct Config {
     /// Client authentication at the gateway.
     #[serde(default)]
     pub auth: AuthConfig,
+    /// The Kubernetes API, for `cnpg` tenants.
+    #[serde(default)]
+    pub kubernetes: KubernetesConfig,
     /// The tenants served.
     #[serde(default, rename = "tenant")]
     pub tenants: Vec<TenantConfig>,
@@ -286,6 +289,20 @@ fn default_probe_interval() -> Duration {
     Duration::from_millis(5)
 }
 
+/// `[kubernetes]`: how the gateway reaches the Kubernetes API.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubernetesConfig {
+    /// A kubeconfig file; unset: the in-cluster ServiceAccount, `KUBECONFIG` or ~/.kube/config.
+    pub kubeconfig: Option<PathBuf>,
+    /// Context in the kubeconfig (default: its current context).
+    pub context: Option<String>,
+    /// Namespace of tenants' clusters when a tenant names none (default: the client's).
+    pub namespace: Option<String>,
+    /// User named in readiness probes (any name works).
+    pub probe_user: Option<String>,
+}
+
 /// `[auth]`: settings shared by every tenant the gateway authenticates.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -430,6 +447,17 @@ pub enum TenantBackend {
     },
     /// A Postgres server the gateway starts and stops itself (see `[local]`).
     Local,
+    /// A CloudNativePG `Cluster`, woken by its `cnpg.io/hibernation` annotation.
+    Cnpg {
+        /// Cluster name.
+        cluster: String,
+        /// Its namespace (default `[kubernetes] namespace`).
+        #[serde(default)]
+        namespace: Option<String>,
+        /// `host:port` to connect to instead of `<cluster>-rw.<namespace>.svc:5432`.
+        #[serde(default)]
+        endpoint: Option<String>,
+    },
 }
 
 impl Config {
@@ -478,6 +506,9 @@ impl Config {
             if let Some(CredentialsConfig::Static { file }) = &mut t.credentials {
                 fix(file);
             }
+        }
+        if let Some(k) = &mut self.kubernetes.kubeconfig {
+            fix(k);
         }
         if let Some(local) = &mut self.local {
             fix(&mut local.data_dir);
@@ -529,6 +560,16 @@ impl Config {
                     ));
                 }
                 TenantBackend::Local => {}
+                TenantBackend::Cnpg { endpoint, .. } => {
+                    if let Some(e) = endpoint
+                        && Endpoint::parse(e).is_none()
+                    {
+                        return Err(invalid(
+                            format!("tenant[{i}].backend.endpoint"),
+                            format!("{e:?} is not host:port"),
+                        ));
+                    }
+                }
             }
             if t.effective_auth() == AuthMode::Gateway && t.effective_credentials().is_none() {
                 return Err(invalid(

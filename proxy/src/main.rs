@@ -118,8 +118,9 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::CheckConfig { config } => {
             let cfg = load(&config)?;
-            pgwake::server::build(&cfg, CancellationToken::new())
-                .context("invalid TLS material")?;
+            runtime()?
+                .block_on(pgwake::server::build(&cfg, CancellationToken::new()))
+                .context("the configuration cannot be served")?;
             println!(
                 "configuration OK: {} tenant(s), postgres on {}, admin on {}",
                 cfg.tenants.len(),

@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use pgwake_routing::backend::{FixedBackend, LocalBackend, LocalSettings};
+use pgwake_routing::backend::{
+    CnpgBackend, CnpgCluster, CnpgSettings, FixedBackend, LocalBackend, LocalSettings,
+};
 use pgwake_routing::{
     ComputeBackend, Endpoint, ResolverConfig, Tenant, TenantDirectory, TenantResolver,
     WakeCoordinator, WakeSettings,
@@ -24,7 +26,9 @@ use crate::auth::{
     StaticSource,
 };
 use crate::cancel::CancelMap;
-use crate::config::{AuthMode, Config, CredentialsConfig, LocalConfig, TenantBackend};
+use crate::config::{
+    AuthMode, Config, CredentialsConfig, KubernetesConfig, LocalConfig, TenantBackend,
+};
 use crate::connect::BackendLink;
 use crate::listener::TenantPolicy;
 use crate::listener::{self, Gateway};
@@ -44,6 +48,9 @@ pub enum BuildError {
     /// The local backend cannot run here.
     #[error("local backend: {0}")]
     Local(#[from] pgwake_routing::BackendError),
+    /// The Kubernetes client could not be configured.
+    #[error("kubernetes: {0}")]
+    Kubernetes(String),
     /// A credential source is unusable.
     #[error("tenant {tenant}: credentials: {source}")]
     Credentials {
@@ -73,9 +80,31 @@ pub fn local_settings(local: &LocalConfig, start_timeout: Duration) -> LocalSett
     }
 }
 
-/// Builds the shared gateway state; fails on unusable certificates or a local backend that
-/// cannot run here.
-pub fn build(config: &Config, terminate: CancellationToken) -> Result<Gateway, BuildError> {
+/// A Kubernetes client from `[kubernetes]`.
+async fn kube_client(k: &KubernetesConfig) -> Result<kube::Client, BuildError> {
+    let kube_error = |e: &dyn std::fmt::Display| BuildError::Kubernetes(e.to_string());
+    let options = kube::config::KubeConfigOptions {
+        context: k.context.clone(),
+        ..Default::default()
+    };
+    let config = match &k.kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path).map_err(|e| kube_error(&e))?;
+            kube::Config::from_custom_kubeconfig(file, &options)
+                .await
+                .map_err(|e| kube_error(&e))?
+        }
+        None if k.context.is_some() => kube::Config::from_kubeconfig(&options)
+            .await
+            .map_err(|e| kube_error(&e))?,
+        None => kube::Config::infer().await.map_err(|e| kube_error(&e))?,
+    };
+    kube::Client::try_from(config).map_err(|e| kube_error(&e))
+}
+
+/// Builds the shared gateway state; fails on unusable certificates, a local backend that cannot
+/// run here, or an unreachable Kubernetes configuration.
+pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gateway, BuildError> {
     let server_tls = match &config.tls {
         Some(t) => Some(Arc::new(tls::server_config(t)?)),
         None => None,
@@ -97,6 +126,48 @@ pub fn build(config: &Config, terminate: CancellationToken) -> Result<Gateway, B
         }
         _ => None,
     };
+    let cnpg_tenants: HashMap<_, _> = config
+        .tenants
+        .iter()
+        .filter_map(|t| match &t.backend {
+            TenantBackend::Cnpg {
+                cluster,
+                namespace,
+                endpoint,
+            } => Some((t.id.clone(), (cluster, namespace, endpoint))),
+            _ => None,
+        })
+        .collect();
+    let cnpg = if cnpg_tenants.is_empty() {
+        None
+    } else {
+        let k = &config.kubernetes;
+        let client = kube_client(k).await?;
+        let default_ns = k
+            .namespace
+            .clone()
+            .unwrap_or_else(|| client.default_namespace().to_owned());
+        let clusters = cnpg_tenants
+            .into_iter()
+            .map(|(id, (cluster, namespace, endpoint))| {
+                let ns = namespace.as_deref().unwrap_or(&default_ns);
+                let mut c = CnpgCluster::new(ns, cluster);
+                if let Some(e) = endpoint.as_deref().and_then(Endpoint::parse) {
+                    c.endpoint = e;
+                }
+                (id, c)
+            })
+            .collect();
+        Some(Arc::new(CnpgBackend::new(
+            client,
+            clusters,
+            CnpgSettings {
+                start_timeout: config.wake.wake_timeout,
+                probe_interval: Duration::from_millis(10),
+                probe_user: k.probe_user.clone().unwrap_or_else(|| "postgres".into()),
+            },
+        )))
+    };
     let mut backend_tls = HashMap::new();
     let mut tenants = Vec::new();
     for t in &config.tenants {
@@ -113,6 +184,13 @@ pub fn build(config: &Config, terminate: CancellationToken) -> Result<Gateway, B
             TenantBackend::Local => match &local {
                 Some(l) => l.clone(),
                 None => unreachable!("validated: local tenants have a [local] section"),
+            },
+            TenantBackend::Cnpg { .. } => match &cnpg {
+                Some(c) => {
+                    backend_tls.insert(t.id.clone(), config.backend.tls);
+                    c.clone()
+                }
+                None => unreachable!("cnpg tenants built the cnpg backend above"),
             },
         };
         tenants.push(Tenant {
@@ -249,7 +327,7 @@ pub async fn run(
     banner: Option<String>,
 ) -> anyhow::Result<()> {
     let terminate = CancellationToken::new();
-    let gateway = Arc::new(build(&config, terminate.clone())?);
+    let gateway = Arc::new(build(&config, terminate.clone()).await?);
     let listener = TcpListener::bind(config.listen.postgres)
         .await
         .map_err(|e| {

@@ -1,5 +1,6 @@
 //! Compute backends: where a tenant's database runs, and how to wake it and put it to sleep.
 
+mod cnpg;
 mod fixed;
 mod local;
 
@@ -9,6 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use thiserror::Error;
 
+pub use cnpg::{CnpgBackend, CnpgCluster, CnpgSettings, HIBERNATION_ANNOTATION, cluster_awake, cluster_resource};
 pub use fixed::FixedBackend;
 pub use local::{LocalBackend, LocalSettings};
 
@@ -69,6 +71,9 @@ pub enum BackendError {
     /// Starting the database failed; the text says why (for the log, not the client).
     #[error("start failed: {0}")]
     StartFailed(String),
+    /// The Kubernetes API refused or could not be reached.
+    #[error("kubernetes API: {0}")]
+    Api(String),
     /// The database did not accept logins in time.
     #[error("did not accept logins within {0:?}")]
     Timeout(Duration),

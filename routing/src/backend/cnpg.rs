@@ -1,0 +1,222 @@
+//! The `cnpg` backend: tenants are CloudNativePG `Cluster` objects, woken and put to sleep with
+//! the `cnpg.io/hibernation` annotation.
+//!
+//! A wake merge-patches the annotation to `off`, then watches (not polls) the Cluster until the
+//! operator reports it awake (no hibernation condition, `readyInstances >= 1`), then probes a
+//! real login on the endpoint: a Cluster can look healthy before Postgres accepts logins.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::StreamExt;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::json;
+use tokio::time::{Instant, sleep, timeout_at};
+use tracing::info;
+
+use super::{BackendError, ComputeBackend, ComputeState, Endpoint};
+use crate::TenantId;
+use crate::probe::{Probe, probe};
+
+/// The annotation CloudNativePG hibernates a cluster by.
+pub const HIBERNATION_ANNOTATION: &str = "cnpg.io/hibernation";
+/// Field manager name for the gateway's patches.
+const FIELD_MANAGER: &str = "pgwake";
+
+/// Where a tenant's Cluster is and how to reach its primary.
+#[derive(Clone, Debug)]
+pub struct CnpgCluster {
+    /// Namespace of the Cluster.
+    pub namespace: String,
+    /// Cluster name.
+    pub name: String,
+    /// Address of the read-write service (default `<name>-rw.<namespace>.svc:5432`).
+    pub endpoint: Endpoint,
+}
+
+impl CnpgCluster {
+    /// A cluster reached through its `-rw` service.
+    pub fn new(namespace: &str, name: &str) -> Self {
+        CnpgCluster {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            endpoint: Endpoint {
+                host: format!("{name}-rw.{namespace}.svc"),
+                port: 5432,
+            },
+        }
+    }
+}
+
+/// Timings and the login the readiness probe uses.
+#[derive(Clone, Debug)]
+pub struct CnpgSettings {
+    /// How long a wake may take, operator and Postgres start included.
+    pub start_timeout: Duration,
+    /// Time between login probes once the operator reports the cluster ready.
+    pub probe_interval: Duration,
+    /// User named in probe logins (any name works: an authentication request means ready).
+    pub probe_user: String,
+}
+
+/// CloudNativePG clusters reached through the Kubernetes API.
+pub struct CnpgBackend {
+    client: kube::Client,
+    resource: ApiResource,
+    clusters: HashMap<TenantId, CnpgCluster>,
+    settings: CnpgSettings,
+}
+
+/// The `Cluster` kind of CloudNativePG.
+pub fn cluster_resource() -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk("postgresql.cnpg.io", "v1", "Cluster"))
+}
+
+/// True when the operator reports the cluster running: no active hibernation condition and at
+/// least one ready instance. `status.phase` alone is not enough: a hibernated cluster can still
+/// read "Cluster in healthy state".
+pub fn cluster_awake(obj: &DynamicObject) -> bool {
+    let status = obj.data.get("status");
+    let hibernated = status
+        .and_then(|s| s.get("conditions"))
+        .and_then(|c| c.as_array())
+        .is_some_and(|conds| {
+            conds
+                .iter()
+                .any(|c| c["type"] == HIBERNATION_ANNOTATION && c["status"] == "True")
+        });
+    let ready = status
+        .and_then(|s| s.get("readyInstances"))
+        .and_then(|v| v.as_i64())
+        .unwrap_or(0);
+    !hibernated && ready >= 1
+}
+
+fn hibernation_requested(obj: &DynamicObject) -> bool {
+    obj.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(HIBERNATION_ANNOTATION))
+        .is_some_and(|v| v == "on")
+}
+
+fn api_error(e: kube::Error) -> BackendError {
+    BackendError::Api(e.to_string())
+}
+
+impl CnpgBackend {
+    /// A backend for these tenants' clusters.
+    pub fn new(
+        client: kube::Client,
+        clusters: HashMap<TenantId, CnpgCluster>,
+        settings: CnpgSettings,
+    ) -> Self {
+        CnpgBackend {
+            client,
+            resource: cluster_resource(),
+            clusters,
+            settings,
+        }
+    }
+
+    fn cluster(&self, tenant: &TenantId) -> Result<(&CnpgCluster, Api<DynamicObject>), BackendError> {
+        let c = self
+            .clusters
+            .get(tenant)
+            .ok_or_else(|| BackendError::UnknownTenant(tenant.clone()))?;
+        let api = Api::namespaced_with(self.client.clone(), &c.namespace, &self.resource);
+        Ok((c, api))
+    }
+
+    async fn set_hibernation(&self, tenant: &TenantId, value: &str) -> Result<(), BackendError> {
+        let (c, api) = self.cluster(tenant)?;
+        let patch = json!({ "metadata": { "annotations": { HIBERNATION_ANNOTATION: value } } });
+        api.patch(&c.name, &PatchParams::apply(FIELD_MANAGER), &Patch::Merge(&patch))
+            .await
+            .map_err(api_error)?;
+        info!(tenant = %tenant, cluster = %c.name, namespace = %c.namespace, hibernation = value, "patched cluster");
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl ComputeBackend for CnpgBackend {
+    fn kind(&self) -> &'static str {
+        "cnpg"
+    }
+
+    async fn wake(&self, tenant: &TenantId) -> Result<Endpoint, BackendError> {
+        let deadline = Instant::now() + self.settings.start_timeout;
+        let (c, api) = self.cluster(tenant)?;
+        self.set_hibernation(tenant, "off").await?;
+        // The watch starts with a listing, so a cluster that is already awake ends it at once.
+        let config = watcher::Config::default().fields(&format!("metadata.name={}", c.name));
+        let mut objects = watcher(api, config).applied_objects().boxed();
+        let awake = timeout_at(deadline, async {
+            while let Some(event) = objects.next().await {
+                match event {
+                    Ok(obj) if cluster_awake(&obj) => return Ok(()),
+                    Ok(_) => {}
+                    // The watcher re-lists and resumes by itself after errors; keep waiting.
+                    Err(e) => tracing::debug!(tenant = %tenant, error = %e, "cluster watch error"),
+                }
+            }
+            Err(BackendError::Api("the cluster watch ended".into()))
+        })
+        .await
+        .map_err(|_| BackendError::Timeout(self.settings.start_timeout))?;
+        awake?;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(BackendError::Timeout(self.settings.start_timeout));
+            }
+            match probe(&c.endpoint, &self.settings.probe_user, "postgres", left).await {
+                Probe::Ready => return Ok(c.endpoint.clone()),
+                Probe::NotYet(_) => sleep(self.settings.probe_interval.min(left)).await,
+            }
+        }
+    }
+
+    async fn sleep(&self, tenant: &TenantId) -> Result<(), BackendError> {
+        self.set_hibernation(tenant, "on").await
+    }
+
+    async fn state(&self, tenant: &TenantId) -> Result<ComputeState, BackendError> {
+        let (c, api) = self.cluster(tenant)?;
+        let obj = api.get(&c.name).await.map_err(api_error)?;
+        Ok(if !hibernation_requested(&obj) && cluster_awake(&obj) {
+            ComputeState::Awake
+        } else {
+            ComputeState::Asleep
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster(status: serde_json::Value) -> DynamicObject {
+        let mut obj = DynamicObject::new("c", &cluster_resource());
+        obj.data = json!({ "status": status });
+        obj
+    }
+
+    #[test]
+    fn awake_needs_ready_instances_and_no_hibernation() {
+        assert!(cluster_awake(&cluster(json!({ "readyInstances": 1 }))));
+        assert!(!cluster_awake(&cluster(json!({}))));
+        assert!(!cluster_awake(&cluster(json!({
+            "readyInstances": 1,
+            "phase": "Cluster in healthy state",
+            "conditions": [{ "type": "cnpg.io/hibernation", "status": "True", "reason": "Hibernated" }]
+        }))));
+        assert!(cluster_awake(&cluster(json!({
+            "readyInstances": 2,
+            "conditions": [{ "type": "Ready", "status": "True" }]
+        }))));
+    }
+}
