@@ -1,5 +1,6 @@
 //! Test and benchmark support for pgwake: throwaway PostgreSQL servers on loopback and
 //! self-signed certificates. Synchronous on purpose, so tests, benches and scripts can share it.
+//! [`kube::KubeLab`] adds a real Kubernetes API server (etcd + kube-apiserver) on loopback.
 
 use std::fs;
 use std::io;
@@ -10,6 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
+
+pub mod kube;
 
 /// Where the PostgreSQL server binaries live: `PGWAKE_PG_BIN`, else `/usr/lib/postgresql/<newest>/bin`,
 /// else the directory of `initdb` on `PATH`.
