@@ -204,15 +204,7 @@ impl TestPostgres {
         text.push('\n');
         fs::write(&conf_path, text)?;
 
-        let child = pg_command(bin.join("postgres"))
-            .arg("-D")
-            .arg(&data_dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(fs::File::create(
-                root.path().join("server.log"),
-            )?))
-            .spawn()?;
+        let child = spawn_postgres(&data_dir, root.path())?;
         let mut pg = TestPostgres {
             port,
             options,
@@ -257,6 +249,20 @@ impl TestPostgres {
             }
             sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Starts the server again after [`TestPostgres::stop`], on the same port and data.
+    pub fn resume(&mut self) -> io::Result<()> {
+        if self.child.is_none() {
+            self.child = Some(spawn_postgres(&self.data_dir, self._root.path())?);
+            self.wait_ready(Duration::from_secs(30))?;
+        }
+        Ok(())
+    }
+
+    /// True while the server process runs.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
     }
 
     /// The server log so far, for failure messages.
@@ -331,6 +337,21 @@ impl Drop for TestPostgres {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Starts `postgres` on a data directory, logging (appended) to `server.log` beside it.
+fn spawn_postgres(data_dir: &Path, root: &Path) -> io::Result<Child> {
+    let log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(root.join("server.log"))?;
+    pg_command(pg_bin_dir()?.join("postgres"))
+        .arg("-D")
+        .arg(data_dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log))
+        .spawn()
 }
 
 /// A self-signed certificate and its private key, both PEM.

@@ -71,7 +71,11 @@ pub struct CnpgBackend {
 
 /// The `Cluster` kind of CloudNativePG.
 pub fn cluster_resource() -> ApiResource {
-    ApiResource::from_gvk(&GroupVersionKind::gvk("postgresql.cnpg.io", "v1", "Cluster"))
+    ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "postgresql.cnpg.io",
+        "v1",
+        "Cluster",
+    ))
 }
 
 /// True when the operator reports the cluster running: no active hibernation condition and at
@@ -121,7 +125,10 @@ impl CnpgBackend {
         }
     }
 
-    fn cluster(&self, tenant: &TenantId) -> Result<(&CnpgCluster, Api<DynamicObject>), BackendError> {
+    fn cluster(
+        &self,
+        tenant: &TenantId,
+    ) -> Result<(&CnpgCluster, Api<DynamicObject>), BackendError> {
         let c = self
             .clusters
             .get(tenant)
@@ -133,9 +140,13 @@ impl CnpgBackend {
     async fn set_hibernation(&self, tenant: &TenantId, value: &str) -> Result<(), BackendError> {
         let (c, api) = self.cluster(tenant)?;
         let patch = json!({ "metadata": { "annotations": { HIBERNATION_ANNOTATION: value } } });
-        api.patch(&c.name, &PatchParams::apply(FIELD_MANAGER), &Patch::Merge(&patch))
-            .await
-            .map_err(api_error)?;
+        api.patch(
+            &c.name,
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map_err(api_error)?;
         info!(tenant = %tenant, cluster = %c.name, namespace = %c.namespace, hibernation = value, "patched cluster");
         Ok(())
     }

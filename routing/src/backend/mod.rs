@@ -10,7 +10,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use thiserror::Error;
 
-pub use cnpg::{CnpgBackend, CnpgCluster, CnpgSettings, HIBERNATION_ANNOTATION, cluster_awake, cluster_resource};
+pub use cnpg::{
+    CnpgBackend, CnpgCluster, CnpgSettings, HIBERNATION_ANNOTATION, cluster_awake, cluster_resource,
+};
 pub use fixed::FixedBackend;
 pub use local::{LocalBackend, LocalSettings};
 
