@@ -207,9 +207,37 @@ impl Environment {
             }
         }
 
-        let started = pgwake.map_err(|e| anyhow!("{e}")).and_then(|binary| {
-            start_pgwake(binary, env.dir.path(), &direct, &cert_path, &key_path)
-        });
+        // With SCRAM, pgwake authenticates clients itself against the backend's own verifier
+        // (a static credentials file), then logs in with the recovered ClientKey: the
+        // gateway-auth path, not a relay.
+        let credentials = match auth {
+            Auth::Trust => Ok(None),
+            Auth::Scram => env
+                .postgres
+                .psql(&format!(
+                    "select rolpassword from pg_authid where rolname = '{}'",
+                    direct.user
+                ))
+                .context("read the backend's SCRAM verifier")
+                .and_then(|verifier| {
+                    let path = env.dir.path().join("pgwake-users.txt");
+                    fs::write(&path, format!("\"{}\" \"{verifier}\"\n", direct.user))?;
+                    Ok(Some(path))
+                }),
+        };
+        let started = pgwake
+            .map_err(|e| anyhow!("{e}"))
+            .and_then(|binary| Ok((binary, credentials?)))
+            .and_then(|(binary, credentials)| {
+                start_pgwake(
+                    binary,
+                    env.dir.path(),
+                    &direct,
+                    &cert_path,
+                    &key_path,
+                    credentials.as_deref(),
+                )
+            });
         match started {
             Ok((guard, port)) => {
                 env.targets.push(Target {
@@ -364,10 +392,19 @@ fn start_pgwake(
     backend: &Endpoint,
     cert: &Path,
     key: &Path,
+    credentials: Option<&Path>,
 ) -> Result<(Guarded, u16)> {
     let port = free_port();
     let admin = free_port();
     let config = dir.join("pgwake.toml");
+    let credentials = credentials
+        .map(|f| {
+            format!(
+                "credentials = {{ kind = \"static\", file = \"{}\" }}\n",
+                f.display()
+            )
+        })
+        .unwrap_or_default();
     fs::write(
         &config,
         format!(
@@ -386,7 +423,8 @@ fn start_pgwake(
              \n\
              [[tenant]]\n\
              id = \"bench\"\n\
-             backend = {{ kind = \"fixed\", address = \"127.0.0.1:{backend_port}\" }}\n",
+             backend = {{ kind = \"fixed\", address = \"127.0.0.1:{backend_port}\" }}\n\
+             {credentials}",
             cert = cert.display(),
             key = key.display(),
             backend_port = backend.port,
