@@ -14,35 +14,19 @@ use std::time::{Duration, Instant};
 
 pub mod kube;
 
-/// Where the PostgreSQL server binaries live: `PGWAKE_PG_BIN`, else `/usr/lib/postgresql/<newest>/bin`,
-/// else the directory of `initdb` on `PATH`.
+/// Where the PostgreSQL server binaries live: `PGWAKE_PG_BIN`, else where the gateway's local
+/// backend finds them (the newest `/usr/lib/postgresql/<version>/bin`, else `PATH`).
 pub fn pg_bin_dir() -> io::Result<PathBuf> {
     if let Ok(dir) = std::env::var("PGWAKE_PG_BIN") {
         return Ok(PathBuf::from(dir));
     }
-    let mut versions: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let v = e.file_name().to_str()?.parse::<u32>().ok()?;
-            let bin = e.path().join("bin");
-            bin.join("initdb").exists().then_some((v, bin))
-        })
-        .collect();
-    versions.sort();
-    if let Some((_, bin)) = versions.pop() {
-        return Ok(bin);
-    }
-    std::env::var_os("PATH")
-        .and_then(|p| std::env::split_paths(&p).find(|d| d.join("initdb").exists()))
-        .ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::NotFound,
-                "PostgreSQL server binaries not found: install them (apt-get install -y postgresql) \
-                 or set PGWAKE_PG_BIN",
-            )
-        })
+    pgwake_routing::backend::find_bin_dir().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            "PostgreSQL server binaries not found: install them (apt-get install -y postgresql) \
+             or set PGWAKE_PG_BIN",
+        )
+    })
 }
 
 /// The unprivileged account (uid, gid) that runs `initdb` and `postgres` when we are root,

@@ -358,8 +358,9 @@ fn free_port() -> std::io::Result<u16> {
         .port())
 }
 
-/// The newest `/usr/lib/postgresql/<version>/bin`, else the folder of `postgres` on PATH.
-fn find_bin_dir() -> Option<PathBuf> {
+/// The newest `/usr/lib/postgresql/<version>/bin`, else the folder of `postgres` and `initdb`
+/// on PATH.
+pub fn find_bin_dir() -> Option<PathBuf> {
     let mut versions: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
         .into_iter()
         .flatten()

@@ -14,7 +14,7 @@ pub use cnpg::{
     CnpgBackend, CnpgCluster, CnpgSettings, HIBERNATION_ANNOTATION, cluster_awake, cluster_resource,
 };
 pub use fixed::FixedBackend;
-pub use local::{LocalBackend, LocalSettings};
+pub use local::{LocalBackend, LocalSettings, find_bin_dir};
 
 use crate::TenantId;
 
