@@ -1,7 +1,7 @@
 //! Child processes the harness owns, and what /proc says about them.
 //!
-//! Everything here is read from /proc or done with `kill(1)`, so the harness needs no libc binding
-//! and adds nothing to the measured path beyond a few file reads between runs.
+//! Everything here is read from /proc or done with `kill(1)`, so it adds nothing to the measured
+//! path beyond a few file reads between runs.
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -507,6 +507,23 @@ fn cargo() -> Command {
     // `cargo run` sets CARGO to the cargo that built us; use the same one.
     let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     cmd.current_dir(workspace_root());
+    // `cargo run` also describes this package in CARGO_PKG_*, CARGO_MANIFEST_* and the like.
+    // Build scripts watch some of them (ring's does), so a nested build that inherits them
+    // rebuilds ring and everything above it, and the next `cargo run` rebuilds them back.
+    for (key, _) in std::env::vars_os() {
+        let key_text = key.to_string_lossy();
+        if key_text.starts_with("CARGO_PKG_")
+            || key_text.starts_with("CARGO_MANIFEST_")
+            || [
+                "CARGO_CRATE_NAME",
+                "CARGO_BIN_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+            ]
+            .contains(&key_text.as_ref())
+        {
+            cmd.env_remove(key);
+        }
+    }
     cmd
 }
 
