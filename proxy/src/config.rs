@@ -478,8 +478,14 @@ impl Config {
             .merge(env)
             .extract()
             .map_err(Box::new)?;
-        let base = path.parent().unwrap_or(Path::new("."));
-        config.resolve_paths(base);
+        // Absolute, because Postgres servers of the local backend run in their own data
+        // directory and would read a relative socket or data path from there.
+        let parent = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let base = std::path::absolute(parent).unwrap_or_else(|_| parent.to_path_buf());
+        config.resolve_paths(&base);
         config.validate()?;
         Ok(config)
     }
@@ -643,11 +649,18 @@ impl Config {
 mod tests {
     use super::*;
 
+    /// Loads `text` inside a figment Jail: Jails run one at a time, so no other test's
+    /// PGWAKE_* variables can leak into this load.
+    #[allow(clippy::result_large_err)] // figment's Jail fixes the closure's error type
     fn load(text: &str) -> Result<Config, ConfigError> {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("pgwake.toml");
-        std::fs::write(&path, text).unwrap();
-        Config::load(&path)
+        let mut out = None;
+        figment::Jail::expect_with(|jail| {
+            let path = jail.directory().join("pgwake.toml");
+            std::fs::write(&path, text).map_err(|e| e.to_string())?;
+            out = Some(Config::load(&path));
+            Ok(())
+        });
+        out.expect("the jail ran")
     }
 
     const EXAMPLE: &str = r#"
@@ -673,6 +686,21 @@ backend = { kind = "fixed", address = "127.0.0.1:5433" }
         assert_eq!(c.limits.startup_timeout, Duration::from_secs(10));
         assert_eq!(c.limits.shutdown_grace, Duration::from_secs(30));
         assert!(c.tls.unwrap().cert.is_absolute());
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail fixes the closure's error type
+    fn relative_config_paths_become_absolute() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "pgwake.toml",
+                &format!("{EXAMPLE}[local]\ndata_dir = \"data\"\npassword = \"pw\"\n"),
+            )?;
+            let c = Config::load(Path::new("pgwake.toml")).map_err(|e| e.to_string())?;
+            assert!(c.local.unwrap().data_dir.is_absolute());
+            assert!(c.tls.unwrap().cert.is_absolute());
+            Ok(())
+        });
     }
 
     #[test]

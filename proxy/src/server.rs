@@ -398,8 +398,14 @@ pub async fn run(
     }
     sleeper_stop.cancel();
     if let Some(local) = &gateway.local {
-        // Servers this gateway started never outlive it.
+        // Servers this gateway started never outlive it, including one still starting (its
+        // wake has not recorded it yet, but its postmaster.pid is there).
         local.stop_all().await;
+        for t in gateway.directory.iter() {
+            if t.backend.kind() == "local" {
+                local.stop_stale(&t.id).await;
+            }
+        }
     }
     info!("pgwake stopped");
     Ok(())
