@@ -348,23 +348,11 @@ fn wait_for(
 /// The Markdown section for RESULTS.md.
 pub fn render(facts: &Facts, outcome: &Result<QueuedResults, String>) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "## Memory per queued connection\n");
-    let r = match outcome {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = writeln!(out, "Not measured: {e}");
-            return out;
-        }
+    let Some(r) = facts.open_section(&mut out, "Memory per queued connection", outcome, |r| {
+        &r.load
+    }) else {
+        return out;
     };
-    let _ = writeln!(out, "| fact | value |\n|---|---|");
-    for (k, v) in &facts.rows {
-        let _ = writeln!(out, "| {k} | {} |", v.replace('|', "\\|"));
-    }
-    let _ = writeln!(
-        out,
-        "| load average (1/5/15 min) | before {}, after {} |",
-        r.load.0, r.load.1
-    );
     let _ = writeln!(
         out,
         "| method | {} plaintext clients each send a StartupMessage (user pgwake, database \

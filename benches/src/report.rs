@@ -112,6 +112,35 @@ pub struct Facts {
 }
 
 impl Facts {
+    /// Opens a report section: its heading, then either why nothing was measured (`None`: the
+    /// section is complete) or the facts table ending with the run's load averages.
+    pub fn open_section<'a, T>(
+        &self,
+        out: &mut String,
+        title: &str,
+        outcome: &'a Result<T, String>,
+        load: impl Fn(&T) -> &(String, String),
+    ) -> Option<&'a T> {
+        let _ = writeln!(out, "## {title}\n");
+        let r = match outcome {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = writeln!(out, "Not measured: {e}");
+                return None;
+            }
+        };
+        let _ = writeln!(out, "| fact | value |\n|---|---|");
+        for (k, v) in &self.rows {
+            let _ = writeln!(out, "| {k} | {} |", v.replace('|', "\\|"));
+        }
+        let (before, after) = load(r);
+        let _ = writeln!(
+            out,
+            "| load average (1/5/15 min) | before {before}, after {after} |"
+        );
+        Some(r)
+    }
+
     /// Reads /proc and the workspace's commit; `software` lists the measured programs' versions.
     pub fn collect(command: &str, software: Vec<(&'static str, String)>) -> Facts {
         let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();

@@ -297,23 +297,11 @@ fn floor_cycle(
 /// The Markdown section for RESULTS.md.
 pub fn render(facts: &Facts, opts: WakeOptions, outcome: &Result<WakeResults, String>) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "## Wake latency (local backend)\n");
-    let r = match outcome {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = writeln!(out, "Not measured: {e}");
-            return out;
-        }
+    let Some(r) = facts.open_section(&mut out, "Wake latency (local backend)", outcome, |r| {
+        &r.load
+    }) else {
+        return out;
     };
-    let _ = writeln!(out, "| fact | value |\n|---|---|");
-    for (k, v) in &facts.rows {
-        let _ = writeln!(out, "| {k} | {} |", v.replace('|', "\\|"));
-    }
-    let _ = writeln!(
-        out,
-        "| load average (1/5/15 min) | before {}, after {} |",
-        r.load.0, r.load.1
-    );
     let _ = writeln!(
         out,
         "| method | {} sleep/wake cycles per transport, plaintext and TLS alternating, after one \
