@@ -301,6 +301,17 @@ pub struct KubernetesConfig {
     pub namespace: Option<String>,
     /// User named in readiness probes (any name works).
     pub probe_user: Option<String>,
+    /// Serve every `Cluster` in `namespace` that carries `discover_label` as a tenant (the
+    /// label's value is the tenant id), added and removed while the gateway runs.
+    pub discover: bool,
+    /// The label discovery looks for.
+    pub discover_label: Option<String>,
+    /// Who checks passwords of discovered tenants (default `gateway`, against the cluster's
+    /// `<cluster>-app` Secret).
+    pub discover_auth: Option<AuthMode>,
+    /// Idle timeout of discovered tenants (default `[wake] idle_timeout`).
+    #[serde(default, with = "humantime_serde")]
+    pub discover_idle_timeout: Option<Duration>,
 }
 
 /// `[auth]`: settings shared by every tenant the gateway authenticates.
@@ -377,6 +388,16 @@ pub enum CredentialsConfig {
     },
     /// The local backend's superuser and password from `[local]`.
     Local,
+    /// A Kubernetes Secret with `username` and `password` keys, like the `<cluster>-app`
+    /// Secret CloudNativePG makes; watched, so a rotated password applies at once.
+    KubernetesSecret {
+        /// Secret name (default for `cnpg` tenants: `<cluster>-app`).
+        #[serde(default)]
+        secret: Option<String>,
+        /// Its namespace (default: the cluster's, else `[kubernetes] namespace`).
+        #[serde(default)]
+        namespace: Option<String>,
+    },
 }
 
 fn default_auth_database() -> String {
@@ -580,7 +601,15 @@ impl Config {
             if t.effective_auth() == AuthMode::Gateway && t.effective_credentials().is_none() {
                 return Err(invalid(
                     format!("tenant[{i}].credentials"),
-                    "auth = \"gateway\" needs a credential source (static, auth_query or local)",
+                    "auth = \"gateway\" needs a credential source (static, auth_query, local or kubernetes_secret)",
+                ));
+            }
+            if let Some(CredentialsConfig::KubernetesSecret { secret: None, .. }) = &t.credentials
+                && !matches!(t.backend, TenantBackend::Cnpg { .. })
+            {
+                return Err(invalid(
+                    format!("tenant[{i}].credentials.secret"),
+                    "kind = \"kubernetes_secret\" needs a secret name unless the tenant is a cnpg cluster",
                 ));
             }
             if matches!(t.effective_credentials(), Some(CredentialsConfig::Local))
@@ -592,8 +621,10 @@ impl Config {
                 ));
             }
         }
+        // A discovered tenant can be the default; it is known only once its cluster is listed.
         if let Some(d) = &self.routing.default_tenant
             && !seen.contains(d)
+            && !self.kubernetes.discover
         {
             return Err(invalid(
                 "routing.default_tenant",
@@ -708,6 +739,29 @@ backend = { kind = "fixed", address = "127.0.0.1:5433" }
         let c = load(include_str!("../../deploy/local/pgwake.toml")).unwrap();
         assert_eq!(c.tenants.len(), 2);
         assert_eq!(c.tenants[1].idle_timeout, Some(Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn kubernetes_secrets_need_a_name_outside_cnpg() {
+        let fixed = EXAMPLE.replace(
+            "backend = { kind = \"fixed\", address = \"127.0.0.1:5433\" }",
+            "backend = { kind = \"fixed\", address = \"127.0.0.1:5433\" }\n\
+             credentials = { kind = \"kubernetes_secret\" }",
+        );
+        let err = load(&fixed).unwrap_err().to_string();
+        assert!(err.contains("credentials.secret"), "{err}");
+        load(&fixed.replace(
+            "kind = \"kubernetes_secret\" }",
+            "kind = \"kubernetes_secret\", secret = \"alpha-app\" }",
+        ))
+        .unwrap();
+        let cnpg = EXAMPLE.replace(
+            "backend = { kind = \"fixed\", address = \"127.0.0.1:5433\" }",
+            "backend = { kind = \"cnpg\", cluster = \"alpha\" }\n\
+             credentials = { kind = \"kubernetes_secret\" }",
+        );
+        let c = load(&format!("{cnpg}[kubernetes]\ndiscover = true\n")).unwrap();
+        assert!(c.kubernetes.discover);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use pgwake_routing::backend::LocalBackend;
@@ -40,10 +40,13 @@ pub struct TenantPolicy {
     pub credentials: Option<Arc<dyn CredentialSource>>,
 }
 
+/// Tenants' policies, shared with tenant discovery, which adds and removes them.
+pub type Policies = Arc<RwLock<HashMap<TenantId, Arc<TenantPolicy>>>>;
+
 /// Everything a connection needs, shared by all of them.
 pub struct Gateway {
-    /// Per-tenant admission and authentication.
-    pub policies: HashMap<TenantId, TenantPolicy>,
+    /// Per-tenant admission and authentication; discovered tenants come and go.
+    pub policies: Policies,
     /// Failed-authentication throttle.
     pub throttle: Throttle,
     /// Key for mock SCRAM salts of unknown users.
@@ -56,16 +59,18 @@ pub struct Gateway {
     pub negotiate: NegotiateSettings,
     /// Tenant rules.
     pub resolver: TenantResolver,
-    /// Configured tenants.
-    pub directory: TenantDirectory,
+    /// Configured and discovered tenants.
+    pub directory: Arc<TenantDirectory>,
     /// Wakes tenants and holds connections while they wake.
     pub coordinator: Arc<WakeCoordinator>,
     /// Tell authenticated clients that must wait that their database is waking.
     pub wake_notice: bool,
     /// The local backend, when any tenant uses it (stopped with the gateway).
     pub local: Option<Arc<LocalBackend>>,
-    /// TLS mode towards each tenant's backend.
-    pub backend_tls: std::collections::HashMap<TenantId, BackendTls>,
+    /// TLS mode towards each tenant's backend, where it differs from `default_backend_tls`.
+    pub backend_tls: HashMap<TenantId, BackendTls>,
+    /// TLS mode towards backends of tenants not in `backend_tls` (`[backend] tls`).
+    pub default_backend_tls: BackendTls,
     /// Backend connection settings.
     pub link: BackendLink,
     /// Gateway-issued cancel keys.
@@ -76,6 +81,14 @@ pub struct Gateway {
     pub limits: Limits,
     /// Fires when sessions must end (grace period over).
     pub terminate: CancellationToken,
+}
+
+impl Gateway {
+    /// How this tenant's connections are admitted and authenticated.
+    pub fn policy(&self, tenant: &TenantId) -> Option<Arc<TenantPolicy>> {
+        let policies = self.policies.read().unwrap_or_else(|p| p.into_inner());
+        policies.get(tenant).cloned()
+    }
 }
 
 /// Decrements the active gauge however a connection ends.
@@ -217,8 +230,7 @@ async fn open_session(
         .get(&resolved.tenant)
         .ok_or_else(|| SessionError::UnknownTenant(resolved.tenant.to_string()))?;
     let policy = gw
-        .policies
-        .get(&tenant.id)
+        .policy(&tenant.id)
         .ok_or_else(|| SessionError::UnknownTenant(tenant.id.to_string()))?;
     // A denied address learns no more than about a tenant that does not exist.
     if !policy.access.permits(peer.ip()) {
@@ -250,7 +262,11 @@ async fn open_session(
         .await
         .map_err(|e| SessionError::Wake(tenant.id.clone(), e))?;
     let endpoint = admission.endpoint;
-    let mode = gw.backend_tls.get(&tenant.id).copied().unwrap_or_default();
+    let mode = gw
+        .backend_tls
+        .get(&tenant.id)
+        .copied()
+        .unwrap_or(gw.default_backend_tls);
     let connect_deadline = Instant::now() + gw.limits.connect_timeout;
     let mut stream = connect(&gw.link, &endpoint, mode, connect_deadline).await?;
     let params: Vec<(String, String)> = startup.forwardable_params().cloned().collect();

@@ -1,12 +1,15 @@
 //! Building the gateway from its configuration and running it until shutdown.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use pgwake_routing::backend::{
     CnpgBackend, CnpgCluster, CnpgSettings, FixedBackend, LocalBackend, LocalSettings,
+};
+use pgwake_routing::discovery::{
+    ClusterDiscovery, DiscoveryEvent, DiscoverySettings, TENANT_LABEL,
 };
 use pgwake_routing::{
     ComputeBackend, Endpoint, ResolverConfig, Tenant, TenantDirectory, TenantResolver,
@@ -22,16 +25,16 @@ use crate::admin::{self, AdminState};
 use crate::admit::AccessList;
 use crate::auth::throttle::{Throttle, ThrottleSettings};
 use crate::auth::{
-    AuthQuerySettings, AuthQuerySource, CredentialError, CredentialSource, LocalSource,
-    StaticSource,
+    AuthQuerySettings, AuthQuerySource, CredentialError, CredentialSource, KubeSecretSource,
+    LocalSource, SecretStore, StaticSource,
 };
 use crate::cancel::CancelMap;
 use crate::config::{
     AuthMode, Config, CredentialsConfig, KubernetesConfig, LocalConfig, TenantBackend,
 };
 use crate::connect::BackendLink;
-use crate::listener::TenantPolicy;
 use crate::listener::{self, Gateway};
+use crate::listener::{Policies, TenantPolicy};
 use crate::metrics::Metrics;
 use crate::negotiate::NegotiateSettings;
 use crate::tls;
@@ -126,47 +129,78 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
         }
         _ => None,
     };
-    let cnpg_tenants: HashMap<_, _> = config
-        .tenants
-        .iter()
-        .filter_map(|t| match &t.backend {
-            TenantBackend::Cnpg {
-                cluster,
-                namespace,
-                endpoint,
-            } => Some((t.id.clone(), (cluster, namespace, endpoint))),
-            _ => None,
-        })
-        .collect();
-    let cnpg = if cnpg_tenants.is_empty() {
-        None
-    } else {
-        let k = &config.kubernetes;
-        let client = kube_client(k).await?;
-        let default_ns = k
-            .namespace
+    let k = &config.kubernetes;
+    let needs_kube = k.discover
+        || config.tenants.iter().any(|t| {
+            matches!(t.backend, TenantBackend::Cnpg { .. })
+                || matches!(
+                    t.credentials,
+                    Some(CredentialsConfig::KubernetesSecret { .. })
+                )
+        });
+    let kube = match needs_kube {
+        true => Some(kube_client(k).await?),
+        false => None,
+    };
+    let default_ns = kube.as_ref().map(|c| {
+        k.namespace
             .clone()
-            .unwrap_or_else(|| client.default_namespace().to_owned());
-        let clusters = cnpg_tenants
-            .into_iter()
-            .map(|(id, (cluster, namespace, endpoint))| {
-                let ns = namespace.as_deref().unwrap_or(&default_ns);
-                let mut c = CnpgCluster::new(ns, cluster);
-                if let Some(e) = endpoint.as_deref().and_then(Endpoint::parse) {
-                    c.endpoint = e;
-                }
-                (id, c)
+            .unwrap_or_else(|| c.default_namespace().to_owned())
+    });
+    let cnpg = match &kube {
+        Some(client)
+            if k.discover
+                || config
+                    .tenants
+                    .iter()
+                    .any(|t| matches!(t.backend, TenantBackend::Cnpg { .. })) =>
+        {
+            let default_ns = default_ns.as_deref().unwrap_or("default");
+            let clusters = config
+                .tenants
+                .iter()
+                .filter_map(|t| match &t.backend {
+                    TenantBackend::Cnpg {
+                        cluster,
+                        namespace,
+                        endpoint,
+                    } => {
+                        let ns = namespace.as_deref().unwrap_or(default_ns);
+                        let mut c = CnpgCluster::new(ns, cluster);
+                        if let Some(e) = endpoint.as_deref().and_then(Endpoint::parse) {
+                            c.endpoint = e;
+                        }
+                        Some((t.id.clone(), c))
+                    }
+                    _ => None,
+                })
+                .collect();
+            Some(Arc::new(CnpgBackend::new(
+                client.clone(),
+                clusters,
+                CnpgSettings {
+                    start_timeout: config.wake.wake_timeout,
+                    probe_interval: Duration::from_millis(10),
+                    probe_user: k.probe_user.clone().unwrap_or_else(|| "postgres".into()),
+                },
+            )))
+        }
+        _ => None,
+    };
+    // One watched copy of the Secrets per namespace, shared by its tenants.
+    let mut secret_stores: HashMap<String, Arc<SecretStore>> = HashMap::new();
+    let mut secret_store = |client: &kube::Client, ns: &str| {
+        secret_stores
+            .entry(ns.to_owned())
+            .or_insert_with(|| {
+                SecretStore::start(
+                    client.clone(),
+                    ns,
+                    config.limits.login_timeout,
+                    terminate.clone(),
+                )
             })
-            .collect();
-        Some(Arc::new(CnpgBackend::new(
-            client,
-            clusters,
-            CnpgSettings {
-                start_timeout: config.wake.wake_timeout,
-                probe_interval: Duration::from_millis(10),
-                probe_user: k.probe_user.clone().unwrap_or_else(|| "postgres".into()),
-            },
-        )))
+            .clone()
     };
     let mut backend_tls = HashMap::new();
     let mut tenants = Vec::new();
@@ -186,35 +220,22 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
                 None => unreachable!("validated: local tenants have a [local] section"),
             },
             TenantBackend::Cnpg { .. } => match &cnpg {
-                Some(c) => {
-                    backend_tls.insert(t.id.clone(), config.backend.tls);
-                    c.clone()
-                }
+                Some(c) => c.clone(),
                 None => unreachable!("cnpg tenants built the cnpg backend above"),
             },
         };
         tenants.push(Tenant {
             id: t.id.clone(),
             backend,
+            idle_timeout: t.idle_timeout.unwrap_or(config.wake.idle_timeout),
         });
     }
-    let directory = TenantDirectory::new(tenants);
+    let directory = Arc::new(TenantDirectory::new(tenants));
     let metrics = Arc::new(Metrics::new());
-    let idle: HashMap<_, _> = config
-        .tenants
-        .iter()
-        .map(|t| {
-            (
-                t.id.clone(),
-                t.idle_timeout.unwrap_or(config.wake.idle_timeout),
-            )
-        })
-        .collect();
     let w = &config.wake;
     let wake_metrics = metrics.clone();
     let coordinator = WakeCoordinator::new(
-        &directory,
-        |id| idle.get(id).copied().unwrap_or(w.idle_timeout),
+        directory.clone(),
         WakeSettings {
             wake_timeout: w.wake_timeout,
             max_waiters_per_tenant: w.max_waiters_per_tenant,
@@ -259,6 +280,24 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
                 },
                 coordinator.clone(),
             ))),
+            Some(CredentialsConfig::KubernetesSecret { secret, namespace }) => {
+                let client = kube
+                    .as_ref()
+                    .expect("kubernetes credentials built a client");
+                let cluster = cnpg.as_ref().and_then(|c| c.cluster_of(&t.id));
+                let ns = namespace
+                    .or_else(|| cluster.as_ref().map(|c| c.namespace.clone()))
+                    .or_else(|| default_ns.clone())
+                    .unwrap_or_else(|| "default".into());
+                // Validated: without a cluster the secret is named.
+                let name = secret
+                    .or_else(|| cluster.map(|c| format!("{}-app", c.name)))
+                    .unwrap_or_default();
+                Some(Arc::new(KubeSecretSource::new(
+                    secret_store(client, &ns),
+                    &name,
+                )))
+            }
         };
         let auth = t.effective_auth();
         if auth == AuthMode::Passthrough {
@@ -266,15 +305,61 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
         }
         policies.insert(
             t.id.clone(),
-            TenantPolicy {
+            Arc::new(TenantPolicy {
                 access: AccessList {
                     allow: t.allow.clone(),
                     deny: t.deny.clone(),
                 },
                 auth,
                 credentials,
-            },
+            }),
         );
+    }
+    let policies: Policies = Arc::new(RwLock::new(policies));
+    if let (true, Some(client), Some(cnpg)) = (k.discover, &kube, &cnpg) {
+        let namespace = default_ns.clone().unwrap_or_else(|| "default".into());
+        let auth = k.discover_auth.unwrap_or(AuthMode::Gateway);
+        let secrets = secret_store(client, &namespace);
+        let discovery = ClusterDiscovery::new(
+            client.clone(),
+            DiscoverySettings {
+                namespace,
+                label: k
+                    .discover_label
+                    .clone()
+                    .unwrap_or_else(|| TENANT_LABEL.to_owned()),
+                idle_timeout: k.discover_idle_timeout.unwrap_or(w.idle_timeout),
+            },
+            cnpg.clone(),
+            directory.clone(),
+            config.tenants.iter().map(|t| t.id.clone()).collect(),
+        );
+        let policies = policies.clone();
+        let on_event = move |event: &DiscoveryEvent| {
+            let mut policies = policies.write().unwrap_or_else(|p| p.into_inner());
+            match event {
+                DiscoveryEvent::Upserted(tenant, cluster) => {
+                    let credentials = (auth == AuthMode::Gateway).then(|| {
+                        Arc::new(KubeSecretSource::new(
+                            secrets.clone(),
+                            &format!("{}-app", cluster.name),
+                        )) as Arc<dyn CredentialSource>
+                    });
+                    policies.insert(
+                        tenant.clone(),
+                        Arc::new(TenantPolicy {
+                            access: AccessList::default(),
+                            auth,
+                            credentials,
+                        }),
+                    );
+                }
+                DiscoveryEvent::Removed(tenant) => {
+                    policies.remove(tenant);
+                }
+            }
+        };
+        tokio::spawn(discovery.run(terminate.clone(), on_event));
     }
     let a = &config.auth;
     let mock_key = match &a.mock_secret {
@@ -307,6 +392,7 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
         local,
         wake_notice: w.wake_notice,
         backend_tls,
+        default_backend_tls: config.backend.tls,
         link: BackendLink {
             tls_config: tls::backend_client_config(&config.backend)?,
             max_message: config.limits.max_message.as_u64() as usize,
@@ -337,7 +423,7 @@ pub async fn run(
             )
         })?;
     if let Some(local) = &gateway.local {
-        for t in gateway.directory.iter() {
+        for t in gateway.directory.all() {
             local.stop_stale(&t.id).await;
         }
     }
@@ -401,12 +487,14 @@ pub async fn run(
         // Servers this gateway started never outlive it, including one still starting (its
         // wake has not recorded it yet, but its postmaster.pid is there).
         local.stop_all().await;
-        for t in gateway.directory.iter() {
+        for t in gateway.directory.all() {
             if t.backend.kind() == "local" {
                 local.stop_stale(&t.id).await;
             }
         }
     }
+    // Ends the Kubernetes watches.
+    gateway.terminate.cancel();
     info!("pgwake stopped");
     Ok(())
 }

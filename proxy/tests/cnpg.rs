@@ -1,122 +1,21 @@
 //! The `cnpg` backend against a real kube-apiserver: a hibernated Cluster is woken by its
-//! annotation when a client connects, a wake storm patches once, and idle sleep hibernates it.
+//! annotation when a client connects, a wake storm patches once, idle sleep hibernates it, and
+//! labelled Clusters become tenants (with their `-app` Secret as credentials) without a restart.
 //!
-//! No CloudNativePG operator runs here, so a fake operator (named as such, below) plays its part:
-//! it follows the annotation, starts or stops a real Postgres that the tenant's endpoint
-//! override points at, and writes the Cluster's status through the status subresource.
+//! No CloudNativePG operator runs here; a fake operator plays it (see `common/cnpg_lab.rs`).
 
+#[path = "common/cnpg_lab.rs"]
+mod cnpg_lab;
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use common::{Gateway, backend};
+use cnpg_lab::{NAMESPACE, annotation, cluster_path, hibernated_cluster, write_app_secret};
+use common::Gateway;
 use pgwake_testkit::TestPostgres;
 use pgwake_testkit::kube::KubeLab;
 use serde_json::json;
 use tokio_postgres::NoTls;
-
-const NAMESPACE: &str = "tenants";
-
-fn cluster_path(name: &str) -> String {
-    format!("/apis/postgresql.cnpg.io/v1/namespaces/{NAMESPACE}/clusters/{name}")
-}
-
-/// Fake CloudNativePG operator for one Cluster: polls it and makes the world match the
-/// `cnpg.io/hibernation` annotation, as the real operator would with pods.
-struct FakeOperator {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl FakeOperator {
-    fn run(
-        lab: &'static KubeLab,
-        name: &'static str,
-        pg: Arc<Mutex<TestPostgres>>,
-    ) -> FakeOperator {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let thread = std::thread::spawn(move || {
-            while !flag.load(Ordering::Relaxed) {
-                let Ok(obj) = lab.get(&cluster_path(name)).and_then(|r| r.success_json()) else {
-                    std::thread::sleep(Duration::from_millis(20));
-                    continue;
-                };
-                let hibernate = obj["metadata"]["annotations"]["cnpg.io/hibernation"] == "on";
-                let mut pg = pg.lock().unwrap();
-                let ready = obj["status"]["readyInstances"].as_i64().unwrap_or(0) >= 1;
-                if hibernate && (pg.is_running() || ready) {
-                    pg.stop();
-                    let status = json!({ "status": {
-                        "readyInstances": null,
-                        "phase": "Cluster in healthy state",
-                        "conditions": [{ "type": "cnpg.io/hibernation", "status": "True", "reason": "Hibernated" }]
-                    }});
-                    lab.merge_patch(&format!("{}/status", cluster_path(name)), &status)
-                        .unwrap();
-                } else if !hibernate && (!pg.is_running() || !ready) {
-                    pg.resume().unwrap();
-                    let status = json!({ "status": {
-                        "readyInstances": 1,
-                        "phase": "Cluster in healthy state",
-                        "conditions": null
-                    }});
-                    lab.merge_patch(&format!("{}/status", cluster_path(name)), &status)
-                        .unwrap();
-                }
-                drop(pg);
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        });
-        FakeOperator {
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for FakeOperator {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// A hibernated Cluster `name` whose "primary" is a real Postgres, stopped.
-fn hibernated_cluster(
-    lab: &'static KubeLab,
-    name: &'static str,
-) -> (Arc<Mutex<TestPostgres>>, FakeOperator) {
-    lab.ensure_namespace(NAMESPACE).unwrap();
-    let manifest = json!({
-        "apiVersion": "postgresql.cnpg.io/v1",
-        "kind": "Cluster",
-        "metadata": {
-            "name": name,
-            "namespace": NAMESPACE,
-            "labels": { "pgwake.io/tenant": name },
-            "annotations": { "cnpg.io/hibernation": "on" }
-        },
-        "spec": { "instances": 1, "storage": { "size": "1Gi" } }
-    });
-    lab.create(
-        &format!("/apis/postgresql.cnpg.io/v1/namespaces/{NAMESPACE}/clusters"),
-        &manifest.to_string(),
-    )
-    .unwrap()
-    .success_json()
-    .unwrap();
-    let mut pg = backend();
-    pg.stop();
-    let pg = Arc::new(Mutex::new(pg));
-    let operator = FakeOperator::run(lab, name, pg.clone());
-    (pg, operator)
-}
 
 fn gateway_for(lab: &KubeLab, name: &str, pg: &TestPostgres, extra: &str) -> Gateway {
     let kubeconfig = lab.kubeconfig_for_token(lab.admin_token()).unwrap();
@@ -128,18 +27,6 @@ fn gateway_for(lab: &KubeLab, name: &str, pg: &TestPostgres, extra: &str) -> Gat
         pg.port
     );
     Gateway::launch(&format!("allow_plaintext = true\n{extra}"), &tenants, &[])
-}
-
-fn annotation(lab: &KubeLab, name: &str) -> String {
-    let obj = lab
-        .get(&cluster_path(name))
-        .unwrap()
-        .success_json()
-        .unwrap();
-    obj["metadata"]["annotations"]["cnpg.io/hibernation"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -233,8 +120,141 @@ async fn idle_sleep_hibernates_and_the_next_connection_wakes_again() {
         tokio::task::block_in_place(|| {
             gw_ref.wait_state("nap", "asleep", Duration::from_secs(15));
         });
-        assert_eq!(annotation(lab, "nap"), "on", "round {round}");
+        assert_eq!(annotation(lab, "nap"), "on", "round {round}: {}", gw.log());
     }
+    tokio::task::spawn_blocking(move || gw.wait_idle())
+        .await
+        .unwrap();
+}
+
+/// A gateway with no configured tenant that serves every labelled Cluster in the namespace.
+fn discovering_gateway(lab: &KubeLab, extra: &str) -> Gateway {
+    let kubeconfig = lab.kubeconfig_for_token(lab.admin_token()).unwrap();
+    let kube = format!(
+        "[kubernetes]\nkubeconfig = \"{}\"\nnamespace = \"{NAMESPACE}\"\ndiscover = true\n",
+        kubeconfig.display()
+    );
+    Gateway::launch(&format!("allow_plaintext = true\n{extra}"), &kube, &[])
+}
+
+fn lists_tenant(gw: &Gateway, tenant: &str) -> bool {
+    let (_, body) = gw.http_get("/v1/tenants").expect("tenants");
+    let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+    list.as_array().unwrap().iter().any(|t| t["id"] == tenant)
+}
+
+fn wait_listed(gw: &Gateway, tenant: &str, listed: bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while lists_tenant(gw, tenant) != listed {
+        assert!(
+            Instant::now() < deadline,
+            "tenant {tenant} listed: {}, wanted {listed}\n{}",
+            !listed,
+            gw.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+async fn query_as(
+    gw: &Gateway,
+    tenant: &str,
+    user: &str,
+    password: &str,
+) -> Result<i32, tokio_postgres::Error> {
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user={user} password={password} dbname={tenant}.postgres sslmode=disable connect_timeout=30",
+        gw.port
+    );
+    let (client, conn) = tokio_postgres::connect(&conninfo, NoTls).await?;
+    tokio::spawn(conn);
+    let row = client.query_one("select 1::int4", &[]).await?;
+    Ok(row.get(0))
+}
+
+fn sqlstate(e: &tokio_postgres::Error) -> String {
+    e.as_db_error()
+        .map(|d| d.code().code().to_owned())
+        .unwrap_or_else(|| format!("no SQLSTATE: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn labelled_clusters_become_tenants_with_their_app_secret() {
+    let lab = tokio::task::spawn_blocking(KubeLab::shared).await.unwrap();
+    let gw = tokio::task::spawn_blocking(move || {
+        discovering_gateway(lab, "[auth]\nthrottle_free_failures = 100\n")
+    })
+    .await
+    .unwrap();
+    let (pg, _operator) = tokio::task::spawn_blocking(|| hibernated_cluster(lab, "disco"))
+        .await
+        .unwrap();
+    let (user, password) = {
+        let pg = pg.lock().unwrap();
+        (pg.options.user.clone(), pg.options.password.clone())
+    };
+    {
+        let (user, password) = (user.clone(), password.clone());
+        tokio::task::spawn_blocking(move || write_app_secret(lab, "disco", &user, &password))
+            .await
+            .unwrap();
+    }
+    tokio::task::block_in_place(|| wait_listed(&gw, "disco", true));
+
+    // Checked against the Secret before anything wakes: a wrong password leaves it hibernated.
+    let wrong = query_as(&gw, "disco", &user, "not-the-password")
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&wrong), "28P01", "{wrong}");
+    assert_eq!(annotation(lab, "disco"), "on");
+
+    assert_eq!(query_as(&gw, "disco", &user, &password).await.unwrap(), 1);
+    assert_eq!(annotation(lab, "disco"), "off");
+
+    // Rotation: the role's password and the Secret change; the gateway follows the Secret.
+    let rotated = "rotated-password-2";
+    pg.lock()
+        .unwrap()
+        .psql(&format!("alter role \"{user}\" password '{rotated}'"))
+        .unwrap();
+    {
+        let user = user.clone();
+        tokio::task::spawn_blocking(move || write_app_secret(lab, "disco", &user, rotated))
+            .await
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match query_as(&gw, "disco", &user, rotated).await {
+            Ok(v) => {
+                assert_eq!(v, 1);
+                break;
+            }
+            Err(e) => {
+                // The watch delivers the new Secret a moment after the write.
+                assert!(Instant::now() < deadline, "rotated password refused: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    let old = query_as(&gw, "disco", &user, &password).await.unwrap_err();
+    assert_eq!(sqlstate(&old), "28P01", "{old}");
+
+    // Taking the label off removes the tenant; it is then refused like an unknown one.
+    tokio::task::spawn_blocking(move || {
+        lab.merge_patch(
+            &cluster_path("disco"),
+            &json!({ "metadata": { "labels": { "pgwake.io/tenant": null } } }),
+        )
+        .unwrap()
+        .success_json()
+        .unwrap();
+    })
+    .await
+    .unwrap();
+    tokio::task::block_in_place(|| wait_listed(&gw, "disco", false));
+    let gone = query_as(&gw, "disco", &user, rotated).await.unwrap_err();
+    assert_eq!(sqlstate(&gone), "08004", "{gone}");
     tokio::task::spawn_blocking(move || gw.wait_idle())
         .await
         .unwrap();

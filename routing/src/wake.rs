@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
@@ -154,12 +154,29 @@ struct Inner {
 
 struct Slot {
     tenant: Arc<Tenant>,
-    idle_timeout: Duration,
     inner: Mutex<Inner>,
     changed: watch::Sender<u64>,
 }
 
 impl Slot {
+    fn new(tenant: Arc<Tenant>) -> Slot {
+        Slot {
+            tenant,
+            inner: Mutex::new(Inner {
+                phase: Phase::Asleep,
+                since: SystemTime::now(),
+                connections: 0,
+                waiters: 0,
+                endpoint: None,
+                idle_since: Instant::now(),
+                retry_at: None,
+                last_error: None,
+                last_wake: None,
+            }),
+            changed: watch::Sender::new(0),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -213,67 +230,68 @@ impl Drop for Waiter<'_> {
 
 /// Wakes tenants on demand, one wake per tenant at a time, and puts idle ones to sleep.
 pub struct WakeCoordinator {
-    slots: HashMap<TenantId, Arc<Slot>>,
+    directory: Arc<TenantDirectory>,
+    /// Per-tenant state, made on first use, so tenants added to the directory later get one.
+    slots: RwLock<HashMap<TenantId, Arc<Slot>>>,
     settings: WakeSettings,
     waiters_total: AtomicUsize,
     on_wake: OnWake,
 }
 
 impl WakeCoordinator {
-    /// A coordinator for every tenant in `directory`; `idle_timeout` gives each tenant's idle
-    /// limit, `on_wake` hears of every finished wake.
+    /// A coordinator for the tenants in `directory` (now and later); `on_wake` hears of every
+    /// finished wake.
     pub fn new(
-        directory: &TenantDirectory,
-        idle_timeout: impl Fn(&TenantId) -> Duration,
+        directory: Arc<TenantDirectory>,
         settings: WakeSettings,
         on_wake: impl Fn(&WakeEvent) + Send + Sync + 'static,
     ) -> Arc<WakeCoordinator> {
-        let slots = directory
-            .iter()
-            .map(|t| {
-                let slot = Slot {
-                    idle_timeout: idle_timeout(&t.id),
-                    tenant: t.clone(),
-                    inner: Mutex::new(Inner {
-                        phase: Phase::Asleep,
-                        since: SystemTime::now(),
-                        connections: 0,
-                        waiters: 0,
-                        endpoint: None,
-                        idle_since: Instant::now(),
-                        retry_at: None,
-                        last_error: None,
-                        last_wake: None,
-                    }),
-                    changed: watch::Sender::new(0),
-                };
-                (t.id.clone(), Arc::new(slot))
-            })
-            .collect();
         Arc::new(WakeCoordinator {
-            slots,
+            directory,
+            slots: RwLock::new(HashMap::new()),
             settings,
             waiters_total: AtomicUsize::new(0),
             on_wake: Arc::new(on_wake),
         })
     }
 
-    fn slot(&self, tenant: &TenantId) -> Result<&Arc<Slot>, WakeError> {
-        self.slots
-            .get(tenant)
-            .ok_or_else(|| WakeError::UnknownTenant(tenant.clone()))
+    /// The state of the tenant the directory holds now. A tenant replaced in the directory
+    /// (its cluster changed) starts over with a fresh slot; connections admitted before keep
+    /// the old one through their leases.
+    fn slot(&self, tenant: &TenantId) -> Result<Arc<Slot>, WakeError> {
+        let Some(current) = self.directory.get(tenant) else {
+            return Err(WakeError::UnknownTenant(tenant.clone()));
+        };
+        if let Some(slot) = self.read_slots().get(tenant)
+            && Arc::ptr_eq(&slot.tenant, &current)
+        {
+            return Ok(slot.clone());
+        }
+        let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());
+        let slot = slots
+            .entry(tenant.clone())
+            .and_modify(|s| {
+                if !Arc::ptr_eq(&s.tenant, &current) {
+                    *s = Arc::new(Slot::new(current.clone()));
+                }
+            })
+            .or_insert_with(|| Arc::new(Slot::new(current.clone())));
+        Ok(slot.clone())
+    }
+
+    fn read_slots(&self) -> std::sync::RwLockReadGuard<'_, HashMap<TenantId, Arc<Slot>>> {
+        self.slots.read().unwrap_or_else(|p| p.into_inner())
     }
 
     /// True when the tenant accepts connections right now (no wait needed).
     pub fn is_awake(&self, tenant: &TenantId) -> bool {
-        self.slots
-            .get(tenant)
-            .is_some_and(|s| s.lock().phase == Phase::Awake)
+        self.slot(tenant)
+            .is_ok_and(|s| s.lock().phase == Phase::Awake)
     }
 
     /// Admits a connection: at once if the tenant is awake, else after the (single) wake.
     pub async fn ensure_awake(&self, tenant: &TenantId) -> Result<Admission, WakeError> {
-        let slot = self.slot(tenant)?;
+        let slot = &self.slot(tenant)?;
         let deadline = Instant::now() + self.settings.wake_timeout;
         let mut waiter: Option<Waiter<'_>> = None;
         loop {
@@ -421,7 +439,7 @@ impl WakeCoordinator {
     /// Puts a tenant to sleep (admin API) and waits until it is asleep; refused while clients
     /// are connected.
     pub async fn sleep(&self, tenant: &TenantId) -> Result<(), WakeError> {
-        let slot = self.slot(tenant)?;
+        let slot = &self.slot(tenant)?;
         let deadline = Instant::now() + self.settings.wake_timeout;
         loop {
             let mut changed = slot.changed.subscribe();
@@ -445,8 +463,10 @@ impl WakeCoordinator {
     /// Every tenant's status, sorted by id.
     pub fn status(&self) -> Vec<TenantStatus> {
         let mut out: Vec<TenantStatus> = self
-            .slots
-            .values()
+            .directory
+            .all()
+            .iter()
+            .filter_map(|t| self.slot(&t.id).ok())
             .map(|slot| {
                 let inner = slot.lock();
                 TenantStatus {
@@ -484,7 +504,9 @@ impl WakeCoordinator {
                 _ = stop.cancelled() => return,
                 _ = sleep(self.settings.idle_check_interval) => {}
             }
-            for slot in self.slots.values() {
+            self.forget_removed();
+            let slots: Vec<Arc<Slot>> = self.read_slots().values().cloned().collect();
+            for slot in &slots {
                 let awake = slot.lock().phase == Phase::Awake;
                 if !awake {
                     continue;
@@ -505,12 +527,34 @@ impl WakeCoordinator {
                     slot.notify();
                 } else if inner.connections == 0
                     && inner.waiters == 0
-                    && inner.idle_since.elapsed() >= slot.idle_timeout
+                    && inner.idle_since.elapsed() >= slot.tenant.idle_timeout
                 {
-                    info!(tenant = %slot.tenant.id, idle = ?slot.idle_timeout, "idle: putting tenant to sleep");
+                    info!(tenant = %slot.tenant.id, idle = ?slot.tenant.idle_timeout, "idle: putting tenant to sleep");
                     Self::start_sleep(slot, &mut inner);
                 }
             }
+        }
+    }
+
+    /// Drops the state of tenants that left the directory (or were replaced); their open
+    /// connections keep what they hold.
+    fn forget_removed(&self) {
+        let stale: Vec<TenantId> = self
+            .read_slots()
+            .iter()
+            .filter(|(id, slot)| {
+                self.directory
+                    .get(id)
+                    .is_none_or(|t| !Arc::ptr_eq(&t, &slot.tenant))
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        if stale.is_empty() {
+            return;
+        }
+        let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());
+        for id in stale {
+            slots.remove(&id);
         }
     }
 }

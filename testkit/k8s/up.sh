@@ -20,6 +20,9 @@
 #   PGWAKE_K8S_WATCHDOG      a PID; when it exits, a detached watchdog runs down.sh WORKDIR, so a
 #                            test process that dies without cleaning up leaves no servers behind
 #   PGWAKE_K8S_WATCHDOG_RMDIR=1  the watchdog also deletes WORKDIR afterwards
+#   PGWAKE_K8S_APISERVER_ONLY=1  (re)start only kube-apiserver in an existing WORKDIR whose etcd
+#                            still runs: tests stop and restart the API server to see how the
+#                            gateway rides out an outage
 set -euo pipefail
 
 if [[ $# -lt 3 ]]; then
@@ -106,6 +109,7 @@ wait_tcp() { # PORT PID NAME LOG: until the port accepts a connection, or the pr
   done
 }
 
+if [[ ${PGWAKE_K8S_APISERVER_ONLY:-0} != 1 ]]; then
 # --- etcd ------------------------------------------------------------------------------------
 # Every background process gets its own stdin/stdout/stderr so that a caller reading up.sh's
 # output through a pipe sees EOF as soon as this script exits.
@@ -139,6 +143,7 @@ if [[ -n ${PGWAKE_K8S_WATCHDOG:-} ]]; then
 fi
 
 wait_tcp "$etcd_port" "$etcd_pid" etcd "$work/logs/etcd.log"
+fi
 
 # --- kube-apiserver --------------------------------------------------------------------------
 issuer=https://kubernetes.default.svc.cluster.local
@@ -206,4 +211,4 @@ contexts:
 current-context: admin
 KUBECONFIG
 
-echo "api=https://127.0.0.1:$api_port etcd_pid=$etcd_pid apiserver_pid=$api_pid kubeconfig=$work/kubeconfig"
+echo "api=https://127.0.0.1:$api_port etcd_pid=$(cat "$work/etcd.pid") apiserver_pid=$api_pid kubeconfig=$work/kubeconfig"

@@ -134,6 +134,7 @@ impl ApiResponse {
 pub struct KubeLab {
     workdir: PathBuf,
     api_port: u16,
+    etcd_ports: (u16, u16),
     ca_pem: String,
     admin_token: String,
     gateway_token: String,
@@ -223,6 +224,7 @@ impl KubeLab {
             .new_agent();
         let lab = KubeLab {
             api_port,
+            etcd_ports: (etcd_port, peer_port),
             ca_pem,
             admin_token: read("admin.token")?,
             gateway_token: read("gateway.token")?,
@@ -496,6 +498,55 @@ impl KubeLab {
             .trim()
             .parse()
             .ok()
+    }
+
+    /// Kills kube-apiserver alone (etcd keeps the data), as an API outage; see
+    /// [`KubeLab::start_apiserver`].
+    pub fn stop_apiserver(&self) -> io::Result<()> {
+        let Some(pid) = self.pid("apiserver") else {
+            return Ok(());
+        };
+        // A crash, not a graceful stop: kube-apiserver drains open watches for many seconds
+        // on SIGTERM, and an outage does not wait for that either.
+        let status = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()?;
+        if !status.success() {
+            return Err(io::Error::other(format!("kill -KILL {pid} failed")));
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.pid_alive("apiserver") {
+            if Instant::now() > deadline {
+                return Err(io::Error::other("kube-apiserver did not stop within 30 s"));
+            }
+            sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
+    /// Starts kube-apiserver again on the same port and storage after
+    /// [`KubeLab::stop_apiserver`], and waits until it is ready.
+    pub fn start_apiserver(&self) -> io::Result<()> {
+        let out = Command::new(scripts_dir().join("up.sh"))
+            .arg(&self.workdir)
+            .args([
+                self.api_port.to_string(),
+                self.etcd_ports.0.to_string(),
+                self.etcd_ports.1.to_string(),
+            ])
+            .env("PGWAKE_K8S_BIN", ensure_binaries()?)
+            .env("PGWAKE_K8S_APISERVER_ONLY", "1")
+            .stdin(Stdio::null())
+            .output()?;
+        if !out.status.success() {
+            return Err(io::Error::other(format!(
+                "up.sh (apiserver only) failed ({}): {}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        self.wait_ready()
     }
 
     fn pid_alive(&self, name: &str) -> bool {

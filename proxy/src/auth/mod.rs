@@ -4,6 +4,7 @@
 mod auth_query;
 pub mod backend_login;
 pub mod client;
+mod kube_secret;
 mod local;
 mod static_file;
 pub mod throttle;
@@ -14,6 +15,7 @@ use async_trait::async_trait;
 use pgwake_protocol::scram::{ScramKeys, ScramSecret};
 
 pub use auth_query::{AuthQuerySettings, AuthQuerySource};
+pub use kube_secret::{KubeSecretSource, SecretStore};
 pub use local::LocalSource;
 pub use static_file::StaticSource;
 

@@ -6,6 +6,7 @@
 //! real login on the endpoint: a Cluster can look healthy before Postgres accepts logins.
 
 use std::collections::HashMap;
+use std::sync::RwLock;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -20,13 +21,16 @@ use super::{BackendError, ComputeBackend, ComputeState, Endpoint};
 use crate::TenantId;
 use crate::probe::{Probe, probe};
 
+/// Annotation on a Cluster naming the `host:port` to reach it at instead of its `-rw`
+/// service (for gateways outside the cluster network, and for tests).
+pub const ENDPOINT_ANNOTATION: &str = "pgwake.io/endpoint";
 /// The annotation CloudNativePG hibernates a cluster by.
 pub const HIBERNATION_ANNOTATION: &str = "cnpg.io/hibernation";
 /// Field manager name for the gateway's patches.
 const FIELD_MANAGER: &str = "pgwake";
 
 /// Where a tenant's Cluster is and how to reach its primary.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CnpgCluster {
     /// Namespace of the Cluster.
     pub namespace: String,
@@ -37,6 +41,24 @@ pub struct CnpgCluster {
 }
 
 impl CnpgCluster {
+    /// The cluster an object describes, reached through its `pgwake.io/endpoint` annotation
+    /// when it has a valid one, else its `-rw` service.
+    pub fn from_object(obj: &DynamicObject) -> Option<CnpgCluster> {
+        let name = obj.metadata.name.as_deref()?;
+        let namespace = obj.metadata.namespace.as_deref()?;
+        let mut cluster = CnpgCluster::new(namespace, name);
+        if let Some(e) = obj
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ENDPOINT_ANNOTATION))
+            .and_then(|v| Endpoint::parse(v))
+        {
+            cluster.endpoint = e;
+        }
+        Some(cluster)
+    }
+
     /// A cluster reached through its `-rw` service.
     pub fn new(namespace: &str, name: &str) -> Self {
         CnpgCluster {
@@ -65,7 +87,7 @@ pub struct CnpgSettings {
 pub struct CnpgBackend {
     client: kube::Client,
     resource: ApiResource,
-    clusters: HashMap<TenantId, CnpgCluster>,
+    clusters: RwLock<HashMap<TenantId, CnpgCluster>>,
     settings: CnpgSettings,
 }
 
@@ -82,20 +104,26 @@ pub fn cluster_resource() -> ApiResource {
 /// least one ready instance. `status.phase` alone is not enough: a hibernated cluster can still
 /// read "Cluster in healthy state".
 pub fn cluster_awake(obj: &DynamicObject) -> bool {
-    let status = obj.data.get("status");
-    let hibernated = status
+    let ready = obj
+        .data
+        .get("status")
+        .and_then(|s| s.get("readyInstances"))
+        .and_then(|v| v.as_i64())
+        .unwrap_or(0);
+    !cluster_hibernated(obj) && ready >= 1
+}
+
+/// True when the operator reports the cluster hibernated (its pods are gone).
+pub fn cluster_hibernated(obj: &DynamicObject) -> bool {
+    obj.data
+        .get("status")
         .and_then(|s| s.get("conditions"))
         .and_then(|c| c.as_array())
         .is_some_and(|conds| {
             conds
                 .iter()
                 .any(|c| c["type"] == HIBERNATION_ANNOTATION && c["status"] == "True")
-        });
-    let ready = status
-        .and_then(|s| s.get("readyInstances"))
-        .and_then(|v| v.as_i64())
-        .unwrap_or(0);
-    !hibernated && ready >= 1
+        })
 }
 
 fn hibernation_requested(obj: &DynamicObject) -> bool {
@@ -120,21 +148,71 @@ impl CnpgBackend {
         CnpgBackend {
             client,
             resource: cluster_resource(),
-            clusters,
+            clusters: RwLock::new(clusters),
             settings,
         }
+    }
+
+    /// Points a tenant at a cluster; returns false when it already pointed there.
+    pub fn set_cluster(&self, tenant: &TenantId, cluster: CnpgCluster) -> bool {
+        let mut clusters = self.clusters.write().unwrap_or_else(|p| p.into_inner());
+        if clusters.get(tenant) == Some(&cluster) {
+            return false;
+        }
+        clusters.insert(tenant.clone(), cluster);
+        true
+    }
+
+    /// Forgets a tenant's cluster.
+    pub fn remove_cluster(&self, tenant: &TenantId) -> Option<CnpgCluster> {
+        let mut clusters = self.clusters.write().unwrap_or_else(|p| p.into_inner());
+        clusters.remove(tenant)
+    }
+
+    /// The cluster a tenant is on.
+    pub fn cluster_of(&self, tenant: &TenantId) -> Option<CnpgCluster> {
+        let clusters = self.clusters.read().unwrap_or_else(|p| p.into_inner());
+        clusters.get(tenant).cloned()
     }
 
     fn cluster(
         &self,
         tenant: &TenantId,
-    ) -> Result<(&CnpgCluster, Api<DynamicObject>), BackendError> {
+    ) -> Result<(CnpgCluster, Api<DynamicObject>), BackendError> {
         let c = self
-            .clusters
-            .get(tenant)
+            .cluster_of(tenant)
             .ok_or_else(|| BackendError::UnknownTenant(tenant.clone()))?;
         let api = Api::namespaced_with(self.client.clone(), &c.namespace, &self.resource);
         Ok((c, api))
+    }
+
+    /// Watches (not polls) the named Cluster until `done` holds for it.
+    async fn watch_until(
+        &self,
+        api: Api<DynamicObject>,
+        name: &str,
+        deadline: Instant,
+        done: fn(&DynamicObject) -> bool,
+    ) -> Result<(), BackendError> {
+        // The watch starts with a listing, so a cluster already there ends it at once.
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let mut objects = watcher(api, config)
+            .default_backoff()
+            .applied_objects()
+            .boxed();
+        timeout_at(deadline, async {
+            while let Some(event) = objects.next().await {
+                match event {
+                    Ok(obj) if done(&obj) => return Ok(()),
+                    Ok(_) => {}
+                    // The watcher re-lists and resumes by itself after errors; keep waiting.
+                    Err(e) => tracing::debug!(cluster = %name, error = %e, "cluster watch error"),
+                }
+            }
+            Err(BackendError::Api("the cluster watch ended".into()))
+        })
+        .await
+        .map_err(|_| BackendError::Timeout(self.settings.start_timeout))?
     }
 
     async fn set_hibernation(&self, tenant: &TenantId, value: &str) -> Result<(), BackendError> {
@@ -162,23 +240,8 @@ impl ComputeBackend for CnpgBackend {
         let deadline = Instant::now() + self.settings.start_timeout;
         let (c, api) = self.cluster(tenant)?;
         self.set_hibernation(tenant, "off").await?;
-        // The watch starts with a listing, so a cluster that is already awake ends it at once.
-        let config = watcher::Config::default().fields(&format!("metadata.name={}", c.name));
-        let mut objects = watcher(api, config).applied_objects().boxed();
-        let awake = timeout_at(deadline, async {
-            while let Some(event) = objects.next().await {
-                match event {
-                    Ok(obj) if cluster_awake(&obj) => return Ok(()),
-                    Ok(_) => {}
-                    // The watcher re-lists and resumes by itself after errors; keep waiting.
-                    Err(e) => tracing::debug!(tenant = %tenant, error = %e, "cluster watch error"),
-                }
-            }
-            Err(BackendError::Api("the cluster watch ended".into()))
-        })
-        .await
-        .map_err(|_| BackendError::Timeout(self.settings.start_timeout))?;
-        awake?;
+        self.watch_until(api, &c.name, deadline, cluster_awake)
+            .await?;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -191,8 +254,14 @@ impl ComputeBackend for CnpgBackend {
         }
     }
 
+    /// Returns once the operator reports the cluster hibernated, so a wake that follows starts
+    /// from a stopped cluster rather than racing the pods' deletion.
     async fn sleep(&self, tenant: &TenantId) -> Result<(), BackendError> {
-        self.set_hibernation(tenant, "on").await
+        let deadline = Instant::now() + self.settings.start_timeout;
+        let (c, api) = self.cluster(tenant)?;
+        self.set_hibernation(tenant, "on").await?;
+        self.watch_until(api, &c.name, deadline, cluster_hibernated)
+            .await
     }
 
     async fn state(&self, tenant: &TenantId) -> Result<ComputeState, BackendError> {

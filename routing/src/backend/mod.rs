@@ -11,7 +11,8 @@ use async_trait::async_trait;
 use thiserror::Error;
 
 pub use cnpg::{
-    CnpgBackend, CnpgCluster, CnpgSettings, HIBERNATION_ANNOTATION, cluster_awake, cluster_resource,
+    CnpgBackend, CnpgCluster, CnpgSettings, ENDPOINT_ANNOTATION, HIBERNATION_ANNOTATION,
+    cluster_awake, cluster_resource,
 };
 pub use fixed::FixedBackend;
 pub use local::{LocalBackend, LocalSettings, find_bin_dir};

@@ -1,0 +1,164 @@
+//! The gateway through a Kubernetes API outage: tenants already awake keep serving (their
+//! credentials come from the watched copy of the Secrets), a wake fails with a clear 57P03, and
+//! once the API server is back, wakes work again and tenant discovery has caught up.
+//!
+//! Its own test binary, so stopping this lab's API server disturbs no other test.
+
+#[path = "common/cnpg_lab.rs"]
+mod cnpg_lab;
+mod common;
+
+use std::time::{Duration, Instant};
+
+use cnpg_lab::{NAMESPACE, annotation, hibernated_cluster, write_app_secret};
+use common::Gateway;
+use pgwake_testkit::kube::KubeLab;
+use tokio_postgres::NoTls;
+
+async fn query_as(
+    gw: &Gateway,
+    tenant: &str,
+    user: &str,
+    password: &str,
+) -> Result<i32, tokio_postgres::Error> {
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user={user} password={password} dbname={tenant}.postgres sslmode=disable connect_timeout=30",
+        gw.port
+    );
+    let (client, conn) = tokio_postgres::connect(&conninfo, NoTls).await?;
+    tokio::spawn(conn);
+    let row = client.query_one("select 1::int4", &[]).await?;
+    Ok(row.get(0))
+}
+
+fn listed(gw: &Gateway, tenant: &str) -> bool {
+    let (_, body) = gw.http_get("/v1/tenants").expect("tenants");
+    body.contains(&format!("\"id\":\"{tenant}\""))
+}
+
+fn wait_listed(gw: &Gateway, tenant: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !listed(gw, tenant) {
+        assert!(
+            Instant::now() < deadline,
+            "{tenant} not discovered\n{}",
+            gw.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn awake_tenants_ride_out_an_api_outage_and_wakes_recover() {
+    let lab = tokio::task::spawn_blocking(KubeLab::shared).await.unwrap();
+    let mut clusters = Vec::new();
+    for name in ["steady", "sleepy"] {
+        let (pg, operator) = tokio::task::spawn_blocking(move || hibernated_cluster(lab, name))
+            .await
+            .unwrap();
+        let (user, password) = {
+            let pg = pg.lock().unwrap();
+            (pg.options.user.clone(), pg.options.password.clone())
+        };
+        let (u, p) = (user.clone(), password.clone());
+        tokio::task::spawn_blocking(move || write_app_secret(lab, name, &u, &p))
+            .await
+            .unwrap();
+        clusters.push((pg, operator, user, password));
+    }
+    let kubeconfig = lab.kubeconfig_for_token(lab.admin_token()).unwrap();
+    let gw = tokio::task::spawn_blocking(move || {
+        Gateway::launch(
+            "allow_plaintext = true\n[wake]\nattempts = 1\nfailed_retry_delay = \"200ms\"\nwake_timeout = \"10s\"\n",
+            &format!(
+                "[kubernetes]\nkubeconfig = \"{}\"\nnamespace = \"{NAMESPACE}\"\ndiscover = true\n",
+                kubeconfig.display()
+            ),
+            &[],
+        )
+    })
+    .await
+    .unwrap();
+    tokio::task::block_in_place(|| {
+        wait_listed(&gw, "steady");
+        wait_listed(&gw, "sleepy");
+    });
+    let (steady_user, steady_pw) = (&clusters[0].2, &clusters[0].3);
+    let (sleepy_user, sleepy_pw) = (&clusters[1].2, &clusters[1].3);
+    assert_eq!(
+        query_as(&gw, "steady", steady_user, steady_pw)
+            .await
+            .unwrap(),
+        1
+    );
+
+    tokio::task::spawn_blocking(move || lab.stop_apiserver().unwrap())
+        .await
+        .unwrap();
+
+    // The awake tenant serves new logins from cached credentials and state.
+    for _ in 0..3 {
+        assert_eq!(
+            query_as(&gw, "steady", steady_user, steady_pw)
+                .await
+                .unwrap(),
+            1
+        );
+    }
+    // The sleeping one cannot be woken: a clear "cannot connect now", not a hang.
+    let started = Instant::now();
+    let err = query_as(&gw, "sleepy", sleepy_user, sleepy_pw)
+        .await
+        .unwrap_err();
+    let db = err.as_db_error().expect("an ErrorResponse");
+    assert_eq!(db.code().code(), "57P03", "{err}");
+    assert!(db.message().contains("sleepy"), "{}", db.message());
+    assert!(started.elapsed() < Duration::from_secs(10));
+
+    tokio::task::spawn_blocking(move || lab.start_apiserver().unwrap())
+        .await
+        .unwrap();
+
+    // Wakes work again once the retry delay has passed.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match query_as(&gw, "sleepy", sleepy_user, sleepy_pw).await {
+            Ok(v) => {
+                assert_eq!(v, 1);
+                break;
+            }
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "no wake after the API returned: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    assert_eq!(annotation(lab, "sleepy"), "off");
+
+    // The discovery watch resumed: a cluster labelled after the outage becomes a tenant.
+    let (late_pg, _late_operator) =
+        tokio::task::spawn_blocking(move || hibernated_cluster(lab, "late"))
+            .await
+            .unwrap();
+    let (late_user, late_pw) = {
+        let pg = late_pg.lock().unwrap();
+        (pg.options.user.clone(), pg.options.password.clone())
+    };
+    {
+        let (u, p) = (late_user.clone(), late_pw.clone());
+        tokio::task::spawn_blocking(move || write_app_secret(lab, "late", &u, &p))
+            .await
+            .unwrap();
+    }
+    tokio::task::block_in_place(|| wait_listed(&gw, "late"));
+    assert_eq!(
+        query_as(&gw, "late", &late_user, &late_pw).await.unwrap(),
+        1
+    );
+    tokio::task::spawn_blocking(move || gw.wait_idle())
+        .await
+        .unwrap();
+}
