@@ -288,6 +288,7 @@ impl ComputeBackend for LocalBackend {
         }
         let mut r = self.spawn(tenant).await?;
         let ep = endpoint(r.port);
+        let pidfile = self.data_path(tenant).join("postmaster.pid");
         let deadline = Instant::now() + self.settings.start_timeout;
         loop {
             if let Ok(Some(status)) = r.child.try_wait() {
@@ -301,6 +302,13 @@ impl ComputeBackend for LocalBackend {
                 let _ = r.child.start_kill();
                 let _ = r.child.wait().await;
                 return Err(BackendError::Timeout(self.settings.start_timeout));
+            }
+            // Reading postmaster.pid costs far less than a probe (which makes the postmaster
+            // fork a backend just to answer 57P03), so look there often and probe only once
+            // Postgres reports itself ready.
+            if postmaster_status(&pidfile).await == PostmasterStatus::Starting {
+                sleep(STATUS_POLL.min(left)).await;
+                continue;
             }
             match probe(&ep, &self.settings.superuser, "postgres", left).await {
                 Probe::Ready => break,
@@ -345,6 +353,33 @@ impl ComputeBackend for LocalBackend {
     }
 }
 
+/// How often `postmaster.pid` is read while a server starts.
+const STATUS_POLL: Duration = Duration::from_millis(1);
+
+/// What the status line of `postmaster.pid` says.
+#[derive(Debug, PartialEq, Eq)]
+enum PostmasterStatus {
+    /// Not ready yet (`starting`, or the file or its line is not written yet).
+    Starting,
+    /// `ready`, `stopping`, `standby`, or an unreadable file: a probe decides.
+    Other,
+}
+
+/// The postmaster's own start-up status: since Postgres 10 the eighth line of
+/// `postmaster.pid` reads `starting` until it accepts connections, then `ready`. A file not
+/// written yet means starting; the caller's deadline and exit check cover a postmaster that
+/// never writes it.
+async fn postmaster_status(pidfile: &Path) -> PostmasterStatus {
+    match tokio::fs::read_to_string(pidfile).await {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => PostmasterStatus::Starting,
+        Err(_) => PostmasterStatus::Other,
+        Ok(text) => match text.lines().nth(7).map(str::trim) {
+            None | Some("") | Some("starting") => PostmasterStatus::Starting,
+            Some(_) => PostmasterStatus::Other,
+        },
+    }
+}
+
 fn endpoint(port: u16) -> Endpoint {
     Endpoint {
         host: "127.0.0.1".into(),
@@ -378,4 +413,28 @@ pub fn find_bin_dir() -> Option<PathBuf> {
                 .find(|d| d.join("postgres").exists() && d.join("initdb").exists())
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn reads_the_postmaster_status_line() {
+        let dir = std::env::temp_dir().join(format!("pgwake-pidfile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("postmaster.pid");
+        assert_eq!(postmaster_status(&file).await, PostmasterStatus::Starting);
+        let head = "4242\n/data\n1700000000\n5432\n/tmp\n*\n  1234     5678\n";
+        for (status, want) in [
+            ("", PostmasterStatus::Starting),
+            ("starting\n", PostmasterStatus::Starting),
+            ("ready   \n", PostmasterStatus::Other),
+            ("stopping\n", PostmasterStatus::Other),
+        ] {
+            std::fs::write(&file, format!("{head}{status}")).unwrap();
+            assert_eq!(postmaster_status(&file).await, want, "{status:?}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
