@@ -10,7 +10,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::Gateway;
-use common::cnpg_operator::{cluster_path, hibernated_cluster, hibernation};
+use common::cnpg_operator::{cluster_path, hibernated_cluster, hibernation, wait_hibernated};
+use figment::providers::{Format, Toml};
 use pgwake::config::Config;
 use pgwake_testkit::TestCert;
 use pgwake_testkit::kube::{
@@ -112,6 +113,97 @@ fn rendered_manifests_pass_a_server_side_dry_run() {
     assert!(
         err.contains("Deployment/pgwake") && err.contains("422"),
         "{err}"
+    );
+    // Field validation is strict: a misspelt key is an error, not silently dropped.
+    let mut misspelt = find(&objects, "Deployment", "pgwake").clone();
+    misspelt["spec"]["replcas"] = json!(2);
+    let err = lab.dry_run(&[misspelt]).unwrap_err().to_string();
+    assert!(err.contains("replcas"), "{err}");
+}
+
+/// The container's `--config` path, and the ConfigMap mounted at that file's folder.
+fn mounted_config<'a>(pod_spec: &'a Value, container: &Value) -> (String, &'a str) {
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let path = args
+        .windows(2)
+        .find(|w| w[0] == "--config")
+        .map(|w| w[1].to_owned())
+        .expect("serve --config PATH");
+    let folder = Path::new(&path).parent().unwrap().to_str().unwrap();
+    let mount = container["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["mountPath"] == folder)
+        .unwrap_or_else(|| panic!("nothing mounted at {folder}"));
+    let volume = pod_spec["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["name"] == mount["name"])
+        .expect("the mounted volume");
+    let configmap = volume["configMap"]["name"]
+        .as_str()
+        .expect("a ConfigMap volume");
+    (path, configmap)
+}
+
+#[test]
+fn every_pgwake_container_reads_the_config_its_configmap_holds() {
+    let base = render("base");
+    let deployment = find(&base, "Deployment", "pgwake");
+    let spec = &deployment["spec"]["template"]["spec"];
+    let (path, configmap) = mounted_config(spec, &spec["containers"][0]);
+    assert!(path.ends_with("/pgwake.toml"), "{path}");
+    assert!(configmap.starts_with("pgwake-config-"), "{configmap}");
+    assert!(base.iter().any(|o| o["metadata"]["name"] == configmap));
+
+    let sidecar = render("examples/sidecar");
+    let app = find(&sidecar, "Deployment", "shop");
+    let spec = &app["spec"]["template"]["spec"];
+    let pgwake = &spec["initContainers"][0];
+    assert_eq!(pgwake["restartPolicy"], "Always", "a native sidecar");
+    let (path, configmap) = mounted_config(spec, pgwake);
+    assert!(path.ends_with("/pgwake.toml"), "{path}");
+    assert!(sidecar.iter().any(|o| o["metadata"]["name"] == configmap));
+    assert_eq!(spec["automountServiceAccountToken"], false);
+
+    // The pool class's template is a file of the same ConfigMap, at the path the config names.
+    let pool = render("examples/pool");
+    let deployment = find(&pool, "Deployment", "pgwake");
+    let spec = &deployment["spec"]["template"]["spec"];
+    let (path, configmap) = mounted_config(spec, &spec["containers"][0]);
+    let data = &find(&pool, "ConfigMap", configmap)["data"];
+    let config: Value = figment::Figment::from(Toml::string(
+        data["pgwake.toml"].as_str().expect("pgwake.toml"),
+    ))
+    .extract()
+    .unwrap();
+    let class = &config["pool_class"][0];
+    assert_eq!(class["name"], "small");
+    let template = class["template"].as_str().expect("a template path");
+    let folder = Path::new(&path).parent().unwrap();
+    let file = Path::new(template)
+        .strip_prefix(folder)
+        .unwrap_or_else(|_| panic!("{template} is not in the mounted {}", folder.display()));
+    let manifest = data[file.to_str().unwrap()]
+        .as_str()
+        .unwrap_or_else(|| panic!("the ConfigMap has no {}", file.display()));
+    let cluster = &parse_manifests(manifest).unwrap()[0];
+    assert_eq!(cluster["kind"], "Cluster");
+    assert_eq!(cluster["metadata"]["namespace"], class["namespace"]);
+    assert_eq!(cluster["metadata"]["labels"]["pgwake.io/pool"], "small");
+    assert!(
+        config["tenant"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t["backend"]["kind"] == "pool" && t["backend"]["class"] == "small")
     );
 }
 
@@ -416,6 +508,9 @@ async fn the_gateway_with_deploy_rbac_wakes_and_hibernates_a_cnpg_tenant() {
             gw_ref.wait_state("orders", "asleep", Duration::from_secs(15));
         });
         assert_eq!(hibernation(lab, NS, "orders"), "on", "round {round}");
+        // The next round starts from a cluster the operator has hibernated, not one it is still
+        // about to hibernate.
+        tokio::task::block_in_place(|| wait_hibernated(lab, NS, "orders"));
     }
     // Every call the gateway made was allowed: the API server says "forbidden" otherwise.
     let log = gw.log();

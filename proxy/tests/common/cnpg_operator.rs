@@ -128,3 +128,29 @@ pub fn hibernation(lab: &KubeLab, namespace: &str, name: &str) -> String {
         .unwrap_or_default()
         .to_owned()
 }
+
+/// Waits until the fake operator reports the Cluster hibernated (its `cnpg.io/hibernation`
+/// condition is `True`, so its Postgres is stopped).
+pub fn wait_hibernated(lab: &KubeLab, namespace: &str, name: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let obj = lab
+            .get(&cluster_path(namespace, name))
+            .unwrap()
+            .success_json()
+            .unwrap();
+        let hibernated = obj["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "cnpg.io/hibernation" && c["status"] == "True");
+        if hibernated {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Cluster {namespace}/{name} not hibernated: {obj}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
