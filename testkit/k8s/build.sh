@@ -2,14 +2,63 @@
 # Builds kube-apiserver and etcd for the Kubernetes test lab, from the Go module proxy alone.
 #
 # usage: testkit/k8s/build.sh [KUBERNETES_VERSION]        (default 1.37.2)
+#        testkit/k8s/build.sh kustomize [KUSTOMIZE_VERSION] (default 5.8.2)
 #
 # The binaries land in ${XDG_CACHE_HOME:-$HOME/.cache}/pgwake/k8s/<version>/bin/ and the script
 # returns at once when both are already there: a cold kube-apiserver build costs 10-18 minutes on
 # two cores, so only the first run on a machine should pay for it. The last line printed is the
 # binary directory, so callers can capture it.
 #
+# With `kustomize`, it builds kustomize (which renders deploy/) into
+# ${XDG_CACHE_HOME:-$HOME/.cache}/pgwake/k8s/kustomize-<version>/ instead (about a minute cold)
+# and prints the path of the binary last.
+#
 # Environment: PGWAKE_GO (path of the go command; else `go` on PATH, else /usr/local/go/bin/go).
 set -euo pipefail
+
+find_go() {
+  go=${PGWAKE_GO:-}
+  if [[ -z $go ]]; then
+    go=$(command -v go || true)
+    [[ -n $go ]] || go=/usr/local/go/bin/go
+  fi
+  if [[ ! -x $go ]]; then
+    echo "build.sh: no Go toolchain (looked for \$PGWAKE_GO, go on PATH, /usr/local/go/bin/go);" \
+      "it is needed once to build $1" >&2
+    exit 127
+  fi
+}
+
+# Never let `go` fetch a newer toolchain: if the local one is too old we want a clear error.
+export GOTOOLCHAIN=local
+# Lets `rm -rf` clean the module cache without a chmod first.
+export GOFLAGS="-modcacherw ${GOFLAGS:-}"
+run_go() { nice -n 19 "$go" "$@"; }
+
+if [[ ${1:-} == kustomize ]]; then
+  kversion=${2:-5.8.2}
+  if [[ ! $kversion =~ ^5\.[0-9]+\.[0-9]+$ ]]; then
+    echo "build.sh: kustomize version must look like 5.8.2, got '$kversion'" >&2
+    exit 2
+  fi
+  kdir=${XDG_CACHE_HOME:-$HOME/.cache}/pgwake/k8s/kustomize-$kversion
+  if [[ ! -x $kdir/kustomize ]]; then
+    find_go "kustomize into $kdir"
+    mkdir -p "$kdir"
+    exec 9>"$kdir/build.lock"
+    flock 9
+    if [[ ! -x $kdir/kustomize ]]; then
+      # `go install pkg@version` builds outside any module, exactly the published release.
+      GOBIN=$kdir/.partial run_go install -trimpath -ldflags "-s -w" \
+        "sigs.k8s.io/kustomize/kustomize/v5@v$kversion"
+      mv -f "$kdir/.partial/kustomize" "$kdir/kustomize"
+      rmdir "$kdir/.partial"
+      echo "build.sh: kustomize v$kversion built" >&2
+    fi
+  fi
+  echo "$kdir/kustomize"
+  exit 0
+fi
 
 version=${1:-1.37.2}
 if [[ ! $version =~ ^1\.[0-9]+\.[0-9]+$ ]]; then
@@ -26,16 +75,7 @@ if have_binaries; then
   exit 0
 fi
 
-go=${PGWAKE_GO:-}
-if [[ -z $go ]]; then
-  go=$(command -v go || true)
-  [[ -n $go ]] || go=/usr/local/go/bin/go
-fi
-if [[ ! -x $go ]]; then
-  echo "build.sh: no Go toolchain (looked for \$PGWAKE_GO, go on PATH, /usr/local/go/bin/go);" \
-    "it is needed once to build kube-apiserver and etcd into $bin" >&2
-  exit 127
-fi
+find_go "kube-apiserver and etcd into $bin"
 
 mkdir -p "$cache" "$bin"
 # Two test binaries may start the lab at once; one builds while the other waits, then finds the
@@ -46,12 +86,6 @@ if have_binaries; then
   echo "$bin"
   exit 0
 fi
-
-# Never let `go` fetch a newer toolchain: if the local one is too old we want a clear error.
-export GOTOOLCHAIN=local
-# Lets `rm -rf` clean the module cache without a chmod first.
-export GOFLAGS="-modcacherw ${GOFLAGS:-}"
-run_go() { nice -n 19 "$go" "$@"; }
 
 started=$(date +%s)
 mod=$cache/gomod

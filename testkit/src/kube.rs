@@ -11,6 +11,11 @@
 //! per machine). `PGWAKE_K8S_BIN` points at prebuilt binaries instead; `PGWAKE_K8S_VERSION` picks
 //! another Kubernetes version; `PGWAKE_GO` names the `go` command to build with.
 //!
+//! `deploy/` is tested here too: [`render_kustomization`] renders one of its kustomizations with
+//! kustomize (built by `build.sh kustomize` and cached the same way), [`KubeLab::dry_run`] has the
+//! API server validate the result without storing it, and [`KubeLab::deploy_rbac_token`] gives a
+//! test the gateway's identity exactly as `deploy/` defines it.
+//!
 //! ```no_run
 //! use pgwake_testkit::kube::KubeLab;
 //!
@@ -94,6 +99,80 @@ pub fn ensure_binaries() -> io::Result<PathBuf> {
         .map(|l| PathBuf::from(l.trim()))
         .ok_or_else(|| io::Error::other("build.sh printed no binary directory"))?;
     Ok(dir)
+}
+
+/// Runs `build.sh kustomize` (a no-op when it is cached) and returns the path of the `kustomize`
+/// binary. `PGWAKE_KUSTOMIZE` names a prebuilt one instead.
+pub fn ensure_kustomize() -> io::Result<PathBuf> {
+    if let Some(path) = std::env::var_os("PGWAKE_KUSTOMIZE") {
+        return Ok(PathBuf::from(path));
+    }
+    let out = Command::new(scripts_dir().join("build.sh"))
+        .arg("kustomize")
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "testkit/k8s/build.sh kustomize failed ({}); its output is above{}",
+            out.status,
+            if out.status.code() == Some(127) {
+                " (no Go toolchain: install Go or set PGWAKE_KUSTOMIZE)"
+            } else {
+                ""
+            }
+        )));
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout
+        .lines()
+        .last()
+        .map(|l| PathBuf::from(l.trim()))
+        .ok_or_else(|| io::Error::other("build.sh kustomize printed no path"))
+}
+
+/// The repository's `deploy/` folder.
+pub fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+/// Renders the kustomization in `dir` (e.g. `deploy_dir().join("base")`) with kustomize and
+/// returns its objects as JSON, in kustomize's order.
+pub fn render_kustomization(dir: &Path) -> io::Result<Vec<Value>> {
+    let out = Command::new(ensure_kustomize()?)
+        .arg("build")
+        .arg(dir)
+        .stdin(Stdio::null())
+        .output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "kustomize build {} failed ({}): {}",
+            dir.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    parse_manifests(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// Parses a multi-document YAML manifest into one JSON value per non-empty document.
+pub fn parse_manifests(yaml: &str) -> io::Result<Vec<Value>> {
+    let docs: Vec<Value> = serde_saphyr::from_multiple(yaml)
+        .map_err(|e| io::Error::other(format!("manifest is not valid YAML: {e}")))?;
+    Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
+}
+
+/// `kind/name` (or `kind/generateName*`) of a manifest object, for messages.
+pub fn object_label(obj: &Value) -> String {
+    let meta = &obj["metadata"];
+    match meta["name"].as_str() {
+        Some(name) => format!("{}/{name}", obj["kind"].as_str().unwrap_or("?")),
+        None => format!(
+            "{}/{}*",
+            obj["kind"].as_str().unwrap_or("?"),
+            meta["generateName"].as_str().unwrap_or("?")
+        ),
+    }
 }
 
 /// A status code and body from the API server.
@@ -483,6 +562,111 @@ impl KubeLab {
             .ok_or_else(|| io::Error::other(format!("TokenRequest answered no token: {issued}")))
     }
 
+    /// The REST collection path of a manifest object, found through API discovery: e.g.
+    /// `/apis/apps/v1/namespaces/NS/deployments`. Namespaced objects without a namespace go to
+    /// `default`, as kubectl would send them.
+    pub fn collection_path(&self, obj: &Value) -> io::Result<String> {
+        let api_version = obj["apiVersion"]
+            .as_str()
+            .ok_or_else(|| io::Error::other(format!("no apiVersion in {obj}")))?;
+        let kind = obj["kind"]
+            .as_str()
+            .ok_or_else(|| io::Error::other(format!("no kind in {obj}")))?;
+        let group_path = if api_version.contains('/') {
+            format!("/apis/{api_version}")
+        } else {
+            format!("/api/{api_version}")
+        };
+        let discovery = self.get(&group_path)?.success_json()?;
+        let resource = discovery["resources"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            // Subresources (`deployments/scale`) share their parent's kind.
+            .find(|r| r["kind"] == kind && !r["name"].as_str().unwrap_or("/").contains('/'))
+            .ok_or_else(|| {
+                io::Error::other(format!("the API server serves no {kind} in {api_version}"))
+            })?;
+        let plural = resource["name"].as_str().unwrap_or_default();
+        if resource["namespaced"] == true {
+            let ns = obj["metadata"]["namespace"].as_str().unwrap_or("default");
+            Ok(format!("{group_path}/namespaces/{ns}/{plural}"))
+        } else {
+            Ok(format!("{group_path}/{plural}"))
+        }
+    }
+
+    /// Server-side apply of one object as admin (field manager `pgwake-testkit`, conflicts
+    /// forced), with strict field validation; `dry_run` has the server validate and admit it
+    /// without storing it. Objects with only a `generateName` are created instead.
+    pub fn apply(&self, obj: &Value, dry_run: bool) -> io::Result<ApiResponse> {
+        let collection = self.collection_path(obj)?;
+        let dry = if dry_run { "&dryRun=All" } else { "" };
+        let body = obj.to_string();
+        match obj["metadata"]["name"].as_str() {
+            Some(name) => self.request(
+                "PATCH",
+                &format!(
+                    "{collection}/{name}?fieldManager=pgwake-testkit&force=true&fieldValidation=Strict{dry}"
+                ),
+                Some(("application/apply-patch+yaml", body.as_bytes())),
+            ),
+            None => self.request(
+                "POST",
+                &format!("{collection}?fieldValidation=Strict{dry}"),
+                Some(("application/json", body.as_bytes())),
+            ),
+        }
+    }
+
+    /// Server-side dry run (`dryRun=All`) of every object in order: the API server validates,
+    /// defaults and admits each one but stores nothing. Fails on the first object it rejects,
+    /// naming it; the namespaces the objects name must exist.
+    pub fn dry_run(&self, objects: &[Value]) -> io::Result<()> {
+        for obj in objects {
+            self.apply(obj, true)?
+                .success_json()
+                .map_err(|e| io::Error::other(format!("{}: {e}", object_label(obj))))?;
+        }
+        Ok(())
+    }
+
+    /// [`KubeLab::dry_run`] of a multi-document YAML manifest.
+    pub fn dry_run_manifest(&self, yaml: &str) -> io::Result<()> {
+        self.dry_run(&parse_manifests(yaml)?)
+    }
+
+    /// Applies the ServiceAccount, Role and RoleBinding of `deploy/base` into `namespace` (made
+    /// if missing) and returns a token of that ServiceAccount, so a test runs the gateway with
+    /// exactly the permissions `deploy/` grants, not as admin.
+    pub fn deploy_rbac_token(&self, namespace: &str) -> io::Result<String> {
+        self.ensure_namespace(namespace)?;
+        let mut account = None;
+        for mut obj in render_kustomization(&deploy_dir().join("base"))? {
+            let kind = obj["kind"].as_str().unwrap_or_default().to_owned();
+            if !matches!(kind.as_str(), "ServiceAccount" | "Role" | "RoleBinding") {
+                continue;
+            }
+            obj["metadata"]["namespace"] = json!(namespace);
+            if kind == "RoleBinding" {
+                for subject in obj["subjects"].as_array_mut().into_iter().flatten() {
+                    if subject["kind"] == "ServiceAccount" {
+                        subject["namespace"] = json!(namespace);
+                    }
+                }
+            }
+            if kind == "ServiceAccount" {
+                account = obj["metadata"]["name"].as_str().map(str::to_owned);
+            }
+            self.apply(&obj, false)?
+                .success_json()
+                .map_err(|e| io::Error::other(format!("{}: {e}", object_label(&obj))))?;
+        }
+        let account =
+            account.ok_or_else(|| io::Error::other("deploy/base renders no ServiceAccount"))?;
+        self.service_account_token(namespace, &account)
+    }
+
     /// The last `lines` lines of `logs/<name>.log` (`apiserver` or `etcd`), for failure messages.
     pub fn log_tail(&self, name: &str, lines: usize) -> String {
         let text =
@@ -605,5 +789,17 @@ mod tests {
     fn manifests_are_sent_with_the_right_content_type() {
         assert_eq!(content_type_of("  {\"kind\":\"x\"}"), "application/json");
         assert_eq!(content_type_of(CNPG_CLUSTER_CRD), "application/yaml");
+    }
+
+    #[test]
+    fn manifests_split_into_documents() {
+        let docs = parse_manifests(
+            "---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: a\ndata:\n  port: \"5432\"\n---\n---\nkind: Secret\nmetadata:\n  generateName: b-\n",
+        )
+        .unwrap();
+        assert_eq!(docs.len(), 2);
+        assert_eq!(docs[0]["data"]["port"], "5432");
+        assert_eq!(object_label(&docs[0]), "ConfigMap/a");
+        assert_eq!(object_label(&docs[1]), "Secret/b-*");
     }
 }

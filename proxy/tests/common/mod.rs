@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use pgwake_testkit::{PgOptions, TestCert, TestPostgres, free_port, pg_bin_dir};
 
+pub mod cnpg_operator;
+
 pub const SNI_SUFFIX: &str = "db.localtest";
 
 /// Superuser password of local-backend tenants in tests.
