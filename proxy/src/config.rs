@@ -13,7 +13,15 @@ use serde::Deserialize;
 
 /// Top-level sections; only environment variables naming one of them are read as overrides.
 const SECTIONS: &[&str] = &[
-    "listen", "tls", "limits", "routing", "backend", "wake", "local",
+    "listen",
+    "tls",
+    "limits",
+    "routing",
+    "backend",
+    "wake",
+    "local",
+    "auth",
+    "kubernetes",
 ];
 
 /// A configuration problem, naming the key and what to do.

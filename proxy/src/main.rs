@@ -122,8 +122,12 @@ fn main() -> anyhow::Result<()> {
             runtime()?
                 .block_on(pgwake::server::build(&cfg, CancellationToken::new()))
                 .context("the configuration cannot be served")?;
+            let discovery = match cfg.kubernetes.discover {
+                true => " plus labelled Clusters",
+                false => "",
+            };
             println!(
-                "configuration OK: {} tenant(s), postgres on {}, admin on {}",
+                "configuration OK: {} tenant(s){discovery}, postgres on {}, admin on {}",
                 cfg.tenants.len(),
                 cfg.listen.postgres,
                 cfg.listen

@@ -2,23 +2,25 @@
 //! annotation when a client connects, a wake storm patches once, idle sleep hibernates it, and
 //! labelled Clusters become tenants (with their `-app` Secret as credentials) without a restart.
 //!
-//! No CloudNativePG operator runs here; a fake operator plays it (see `common/cnpg_lab.rs`).
+//! No CloudNativePG operator runs here; a fake operator plays it (see `common/cnpg_operator.rs`).
 
-#[path = "common/cnpg_lab.rs"]
-mod cnpg_lab;
 mod common;
 
 use std::time::{Duration, Instant};
 
-use cnpg_lab::{NAMESPACE, annotation, cluster_path, hibernated_cluster, write_app_secret};
 use common::Gateway;
+use common::cnpg_operator::{hibernated_cluster, hibernation, write_app_secret};
 use pgwake_testkit::TestPostgres;
 use pgwake_testkit::kube::KubeLab;
 use serde_json::json;
 use tokio_postgres::NoTls;
 
+const NAMESPACE: &str = "tenants";
+
 fn gateway_for(lab: &KubeLab, name: &str, pg: &TestPostgres, extra: &str) -> Gateway {
-    let kubeconfig = lab.kubeconfig_for_token(lab.admin_token()).unwrap();
+    // Exactly the permissions deploy/ grants the gateway, not admin.
+    let token = lab.deploy_rbac_token(NAMESPACE).unwrap();
+    let kubeconfig = lab.kubeconfig_for_token(&token).unwrap();
     let tenants = format!(
         "[kubernetes]\nkubeconfig = \"{}\"\n\
          [[tenant]]\nid = \"{name}\"\n\
@@ -32,9 +34,10 @@ fn gateway_for(lab: &KubeLab, name: &str, pg: &TestPostgres, extra: &str) -> Gat
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_storm_wakes_a_hibernated_cluster_with_one_patch() {
     let lab = tokio::task::spawn_blocking(KubeLab::shared).await.unwrap();
-    let (pg, _operator) = tokio::task::spawn_blocking(|| hibernated_cluster(lab, "storm"))
-        .await
-        .unwrap();
+    let (pg, _operator) =
+        tokio::task::spawn_blocking(|| hibernated_cluster(lab, NAMESPACE, "storm"))
+            .await
+            .unwrap();
     let (port, user, password) = {
         let pg = pg.lock().unwrap();
         (
@@ -70,7 +73,7 @@ async fn connection_storm_wakes_a_hibernated_cluster_with_one_patch() {
     for t in tasks {
         assert_eq!(t.await.unwrap().expect("storm connection"), 1);
     }
-    assert_eq!(annotation(lab, "storm"), "off");
+    assert_eq!(hibernation(lab, NAMESPACE, "storm"), "off");
     let log = gw.log();
     let patches = log.matches("patched cluster").count();
     assert_eq!(patches, 1, "{log}");
@@ -83,7 +86,7 @@ async fn connection_storm_wakes_a_hibernated_cluster_with_one_patch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_sleep_hibernates_and_the_next_connection_wakes_again() {
     let lab = tokio::task::spawn_blocking(KubeLab::shared).await.unwrap();
-    let (pg, _operator) = tokio::task::spawn_blocking(|| hibernated_cluster(lab, "nap"))
+    let (pg, _operator) = tokio::task::spawn_blocking(|| hibernated_cluster(lab, NAMESPACE, "nap"))
         .await
         .unwrap();
     let (user, password) = {
@@ -115,12 +118,17 @@ async fn idle_sleep_hibernates_and_the_next_connection_wakes_again() {
         let row = client.query_one("select 1::int4", &[]).await.unwrap();
         assert_eq!(row.get::<_, i32>(0), 1);
         drop(client);
-        assert_eq!(annotation(lab, "nap"), "off", "round {round}");
+        assert_eq!(hibernation(lab, NAMESPACE, "nap"), "off", "round {round}");
         let gw_ref = &gw;
         tokio::task::block_in_place(|| {
             gw_ref.wait_state("nap", "asleep", Duration::from_secs(15));
         });
-        assert_eq!(annotation(lab, "nap"), "on", "round {round}: {}", gw.log());
+        assert_eq!(
+            hibernation(lab, NAMESPACE, "nap"),
+            "on",
+            "round {round}: {}",
+            gw.log()
+        );
     }
     tokio::task::spawn_blocking(move || gw.wait_idle())
         .await
@@ -129,7 +137,9 @@ async fn idle_sleep_hibernates_and_the_next_connection_wakes_again() {
 
 /// A gateway with no configured tenant that serves every labelled Cluster in the namespace.
 fn discovering_gateway(lab: &KubeLab, extra: &str) -> Gateway {
-    let kubeconfig = lab.kubeconfig_for_token(lab.admin_token()).unwrap();
+    // Exactly the permissions deploy/ grants the gateway, not admin.
+    let token = lab.deploy_rbac_token(NAMESPACE).unwrap();
+    let kubeconfig = lab.kubeconfig_for_token(&token).unwrap();
     let kube = format!(
         "[kubernetes]\nkubeconfig = \"{}\"\nnamespace = \"{NAMESPACE}\"\ndiscover = true\n",
         kubeconfig.display()
@@ -186,18 +196,21 @@ async fn labelled_clusters_become_tenants_with_their_app_secret() {
     })
     .await
     .unwrap();
-    let (pg, _operator) = tokio::task::spawn_blocking(|| hibernated_cluster(lab, "disco"))
-        .await
-        .unwrap();
+    let (pg, _operator) =
+        tokio::task::spawn_blocking(|| hibernated_cluster(lab, NAMESPACE, "disco"))
+            .await
+            .unwrap();
     let (user, password) = {
         let pg = pg.lock().unwrap();
         (pg.options.user.clone(), pg.options.password.clone())
     };
     {
         let (user, password) = (user.clone(), password.clone());
-        tokio::task::spawn_blocking(move || write_app_secret(lab, "disco", &user, &password))
-            .await
-            .unwrap();
+        tokio::task::spawn_blocking(move || {
+            write_app_secret(lab, NAMESPACE, "disco", &user, &password)
+        })
+        .await
+        .unwrap();
     }
     tokio::task::block_in_place(|| wait_listed(&gw, "disco", true));
 
@@ -206,10 +219,10 @@ async fn labelled_clusters_become_tenants_with_their_app_secret() {
         .await
         .unwrap_err();
     assert_eq!(sqlstate(&wrong), "28P01", "{wrong}");
-    assert_eq!(annotation(lab, "disco"), "on");
+    assert_eq!(hibernation(lab, NAMESPACE, "disco"), "on");
 
     assert_eq!(query_as(&gw, "disco", &user, &password).await.unwrap(), 1);
-    assert_eq!(annotation(lab, "disco"), "off");
+    assert_eq!(hibernation(lab, NAMESPACE, "disco"), "off");
 
     // Rotation: the role's password and the Secret change; the gateway follows the Secret.
     let rotated = "rotated-password-2";
@@ -219,9 +232,11 @@ async fn labelled_clusters_become_tenants_with_their_app_secret() {
         .unwrap();
     {
         let user = user.clone();
-        tokio::task::spawn_blocking(move || write_app_secret(lab, "disco", &user, rotated))
-            .await
-            .unwrap();
+        tokio::task::spawn_blocking(move || {
+            write_app_secret(lab, NAMESPACE, "disco", &user, rotated)
+        })
+        .await
+        .unwrap();
     }
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -243,7 +258,7 @@ async fn labelled_clusters_become_tenants_with_their_app_secret() {
     // Taking the label off removes the tenant; it is then refused like an unknown one.
     tokio::task::spawn_blocking(move || {
         lab.merge_patch(
-            &cluster_path("disco"),
+            &common::cnpg_operator::cluster_path(NAMESPACE, "disco"),
             &json!({ "metadata": { "labels": { "pgwake.io/tenant": null } } }),
         )
         .unwrap()

@@ -4,16 +4,16 @@
 //!
 //! Its own test binary, so stopping this lab's API server disturbs no other test.
 
-#[path = "common/cnpg_lab.rs"]
-mod cnpg_lab;
 mod common;
 
 use std::time::{Duration, Instant};
 
-use cnpg_lab::{NAMESPACE, annotation, hibernated_cluster, write_app_secret};
 use common::Gateway;
+use common::cnpg_operator::{hibernated_cluster, hibernation, write_app_secret};
 use pgwake_testkit::kube::KubeLab;
 use tokio_postgres::NoTls;
+
+const NAMESPACE: &str = "tenants";
 
 async fn query_as(
     gw: &Gateway,
@@ -53,20 +53,23 @@ async fn awake_tenants_ride_out_an_api_outage_and_wakes_recover() {
     let lab = tokio::task::spawn_blocking(KubeLab::shared).await.unwrap();
     let mut clusters = Vec::new();
     for name in ["steady", "sleepy"] {
-        let (pg, operator) = tokio::task::spawn_blocking(move || hibernated_cluster(lab, name))
-            .await
-            .unwrap();
+        let (pg, operator) =
+            tokio::task::spawn_blocking(move || hibernated_cluster(lab, NAMESPACE, name))
+                .await
+                .unwrap();
         let (user, password) = {
             let pg = pg.lock().unwrap();
             (pg.options.user.clone(), pg.options.password.clone())
         };
         let (u, p) = (user.clone(), password.clone());
-        tokio::task::spawn_blocking(move || write_app_secret(lab, name, &u, &p))
+        tokio::task::spawn_blocking(move || write_app_secret(lab, NAMESPACE, name, &u, &p))
             .await
             .unwrap();
         clusters.push((pg, operator, user, password));
     }
-    let kubeconfig = lab.kubeconfig_for_token(lab.admin_token()).unwrap();
+    // Exactly the permissions deploy/ grants the gateway, not admin.
+    let token = lab.deploy_rbac_token(NAMESPACE).unwrap();
+    let kubeconfig = lab.kubeconfig_for_token(&token).unwrap();
     let gw = tokio::task::spawn_blocking(move || {
         Gateway::launch(
             "allow_plaintext = true\n[wake]\nattempts = 1\nfailed_retry_delay = \"200ms\"\nwake_timeout = \"10s\"\n",
@@ -136,11 +139,11 @@ async fn awake_tenants_ride_out_an_api_outage_and_wakes_recover() {
             }
         }
     }
-    assert_eq!(annotation(lab, "sleepy"), "off");
+    assert_eq!(hibernation(lab, NAMESPACE, "sleepy"), "off");
 
     // The discovery watch resumed: a cluster labelled after the outage becomes a tenant.
     let (late_pg, _late_operator) =
-        tokio::task::spawn_blocking(move || hibernated_cluster(lab, "late"))
+        tokio::task::spawn_blocking(move || hibernated_cluster(lab, NAMESPACE, "late"))
             .await
             .unwrap();
     let (late_user, late_pw) = {
@@ -149,7 +152,7 @@ async fn awake_tenants_ride_out_an_api_outage_and_wakes_recover() {
     };
     {
         let (u, p) = (late_user.clone(), late_pw.clone());
-        tokio::task::spawn_blocking(move || write_app_secret(lab, "late", &u, &p))
+        tokio::task::spawn_blocking(move || write_app_secret(lab, NAMESPACE, "late", &u, &p))
             .await
             .unwrap();
     }

@@ -312,7 +312,9 @@ fn the_configmaps_pass_check_config() {
     );
     let out = check_config(&base, &kubeconfig);
     assert!(
-        out.contains("configuration OK: 1 tenant(s), postgres on 0.0.0.0:5432"),
+        out.contains(
+            "configuration OK: 0 tenant(s) plus labelled Clusters, postgres on 0.0.0.0:5432"
+        ),
         "{out}"
     );
     let sidecar = config_text(&render("examples/sidecar"), "pgwake-sidecar");

@@ -1,7 +1,7 @@
 //! A fake CloudNativePG operator for tests against the Kubernetes lab, where no real operator
 //! runs: it follows a Cluster's `cnpg.io/hibernation` annotation, starts or stops a real Postgres
 //! that the tenant's endpoint override points at, and writes the Cluster's status through the
-//! status subresource, as the operator would with pods.
+//! status subresource, as the operator would with pods. It keeps polling through API outages.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -62,10 +62,8 @@ impl FakeOperator {
                 };
                 drop(pg);
                 if let Some(status) = status {
-                    lab.merge_patch(&format!("{path}/status"), &status)
-                        .unwrap()
-                        .success_json()
-                        .unwrap();
+                    // Fails while the API is down (outage tests); the next round writes it again.
+                    let _ = lab.merge_patch(&format!("{path}/status"), &status);
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
@@ -87,13 +85,15 @@ impl Drop for FakeOperator {
 }
 
 /// Creates a hibernated Cluster `namespace/name` labelled as tenant `name` (as admin), whose
-/// "primary" is a real Postgres, stopped, and starts the fake operator for it.
+/// "primary" is a real Postgres, stopped, that its `pgwake.io/endpoint` annotation points at,
+/// and starts the fake operator for it.
 pub fn hibernated_cluster(
     lab: &'static KubeLab,
     namespace: &str,
     name: &str,
 ) -> (Arc<Mutex<TestPostgres>>, FakeOperator) {
     lab.ensure_namespace(namespace).unwrap();
+    let mut pg = super::backend();
     let manifest = json!({
         "apiVersion": "postgresql.cnpg.io/v1",
         "kind": "Cluster",
@@ -101,7 +101,10 @@ pub fn hibernated_cluster(
             "name": name,
             "namespace": namespace,
             "labels": { "pgwake.io/tenant": name },
-            "annotations": { "cnpg.io/hibernation": "on" }
+            "annotations": {
+                "cnpg.io/hibernation": "on",
+                "pgwake.io/endpoint": format!("127.0.0.1:{}", pg.port)
+            }
         },
         "spec": { "instances": 1, "storage": { "size": "1Gi" } }
     });
@@ -109,7 +112,6 @@ pub fn hibernated_cluster(
         .unwrap()
         .success_json()
         .unwrap();
-    let mut pg = super::backend();
     pg.stop();
     let pg = Arc::new(Mutex::new(pg));
     let operator = FakeOperator::run(lab, namespace, name, pg.clone());
@@ -153,4 +155,35 @@ pub fn wait_hibernated(lab: &KubeLab, namespace: &str, name: &str) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Writes the `<cluster>-app` Secret as CloudNativePG makes it (basic-auth, `username` and
+/// `password`), or updates it (a rotation).
+pub fn write_app_secret(lab: &KubeLab, namespace: &str, cluster: &str, user: &str, password: &str) {
+    use base64::Engine;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let name = format!("{cluster}-app");
+    let path = format!("/api/v1/namespaces/{namespace}/secrets/{name}");
+    let data = json!({ "username": b64(user), "password": b64(password) });
+    if lab.get(&path).unwrap().status == 200 {
+        lab.merge_patch(&path, &json!({ "data": data }))
+            .unwrap()
+            .success_json()
+            .unwrap();
+        return;
+    }
+    let manifest = json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "kubernetes.io/basic-auth",
+        "metadata": { "name": name, "namespace": namespace, "labels": { "cnpg.io/cluster": cluster } },
+        "data": data
+    });
+    lab.create(
+        &format!("/api/v1/namespaces/{namespace}/secrets"),
+        &manifest.to_string(),
+    )
+    .unwrap()
+    .success_json()
+    .unwrap();
 }
