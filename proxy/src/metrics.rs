@@ -29,6 +29,10 @@ pub struct Metrics {
     wakes: IntCounterVec,
     waiters: IntGauge,
     tenants: IntGaugeVec,
+    /// Backend connections open in the SQL-over-HTTP pool (idle and in use).
+    pub http_pool_open: IntGauge,
+    /// Idle backend connections in the SQL-over-HTTP pool.
+    pub http_pool_idle: IntGauge,
 }
 
 impl Metrics {
@@ -142,7 +146,24 @@ impl Metrics {
         registry
             .register(Box::new(auth_attempts.clone()))
             .expect("unique metric");
+        let gauge = |name: &str, help: &str| {
+            let g = IntGauge::new(name, help).expect("valid metric");
+            registry
+                .register(Box::new(g.clone()))
+                .expect("unique metric");
+            g
+        };
+        let http_pool_open = gauge(
+            "pgwake_http_pool_connections",
+            "Backend connections open in the SQL-over-HTTP pool (idle and in use).",
+        );
+        let http_pool_idle = gauge(
+            "pgwake_http_pool_idle_connections",
+            "Idle backend connections in the SQL-over-HTTP pool.",
+        );
         Metrics {
+            http_pool_open,
+            http_pool_idle,
             auth_attempts,
             wake_duration,
             wakes,

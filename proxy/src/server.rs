@@ -20,6 +20,7 @@ use tracing::info;
 
 use crate::admin::{self, AdminState};
 use crate::admit::AccessList;
+use crate::auth::password::PasswordChecker;
 use crate::auth::throttle::{Throttle, ThrottleSettings};
 use crate::auth::{
     AuthQuerySettings, AuthQuerySource, CredentialError, CredentialSource, LocalSource,
@@ -30,6 +31,7 @@ use crate::config::{
     AuthMode, Config, CredentialsConfig, KubernetesConfig, LocalConfig, TenantBackend,
 };
 use crate::connect::BackendLink;
+use crate::http;
 use crate::listener::TenantPolicy;
 use crate::listener::{self, Gateway};
 use crate::metrics::Metrics;
@@ -316,6 +318,7 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
         metrics,
         limits: config.limits.clone(),
         terminate,
+        passwords: PasswordChecker::new(),
     })
 }
 
@@ -359,9 +362,18 @@ pub async fn run(
             .map_err(|e| anyhow::anyhow!("listen.admin: cannot listen on {addr}: {e}"))?;
         tokio::spawn(admin::serve(admin_listener, admin_state.clone()));
     }
+    let http_listener = match config.listen.http {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("listen.http: cannot listen on {addr}: {e}"))?,
+        ),
+        None => None,
+    };
     info!(
         postgres = %config.listen.postgres,
         admin = ?config.listen.admin,
+        http = ?config.listen.http,
         tenants = gateway.directory.len(),
         tls = config.tls.is_some(),
         "pgwake serving"
@@ -378,10 +390,22 @@ pub async fn run(
         stop.clone(),
     ));
 
+    let http_accept = http_listener.map(|l| {
+        let state = Arc::new(http::HttpState::new(
+            gateway.clone(),
+            config.http.clone(),
+            config.listen.allow_plaintext,
+        ));
+        tokio::spawn(http::serve(l, state, tasks.clone(), stop.clone()))
+    });
+
     shutdown.cancelled().await;
     admin_state.ready.store(false, Ordering::Relaxed);
     stop.cancel();
     let _ = accept.await;
+    if let Some(h) = http_accept {
+        let _ = h.await;
+    }
     tasks.close();
     let active = gateway.metrics.connections_active.get();
     info!(active, grace = ?config.limits.shutdown_grace, "shutting down: waiting for sessions");

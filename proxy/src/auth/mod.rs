@@ -5,6 +5,7 @@ mod auth_query;
 pub mod backend_login;
 pub mod client;
 mod local;
+pub mod password;
 mod static_file;
 pub mod throttle;
 
