@@ -80,6 +80,8 @@ fn serverless_driver_over_http_and_websocket() {
         .env("PGWAKE_HTTP", format!("127.0.0.1:{http}"))
         .env("PGWAKE_URL", url("alpha", LOCAL_PASSWORD))
         .env("PGWAKE_BAD_URL", url("alpha", "not-the-password"))
+        .env("PGWAKE_HTTPS", format!("localhost:{http}"))
+        .env("NODE_EXTRA_CA_CERTS", gw.dir.path().join("cert.pem"))
         .output()
         .expect("run node");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -111,6 +113,29 @@ fn serverless_driver_over_http_and_websocket() {
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["rows"][0]["n"], 7, "{body}");
     assert_eq!(gw.tenant_state("alpha").0, "awake");
+
+    // HTTP/2 over TLS, as in the README's curl example.
+    let out = Command::new("curl")
+        .args(["-sS", "--http2", "-w", "\n%{http_version}", "--cacert"])
+        .arg(gw.dir.path().join("cert.pem"))
+        .arg(format!("https://localhost:{http}/sql"))
+        .args([
+            "-H",
+            &format!("Neon-Connection-String: {}", url("alpha", LOCAL_PASSWORD)),
+        ])
+        .args([
+            "-d",
+            r#"{"query": "select $1::int + 1 as n", "params": [1]}"#,
+        ])
+        .output()
+        .expect("run curl");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.ends_with("\n2"),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains(r#""rows":[{"n":2}]"#), "{text}");
 }
 
 #[test]

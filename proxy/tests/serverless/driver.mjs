@@ -1,7 +1,7 @@
 // Drives the real @neondatabase/serverless driver against a pgwake gateway on localhost.
 // Run by proxy/tests/serverless.rs with PGWAKE_HTTP (host:port of the HTTP listener),
-// PGWAKE_URL (a connection string naming the tenant by host) and PGWAKE_BAD_URL (the same with
-// a wrong password). Prints one line per check and exits non-zero on the first failure.
+// PGWAKE_URL (a connection string naming the tenant by host), PGWAKE_BAD_URL (the same with
+// a wrong password) and optionally PGWAKE_HTTPS (a host:port name the TLS certificate holds). Prints one line per check and exits non-zero on the first failure.
 
 import assert from 'node:assert/strict';
 import { neon, neonConfig, Pool, Client } from '@neondatabase/serverless';
@@ -131,5 +131,20 @@ await assert.rejects(
   },
 );
 step('websocket wrong password is an auth error');
+
+// The same over TLS (HTTPS and wss), when the test gives a name the certificate holds.
+const https = process.env.PGWAKE_HTTPS;
+if (https) {
+  neonConfig.fetchEndpoint = () => `https://${https}/sql`;
+  neonConfig.useSecureWebSocket = true;
+  neonConfig.wsProxy = (host, port) => `${https}/v2?address=${host}:${port}`;
+  const [tls] = await neon(url)`SELECT 'tls' AS via`;
+  assert.equal(tls.via, 'tls');
+  const tlsPool = new Pool({ connectionString: url });
+  const { rows: wss } = await tlsPool.query('SELECT $1::text AS via', ['wss']);
+  assert.equal(wss[0].via, 'wss');
+  await tlsPool.end();
+  step('https and wss');
+}
 
 console.log('all checks passed');
