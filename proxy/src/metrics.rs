@@ -33,6 +33,7 @@ pub struct Metrics {
     pub http_pool_open: IntGauge,
     /// Idle backend connections in the SQL-over-HTTP pool.
     pub http_pool_idle: IntGauge,
+    http_requests: IntCounterVec,
 }
 
 impl Metrics {
@@ -161,7 +162,19 @@ impl Metrics {
             "pgwake_http_pool_idle_connections",
             "Idle backend connections in the SQL-over-HTTP pool.",
         );
+        let http_requests = IntCounterVec::new(
+            Opts::new(
+                "pgwake_http_requests_total",
+                "SQL-over-HTTP requests answered, by HTTP status.",
+            ),
+            &["status"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(http_requests.clone()))
+            .expect("unique metric");
         Metrics {
+            http_requests,
             http_pool_open,
             http_pool_idle,
             auth_attempts,
@@ -184,6 +197,13 @@ impl Metrics {
     /// Counts a connection that ended with an error of this kind.
     pub fn error(&self, kind: &'static str) {
         self.errors.with_label_values(&[kind]).inc();
+    }
+
+    /// Counts an answered `POST /sql` by its status (a handful of values: 200, 400, 413, 507).
+    pub fn http_request(&self, status: u16) {
+        self.http_requests
+            .with_label_values(&[&status.to_string()])
+            .inc();
     }
 
     /// Counts a client authentication attempt by outcome.

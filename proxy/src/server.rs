@@ -339,6 +339,15 @@ pub async fn run(
                 config.listen.postgres
             )
         })?;
+    // Bound before the admin listener, so /readyz never answers for a gateway that then fails.
+    let http_listener = match config.listen.http {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("listen.http: cannot listen on {addr}: {e}"))?,
+        ),
+        None => None,
+    };
     if let Some(local) = &gateway.local {
         for t in gateway.directory.iter() {
             local.stop_stale(&t.id).await;
@@ -362,14 +371,6 @@ pub async fn run(
             .map_err(|e| anyhow::anyhow!("listen.admin: cannot listen on {addr}: {e}"))?;
         tokio::spawn(admin::serve(admin_listener, admin_state.clone()));
     }
-    let http_listener = match config.listen.http {
-        Some(addr) => Some(
-            TcpListener::bind(addr)
-                .await
-                .map_err(|e| anyhow::anyhow!("listen.http: cannot listen on {addr}: {e}"))?,
-        ),
-        None => None,
-    };
     info!(
         postgres = %config.listen.postgres,
         admin = ?config.listen.admin,

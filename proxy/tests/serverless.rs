@@ -203,3 +203,146 @@ fn oversize_request_and_response_leave_the_pool_healthy() {
         "{text}"
     );
 }
+
+/// A StartupMessage, a PasswordMessage and a simple Query, as one byte string.
+fn pipelined_login(user: &str, password: &str, sql: &str) -> Vec<u8> {
+    let mut body = 196_608u32.to_be_bytes().to_vec();
+    for (k, v) in [("user", user), ("database", "postgres")] {
+        body.extend_from_slice(k.as_bytes());
+        body.push(0);
+        body.extend_from_slice(v.as_bytes());
+        body.push(0);
+    }
+    body.push(0);
+    let mut out = ((body.len() + 4) as u32).to_be_bytes().to_vec();
+    out.extend_from_slice(&body);
+    for (tag, text) in [(b'p', password), (b'Q', sql)] {
+        out.push(tag);
+        out.extend_from_slice(&((text.len() + 5) as u32).to_be_bytes());
+        out.extend_from_slice(text.as_bytes());
+        out.push(0);
+    }
+    out
+}
+
+/// Splits a backend byte stream into (tag, body) messages; a partial tail stays unsplit.
+fn messages(stream: &[u8]) -> Vec<(u8, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut rest = stream;
+    while rest.len() >= 5 {
+        let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+        if rest.len() < len + 1 {
+            break;
+        }
+        out.push((rest[0], rest[5..len + 1].to_vec()));
+        rest = &rest[len + 1..];
+    }
+    out
+}
+
+type Ws = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
+
+async fn open_ws(port: u16, path: &str) -> Ws {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let (ws, _) = tokio_tungstenite::client_async(format!("ws://localhost:{port}{path}"), tcp)
+        .await
+        .expect("websocket handshake");
+    ws
+}
+
+/// Reads binary frames until `done` holds for the messages so far, or the socket ends.
+async fn read_until(ws: &mut Ws, done: impl Fn(&[(u8, Vec<u8>)]) -> bool) -> Vec<(u8, Vec<u8>)> {
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let mut bytes = Vec::new();
+    loop {
+        let m = messages(&bytes);
+        if done(&m) {
+            return m;
+        }
+        let next = tokio::time::timeout(Duration::from_secs(30), ws.next()).await;
+        match next.expect("an answer in time") {
+            Some(Ok(Message::Binary(b))) => bytes.extend_from_slice(&b),
+            Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return messages(&bytes),
+            Some(Ok(_)) => {}
+        }
+    }
+}
+
+#[test]
+fn websocket_tunnel_with_split_frames_text_refusal_and_close() {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+
+    let http = free_port();
+    let gw = Gateway::start_local(&["gamma"], &http_listener(http, ""), "", &[]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        // Startup, password and query pipelined, cut into 3-byte frames; the tenant comes from
+        // the address parameter on an arbitrary path.
+        let mut ws = open_ws(http, &format!("/any/path?address=gamma.{SNI_SUFFIX}:5432")).await;
+        let bytes = pipelined_login("pgwake", LOCAL_PASSWORD, "select 40 + 2");
+        for chunk in bytes.chunks(3) {
+            ws.send(Message::Binary(chunk.to_vec().into()))
+                .await
+                .unwrap();
+        }
+        let got = read_until(&mut ws, |m| {
+            m.iter().filter(|(t, _)| *t == b'Z').count() >= 2
+        })
+        .await;
+        assert_eq!(
+            got[0],
+            (b'R', 3i32.to_be_bytes().to_vec()),
+            "cleartext password asked"
+        );
+        assert!(
+            got.iter().any(|(t, _)| *t == b'K'),
+            "a cancel key is issued"
+        );
+        let row = got.iter().find(|(t, _)| *t == b'D').expect("a data row");
+        assert!(row.1.ends_with(b"42"), "{row:?}");
+        // A close frame ends the session cleanly.
+        ws.close(None).await.unwrap();
+        let rest = read_until(&mut ws, |_| false).await;
+        assert!(rest.is_empty(), "{rest:?}");
+
+        // Text frames are refused: the session ends.
+        let mut ws = open_ws(http, "/").await;
+        ws.send(Message::Text("select 1".into())).await.unwrap();
+        let got = read_until(&mut ws, |_| false).await;
+        assert!(got.iter().all(|(t, _)| *t != b'Z'), "{got:?}");
+
+        // A wrong password gets 28P01 and never a ReadyForQuery; the Host header names the
+        // tenant here.
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", http))
+            .await
+            .unwrap();
+        let request = tokio_tungstenite::tungstenite::http::Request::builder()
+            .uri(format!("ws://127.0.0.1:{http}/v2"))
+            .header("Host", format!("gamma.{SNI_SUFFIX}:{http}"))
+            .header("Connection", "Upgrade")
+            .header("Upgrade", "websocket")
+            .header("Sec-WebSocket-Version", "13")
+            .header(
+                "Sec-WebSocket-Key",
+                tokio_tungstenite::tungstenite::handshake::client::generate_key(),
+            )
+            .body(())
+            .unwrap();
+        let (mut ws, _) = tokio_tungstenite::client_async(request, tcp).await.unwrap();
+        let bytes = pipelined_login("pgwake", "wrong", "select 1");
+        ws.send(Message::Binary(bytes.into())).await.unwrap();
+        let got = read_until(&mut ws, |_| false).await;
+        let error = got.iter().find(|(t, _)| *t == b'E').expect("an error");
+        assert!(
+            String::from_utf8_lossy(&error.1).contains("28P01"),
+            "{got:?}"
+        );
+        assert!(got.iter().all(|(t, _)| *t != b'Z'));
+    });
+    gw.wait_idle();
+    assert_eq!(gw.metric("pgwake_connections_accepted_total"), 3.0);
+}

@@ -199,11 +199,16 @@ pub async fn handle(
     let span = tracing::info_span!("sql", tenant = tracing::field::Empty);
     let result = execute(req, peer, state).instrument(span).await;
     state.record_pool();
-    match result {
+    let response = match result {
         Ok(v) => json(StatusCode::OK, &v),
         Err(Refusal::Error(fields)) => json(StatusCode::BAD_REQUEST, &Value::Object(fields)),
         Err(Refusal::Status(status, text)) => plain(status, &text),
-    }
+    };
+    state
+        .gateway
+        .metrics
+        .http_request(response.status().as_u16());
+    response
 }
 
 async fn execute(
@@ -365,7 +370,20 @@ async fn execute(
     let outcome = match tokio::time::timeout(state.config.query_timeout, run).await {
         Ok(r) => r,
         Err(_) => {
-            // The connection is mid-reply: dropping it closes it.
+            // Stop the query on the backend too (it would run on after the connection closes
+            // until it next writes); the connection is mid-reply, and dropping it closes it.
+            let target = conn.cancel.as_ref().and_then(|r| {
+                gw.cancels.lookup(&pgwake_protocol::CancelKey {
+                    pid: r.pid,
+                    secret: Bytes::copy_from_slice(&r.secret.to_be_bytes()),
+                })
+            });
+            if let Some(target) = target {
+                let timeout = gw.limits.connect_timeout;
+                tokio::spawn(async move {
+                    let _ = crate::cancel::forward_cancel(&target, timeout).await;
+                });
+            }
             return Err(Refusal::Error(client_error(
                 QUERY_CANCELED,
                 &format!(
