@@ -75,6 +75,15 @@ pub struct LocalGateway {
 impl LocalGateway {
     /// Writes the config into a fresh temporary folder and starts `binary` on it.
     pub fn start(binary: &Path, spec: &Spec<'_>) -> Result<LocalGateway> {
+        LocalGateway::start_with_listen(binary, spec, &[])
+    }
+
+    /// Like [`LocalGateway::start`], with more lines in `[listen]` (e.g. `http = "…"`).
+    pub fn start_with_listen(
+        binary: &Path,
+        spec: &Spec<'_>,
+        listen: &[String],
+    ) -> Result<LocalGateway> {
         let dir = tempfile::Builder::new()
             .prefix("pgwake-bench-local-")
             .tempdir()
@@ -90,6 +99,7 @@ impl LocalGateway {
              postgres = \"127.0.0.1:{port}\"\n\
              admin = \"127.0.0.1:{admin}\"\n\
              allow_plaintext = true\n\
+             {listen}\n\
              \n\
              [tls]\n\
              cert = \"cert.pem\"\n\
@@ -110,6 +120,7 @@ impl LocalGateway {
              [[tenant]]\n\
              id = \"{tenant}\"\n\
              backend = {{ kind = \"local\" }}\n",
+            listen = lines(listen),
             limits = lines(&spec.limits),
             wake = lines(&spec.wake),
             settings = lines(&spec.settings),

@@ -3,7 +3,7 @@
 //! connection queued for a wake.
 //!
 //! `cargo run -p pgwake-bench --release -- all [--quick] [--write] [--reps N]`, or `wake` /
-//! `queued` alone.
+//! `queued` alone; `http` compares SQL over HTTP with direct queries.
 //!
 //! The harness sets everything up in temporary directories, lets pgbench or its own clients
 //! generate the load, reads the proxies' CPU and memory from /proc, and prints a Markdown report.
@@ -17,6 +17,7 @@ mod process;
 mod queued;
 mod report;
 mod scenarios;
+mod sql_http;
 mod targets;
 mod wake;
 
@@ -31,8 +32,8 @@ use clap::{Args, Parser, Subcommand};
 use crate::process::{ProcSample, clock_ticks_per_second, command_output};
 use crate::queued::QueuedOptions;
 use crate::report::{
-    Facts, Measurement, PGBENCH_SECTION, QUEUED_SECTION, ReportInput, Results, Section,
-    WAKE_SECTION,
+    Facts, HTTP_SECTION, Measurement, PGBENCH_SECTION, QUEUED_SECTION, ReportInput, Results,
+    Section, WAKE_SECTION,
 };
 use crate::scenarios::{Durations, Metric, Scenario};
 use crate::targets::{Auth, Environment, PgwakeSource, Target, TargetKind};
@@ -56,6 +57,21 @@ enum Cmd {
     Wake(WakeArgs),
     /// Gateway memory per connection waiting in a tenant's accept queue.
     Queued(QueuedArgs),
+    /// SQL over HTTP: `POST /sql` `SELECT 1` with keep-alive beside tokio-postgres, direct and
+    /// through the gateway.
+    Http(HttpArgs),
+}
+
+#[derive(Args)]
+struct HttpArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Seconds measured per row (default 10, or 3 with --quick).
+    #[arg(long, value_name = "S", value_parser = clap::value_parser!(u64).range(1..))]
+    seconds: Option<u64>,
+    /// Concurrent clients, one row each (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 8])]
+    clients: Vec<usize>,
 }
 
 /// Options every command takes.
@@ -191,6 +207,27 @@ fn main() -> Result<()> {
                 args.queued.options(args.common.quick),
             );
             (args.common, vec![(QUEUED_SECTION, section)])
+        }
+        Cmd::Http(args) => {
+            let binary = locate(&args.common);
+            let opts = sql_http::HttpOptions {
+                duration: Duration::from_secs(args.seconds.unwrap_or(if args.common.quick {
+                    3
+                } else {
+                    10
+                })),
+                clients: args.clients.clone(),
+            };
+            progress("sql over http ...");
+            let outcome = binary
+                .map_err(|e| anyhow!("{e}"))
+                .and_then(|b| sql_http::run(&b, &opts))
+                .map_err(|e| format!("{e:#}"));
+            if let Err(e) = &outcome {
+                progress(format_args!("sql over http failed: {e}"));
+            }
+            let section = sql_http::render(&local_facts(), &opts, &outcome);
+            (args.common, vec![(HTTP_SECTION, section)])
         }
     };
     for (_, text) in &sections {

@@ -36,6 +36,12 @@ pub const QUEUED_SECTION: Section = Section {
     end: "<!-- harness:queued:end -->",
 };
 
+/// SQL over HTTP against direct queries (`http`).
+pub const HTTP_SECTION: Section = Section {
+    begin: "<!-- harness:http:begin -->",
+    end: "<!-- harness:http:end -->",
+};
+
 /// What one pgbench run against one target measured.
 #[derive(Clone, Debug)]
 pub struct Measurement {

@@ -77,6 +77,9 @@ pub struct Config {
     /// The Kubernetes API, for `cnpg` tenants.
     #[serde(default)]
     pub kubernetes: KubernetesConfig,
+    /// SQL over HTTP and Postgres over WebSocket (the `listen.http` listener).
+    #[serde(default)]
+    pub http: HttpConfig,
     /// The tenants served.
     #[serde(default, rename = "tenant")]
     pub tenants: Vec<TenantConfig>,
@@ -94,6 +97,10 @@ pub struct ListenConfig {
     /// Accept clients that do not use TLS. Off by default: passwords would cross in clear.
     #[serde(default)]
     pub allow_plaintext: bool,
+    /// HTTP listener for `POST /sql` and WebSocket tunnels (serverless drivers); none when
+    /// absent. Same certificates as the Postgres listener.
+    #[serde(default)]
+    pub http: Option<SocketAddr>,
 }
 
 /// `[tls]`: the default certificate and more chosen by SNI.
@@ -320,6 +327,43 @@ pub struct KubernetesConfig {
     /// Idle timeout of discovered tenants (default `[wake] idle_timeout`).
     #[serde(default, with = "humantime_serde")]
     pub discover_idle_timeout: Option<Duration>,
+}
+
+/// `[http]`: limits of `POST /sql` and its pool of backend connections.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Largest request body; a larger one is answered 413.
+    pub max_request_size: ByteSize,
+    /// Largest response body; a larger result is answered 507.
+    pub max_response_size: ByteSize,
+    /// Time a `/sql` request may take once its backend connection is ready.
+    #[serde(with = "humantime_serde")]
+    pub query_timeout: Duration,
+    /// Pooled backend connections per (tenant, user, database).
+    pub pool_max_per_key: usize,
+    /// Pooled backend connections in total.
+    pub pool_max_total: usize,
+    /// Idle pooled connections older than this are closed.
+    #[serde(with = "humantime_serde")]
+    pub pool_idle_timeout: Duration,
+    /// How long a request waits for a pool slot when the bounds are reached.
+    #[serde(with = "humantime_serde")]
+    pub pool_acquire_timeout: Duration,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            max_request_size: ByteSize::mib(10),
+            max_response_size: ByteSize::mib(10),
+            query_timeout: Duration::from_secs(300),
+            pool_max_per_key: 20,
+            pool_max_total: 500,
+            pool_idle_timeout: Duration::from_secs(60),
+            pool_acquire_timeout: Duration::from_secs(10),
+        }
+    }
 }
 
 /// `[auth]`: settings shared by every tenant the gateway authenticates.
@@ -559,6 +603,12 @@ impl Config {
                 "tls",
                 "no certificate configured and listen.allow_plaintext is false: add [tls] cert \
                  and key, or allow plaintext explicitly",
+            ));
+        }
+        if self.http.pool_max_per_key == 0 || self.http.pool_max_total == 0 {
+            return Err(invalid(
+                "http.pool_max_per_key",
+                "pool bounds must be at least 1 (http.pool_max_per_key, http.pool_max_total)",
             ));
         }
         if self.routing.rules.contains(&Rule::Sni) && self.routing.sni_suffix.is_none() {

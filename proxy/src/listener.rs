@@ -19,6 +19,7 @@ use crate::admit::AccessList;
 use crate::auth::CredentialSource;
 use crate::auth::backend_login::OnBehalf;
 use crate::auth::client::{LoginMaterial, authenticate_client};
+use crate::auth::password::PasswordChecker;
 use crate::auth::throttle::Throttle;
 use crate::cancel::{CancelMap, forward_cancel};
 use crate::config::{AuthMode, BackendTls, Limits};
@@ -81,6 +82,8 @@ pub struct Gateway {
     pub limits: Limits,
     /// Fires when sessions must end (grace period over).
     pub terminate: CancellationToken,
+    /// Cleartext password checks (HTTP and WebSocket logins).
+    pub passwords: PasswordChecker,
 }
 
 impl Gateway {
@@ -89,10 +92,27 @@ impl Gateway {
         let policies = self.policies.read().unwrap_or_else(|p| p.into_inner());
         policies.get(tenant).cloned()
     }
+
+    /// TLS mode towards this tenant's backend.
+    pub fn backend_tls_for(&self, tenant: &TenantId) -> BackendTls {
+        self.backend_tls
+            .get(tenant)
+            .copied()
+            .unwrap_or(self.default_backend_tls)
+    }
 }
 
 /// Decrements the active gauge however a connection ends.
-struct ActiveGuard(Arc<Metrics>);
+pub(crate) struct ActiveGuard(Arc<Metrics>);
+
+impl ActiveGuard {
+    /// Counts a client connection as accepted and active until the guard drops.
+    pub(crate) fn new(metrics: &Arc<Metrics>) -> ActiveGuard {
+        metrics.connections_accepted.inc();
+        metrics.connections_active.inc();
+        ActiveGuard(metrics.clone())
+    }
+}
 
 impl Drop for ActiveGuard {
     fn drop(&mut self) {
@@ -123,9 +143,7 @@ pub async fn serve(
             }
         };
         let gw = gateway.clone();
-        gw.metrics.connections_accepted.inc();
-        gw.metrics.connections_active.inc();
-        let guard = ActiveGuard(gw.metrics.clone());
+        let guard = ActiveGuard::new(&gw.metrics);
         let span = info_span!("conn", %peer, tenant = tracing::field::Empty);
         tasks.spawn(
             async move {
@@ -145,22 +163,37 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, gw: &Gateway) {
         n = negotiate(tcp, &gw.negotiate, accepted_at + gw.limits.startup_timeout) => n,
         _ = gw.terminate.cancelled() => return,
     };
-    let (mut client, startup) = match negotiated {
-        Ok(Negotiated::Cancel(key)) => {
-            match gw.cancels.lookup(&key) {
-                Some(target) => {
-                    gw.metrics.cancels_forwarded.inc();
-                    if let Err(e) = forward_cancel(&target, gw.limits.connect_timeout).await {
-                        warn!(error = %e, backend = %target.endpoint, "cancel not delivered");
-                    }
-                }
-                None => debug!("cancel request with an unknown key dropped"),
-            }
-            return;
+    match negotiated {
+        Ok(Negotiated::Cancel(key)) => cancel(gw, &key).await,
+        Ok(Negotiated::Session { stream, startup }) => {
+            run_session(gw, stream, peer, startup, accepted_at).await
         }
-        Ok(Negotiated::Session { stream, startup }) => (stream, startup),
-        Err((stream, err)) => return fail(gw, stream, err).await,
-    };
+        Err((stream, err)) => fail(gw, stream, err).await,
+    }
+}
+
+/// Forwards a cancel request to the backend its gateway-issued key maps to.
+pub(crate) async fn cancel(gw: &Gateway, key: &pgwake_protocol::CancelKey) {
+    match gw.cancels.lookup(key) {
+        Some(target) => {
+            gw.metrics.cancels_forwarded.inc();
+            if let Err(e) = forward_cancel(&target, gw.limits.connect_timeout).await {
+                warn!(error = %e, backend = %target.endpoint, "cancel not delivered");
+            }
+        }
+        None => debug!("cancel request with an unknown key dropped"),
+    }
+}
+
+/// Carries a client stream whose startup message has arrived through login and the relay, over
+/// TCP, TLS or a tunnel alike.
+pub(crate) async fn run_session(
+    gw: &Gateway,
+    mut client: Stream,
+    peer: SocketAddr,
+    startup: pgwake_protocol::StartupMessage,
+    accepted_at: Instant,
+) {
     let session = tokio::select! {
         r = open_session(gw, &mut client, peer, startup, accepted_at) => r,
         _ = gw.terminate.cancelled() => Err(SessionError::ShuttingDown),
@@ -262,11 +295,7 @@ async fn open_session(
         .await
         .map_err(|e| SessionError::Wake(tenant.id.clone(), e))?;
     let endpoint = admission.endpoint;
-    let mode = gw
-        .backend_tls
-        .get(&tenant.id)
-        .copied()
-        .unwrap_or(gw.default_backend_tls);
+    let mode = gw.backend_tls_for(&tenant.id);
     let connect_deadline = Instant::now() + gw.limits.connect_timeout;
     let mut stream = connect(&gw.link, &endpoint, mode, connect_deadline).await?;
     let params: Vec<(String, String)> = startup.forwardable_params().cloned().collect();
@@ -307,6 +336,22 @@ async fn authenticate(
         gw.metrics.auth_attempt("throttled");
         return Err(SessionError::Throttled(wait));
     }
+    if client.is_tunnel() {
+        // WebSocket clients (the serverless driver) send their password in the clear inside
+        // the tunnel, often pipelined right behind the startup message.
+        client
+            .write_all(&pgwake_protocol::auth::authentication_cleartext_password())
+            .await
+            .map_err(SessionError::ClientIo)?;
+        client.flush().await.map_err(SessionError::ClientIo)?;
+        let password = read_cleartext_password(client, gw.link.max_client_message).await?;
+        let material = check_password(gw, peer, tenant, source, user, &password).await?;
+        client
+            .write_all(&pgwake_protocol::auth::authentication_ok())
+            .await
+            .map_err(SessionError::ClientIo)?;
+        return Ok(material);
+    }
     let credential = source.lookup(user).await.map_err(|e| {
         gw.metrics.auth_attempt("error");
         SessionError::AuthUnavailable(e.to_string())
@@ -339,8 +384,65 @@ async fn authenticate(
     result
 }
 
+/// Reads a PasswordMessage holding a cleartext password.
+async fn read_cleartext_password(client: &mut Stream, max: usize) -> Result<String, SessionError> {
+    let m = crate::connect::read_message(client, max)
+        .await
+        .map_err(SessionError::ClientIo)?
+        .ok_or_else(|| {
+            SessionError::ClientProtocol("password message length out of range".into())
+        })?;
+    if m.tag() != b'p' {
+        return Err(SessionError::ClientProtocol(format!(
+            "expected a password message, got message type {:?}",
+            m.tag() as char
+        )));
+    }
+    let text = pgwake_protocol::auth::parse_password_message(m.body())
+        .map_err(|e| SessionError::ClientProtocol(e.to_string()))?;
+    String::from_utf8(text.to_vec())
+        .map_err(|_| SessionError::ClientProtocol("password is not valid UTF-8".into()))
+}
+
+/// Checks a cleartext password for `user` of `tenant` against the tenant's credential source,
+/// with the same throttle and metrics as a SCRAM login.
+pub(crate) async fn check_password(
+    gw: &Gateway,
+    peer: SocketAddr,
+    tenant: &TenantId,
+    source: &dyn CredentialSource,
+    user: &str,
+    password: &str,
+) -> Result<LoginMaterial, SessionError> {
+    if let Some(wait) = gw.throttle.blocked_for(peer.ip(), tenant) {
+        gw.metrics.auth_attempt("throttled");
+        return Err(SessionError::Throttled(wait));
+    }
+    let credential = source.lookup(user).await.map_err(|e| {
+        gw.metrics.auth_attempt("error");
+        SessionError::AuthUnavailable(e.to_string())
+    })?;
+    let material = match credential {
+        Some(c) => gw.passwords.check(tenant, user, c, password).await,
+        None => None,
+    };
+    match material {
+        Some(m) => {
+            gw.metrics.auth_attempt("ok");
+            gw.throttle.success(peer.ip(), tenant);
+            Ok(m)
+        }
+        None => {
+            gw.metrics.auth_attempt("failed");
+            gw.throttle.failure(peer.ip(), tenant);
+            source.failed(user);
+            Err(SessionError::AuthFailed(user.to_owned()))
+        }
+    }
+}
+
 /// Counts, logs and (where possible) tells the client why its connection ends.
-async fn fail(gw: &Gateway, stream: Option<Stream>, err: SessionError) {
+pub(crate) async fn fail(gw: &Gateway, stream: Option<Stream>, err: SessionError) {
     gw.metrics.error(err.kind());
     match &err {
         SessionError::ClientIo(_) | SessionError::LoginRefused => {

@@ -29,6 +29,11 @@ pub struct Metrics {
     wakes: IntCounterVec,
     waiters: IntGauge,
     tenants: IntGaugeVec,
+    /// Backend connections open in the SQL-over-HTTP pool (idle and in use).
+    pub http_pool_open: IntGauge,
+    /// Idle backend connections in the SQL-over-HTTP pool.
+    pub http_pool_idle: IntGauge,
+    http_requests: IntCounterVec,
 }
 
 impl Metrics {
@@ -142,7 +147,36 @@ impl Metrics {
         registry
             .register(Box::new(auth_attempts.clone()))
             .expect("unique metric");
+        let gauge = |name: &str, help: &str| {
+            let g = IntGauge::new(name, help).expect("valid metric");
+            registry
+                .register(Box::new(g.clone()))
+                .expect("unique metric");
+            g
+        };
+        let http_pool_open = gauge(
+            "pgwake_http_pool_connections",
+            "Backend connections open in the SQL-over-HTTP pool (idle and in use).",
+        );
+        let http_pool_idle = gauge(
+            "pgwake_http_pool_idle_connections",
+            "Idle backend connections in the SQL-over-HTTP pool.",
+        );
+        let http_requests = IntCounterVec::new(
+            Opts::new(
+                "pgwake_http_requests_total",
+                "SQL-over-HTTP requests answered, by HTTP status.",
+            ),
+            &["status"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(http_requests.clone()))
+            .expect("unique metric");
         Metrics {
+            http_requests,
+            http_pool_open,
+            http_pool_idle,
             auth_attempts,
             wake_duration,
             wakes,
@@ -163,6 +197,13 @@ impl Metrics {
     /// Counts a connection that ended with an error of this kind.
     pub fn error(&self, kind: &'static str) {
         self.errors.with_label_values(&[kind]).inc();
+    }
+
+    /// Counts an answered `POST /sql` by its status (a handful of values: 200, 400, 413, 507).
+    pub fn http_request(&self, status: u16) {
+        self.http_requests
+            .with_label_values(&[&status.to_string()])
+            .inc();
     }
 
     /// Counts a client authentication attempt by outcome.

@@ -119,6 +119,41 @@ pub async fn negotiate(
     }
 }
 
+/// Reads the startup (or cancel) message of a tunnelled stream, whose carrier already did any
+/// encryption: SSL and GSS requests are answered `N`.
+pub async fn negotiate_tunnel(
+    mut stream: Stream,
+    max_startup_message: usize,
+    deadline: Instant,
+) -> Result<Negotiated, Failed> {
+    let mut refused = 0;
+    loop {
+        let msg = match read_initial(&mut stream, max_startup_message, deadline).await {
+            Ok(m) => m,
+            Err(e) => return Err((Some(stream), e)),
+        };
+        match msg {
+            InitialMessage::SslRequest | InitialMessage::GssEncRequest if refused < 2 => {
+                refused += 1;
+                if let Err(e) = stream.write_all(b"N").await {
+                    return Err((None, SessionError::ClientIo(e)));
+                }
+            }
+            InitialMessage::SslRequest => {
+                return Err((Some(stream), SessionError::UnexpectedRequest("SSLRequest")));
+            }
+            InitialMessage::GssEncRequest => {
+                return Err((
+                    Some(stream),
+                    SessionError::UnexpectedRequest("GSSENCRequest"),
+                ));
+            }
+            InitialMessage::Cancel(key) => return Ok(Negotiated::Cancel(key)),
+            InitialMessage::Startup(startup) => return Ok(Negotiated::Session { stream, startup }),
+        }
+    }
+}
+
 fn no_tls() -> std::io::Error {
     std::io::Error::other("direct TLS attempted but no certificate is configured")
 }

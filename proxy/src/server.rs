@@ -23,6 +23,7 @@ use tracing::info;
 
 use crate::admin::{self, AdminState};
 use crate::admit::AccessList;
+use crate::auth::password::PasswordChecker;
 use crate::auth::throttle::{Throttle, ThrottleSettings};
 use crate::auth::{
     AuthQuerySettings, AuthQuerySource, CredentialError, CredentialSource, KubeSecretSource,
@@ -33,6 +34,7 @@ use crate::config::{
     AuthMode, Config, CredentialsConfig, KubernetesConfig, LocalConfig, TenantBackend,
 };
 use crate::connect::BackendLink;
+use crate::http;
 use crate::listener::{self, Gateway};
 use crate::listener::{Policies, TenantPolicy};
 use crate::metrics::Metrics;
@@ -402,6 +404,7 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
         metrics,
         limits: config.limits.clone(),
         terminate,
+        passwords: PasswordChecker::new(),
     })
 }
 
@@ -422,6 +425,15 @@ pub async fn run(
                 config.listen.postgres
             )
         })?;
+    // Bound before the admin listener, so /readyz never answers for a gateway that then fails.
+    let http_listener = match config.listen.http {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("listen.http: cannot listen on {addr}: {e}"))?,
+        ),
+        None => None,
+    };
     if let Some(local) = &gateway.local {
         for t in gateway.directory.all() {
             local.stop_stale(&t.id).await;
@@ -448,6 +460,7 @@ pub async fn run(
     info!(
         postgres = %config.listen.postgres,
         admin = ?config.listen.admin,
+        http = ?config.listen.http,
         tenants = gateway.directory.len(),
         tls = config.tls.is_some(),
         "pgwake serving"
@@ -464,10 +477,22 @@ pub async fn run(
         stop.clone(),
     ));
 
+    let http_accept = http_listener.map(|l| {
+        let state = Arc::new(http::HttpState::new(
+            gateway.clone(),
+            config.http.clone(),
+            config.listen.allow_plaintext,
+        ));
+        tokio::spawn(http::serve(l, state, tasks.clone(), stop.clone()))
+    });
+
     shutdown.cancelled().await;
     admin_state.ready.store(false, Ordering::Relaxed);
     stop.cancel();
     let _ = accept.await;
+    if let Some(h) = http_accept {
+        let _ = h.await;
+    }
     tasks.close();
     let active = gateway.metrics.connections_active.get();
     info!(active, grace = ?config.limits.shutdown_grace, "shutting down: waiting for sessions");

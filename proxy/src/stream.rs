@@ -1,4 +1,5 @@
-//! One stream type for both links: plain TCP, TLS as a server (clients) or as a client (backends).
+//! One stream type for both links: plain TCP, TLS as a server (clients) or as a client
+//! (backends), or a tunnel carrying the Postgres byte stream inside another protocol (WebSocket).
 
 use std::io;
 use std::pin::Pin;
@@ -15,20 +16,46 @@ pub enum Stream {
     ServerTls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
     /// TLS started by the gateway (backend side).
     ClientTls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+    /// The Postgres byte stream inside another protocol (WebSocket binary frames).
+    Tunnel {
+        /// The byte stream.
+        io: Box<dyn TunnelIo>,
+        /// True when the carrying connection is encrypted.
+        tls: bool,
+        /// The name the client addressed (HTTP `Host` or the driver's `address=`), routed
+        /// like a TLS server name.
+        server_name: Option<String>,
+    },
 }
 
+/// A byte stream a session can run over.
+pub trait TunnelIo: AsyncRead + AsyncWrite + Send + Unpin {}
+
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> TunnelIo for T {}
+
 impl Stream {
-    /// The SNI name the client sent, if this is a TLS client connection.
+    /// The SNI name the client sent, if this is a TLS client connection (or the name a tunnel
+    /// was addressed to).
     pub fn sni(&self) -> Option<&str> {
         match self {
             Stream::ServerTls(s) => s.get_ref().1.server_name(),
+            Stream::Tunnel { server_name, .. } => server_name.as_deref(),
             _ => None,
         }
     }
 
     /// True when the link is encrypted.
     pub fn is_tls(&self) -> bool {
-        !matches!(self, Stream::Plain(_))
+        match self {
+            Stream::Plain(_) => false,
+            Stream::Tunnel { tls, .. } => *tls,
+            _ => true,
+        }
+    }
+
+    /// True for a tunnelled stream, whose client authenticates with a cleartext password.
+    pub fn is_tunnel(&self) -> bool {
+        matches!(self, Stream::Tunnel { .. })
     }
 }
 
@@ -42,6 +69,7 @@ impl AsyncRead for Stream {
             Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Stream::ServerTls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
             Stream::ClientTls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            Stream::Tunnel { io, .. } => Pin::new(io.as_mut()).poll_read(cx, buf),
         }
     }
 }
@@ -56,6 +84,7 @@ impl AsyncWrite for Stream {
             Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
             Stream::ServerTls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
             Stream::ClientTls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            Stream::Tunnel { io, .. } => Pin::new(io.as_mut()).poll_write(cx, buf),
         }
     }
 
@@ -64,6 +93,7 @@ impl AsyncWrite for Stream {
             Stream::Plain(s) => Pin::new(s).poll_flush(cx),
             Stream::ServerTls(s) => Pin::new(s.as_mut()).poll_flush(cx),
             Stream::ClientTls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            Stream::Tunnel { io, .. } => Pin::new(io.as_mut()).poll_flush(cx),
         }
     }
 
@@ -72,6 +102,7 @@ impl AsyncWrite for Stream {
             Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
             Stream::ServerTls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
             Stream::ClientTls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            Stream::Tunnel { io, .. } => Pin::new(io.as_mut()).poll_shutdown(cx),
         }
     }
 }

@@ -6,6 +6,7 @@ pub mod backend_login;
 pub mod client;
 mod kube_secret;
 mod local;
+pub mod password;
 mod static_file;
 pub mod throttle;
 

@@ -1,0 +1,332 @@
+//! SQL over HTTP: `POST /sql` with `SELECT 1` on keep-alive connections against a woken
+//! `local`-backend tenant, beside tokio-postgres running the same query in a loop directly on
+//! the tenant's Postgres and through the gateway's Postgres listener, in the same run.
+//!
+//! Every client runs requests back to back for a fixed time and records each one's latency;
+//! requests/s is the count over the time, p50/p99 come from the recorded latencies. All three
+//! ways do one round trip to Postgres per query (tokio-postgres with a prepared statement; the
+//! gateway sends Parse/Bind/Execute/Sync in one write).
+
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio_postgres::NoTls;
+
+use crate::client::Login;
+use crate::gateway::{LocalGateway, Spec};
+use crate::process::{ProcSample, clock_ticks_per_second, load_average};
+use crate::report::{Facts, percentile};
+
+/// How long and how wide to measure.
+#[derive(Clone, Debug)]
+pub struct HttpOptions {
+    /// Measured time per (way, clients) pair.
+    pub duration: Duration,
+    /// Concurrent clients to measure with, one row each.
+    pub clients: Vec<usize>,
+}
+
+/// The three ways of running `SELECT 1`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Way {
+    /// tokio-postgres straight to the tenant's Postgres.
+    Direct,
+    /// tokio-postgres through the gateway's Postgres listener.
+    GatewayTcp,
+    /// `POST /sql` on the gateway's HTTP listener, keep-alive.
+    GatewayHttp,
+}
+
+impl Way {
+    fn label(self) -> &'static str {
+        match self {
+            Way::Direct => "Postgres direct (tokio-postgres)",
+            Way::GatewayTcp => "pgwake Postgres listener (tokio-postgres)",
+            Way::GatewayHttp => "pgwake `POST /sql` (HTTP/1.1 keep-alive)",
+        }
+    }
+}
+
+/// One measured row.
+#[derive(Clone, Debug)]
+pub struct Row {
+    /// How.
+    pub way: Way,
+    /// Concurrent clients.
+    pub clients: usize,
+    /// Queries completed.
+    pub requests: u64,
+    /// Queries per second.
+    pub rps: f64,
+    /// Median latency, µs.
+    pub p50_us: f64,
+    /// 99th percentile latency, µs.
+    pub p99_us: f64,
+    /// Gateway CPU per query, µs (none for direct).
+    pub gateway_cpu_us: Option<f64>,
+}
+
+/// Everything measured.
+pub struct HttpResults {
+    /// Rows in the order run.
+    pub rows: Vec<Row>,
+    /// Load average before and after.
+    pub load: (String, String),
+}
+
+const TENANT: &str = "sqlbench";
+/// Unmeasured time per way before its rows: wakes the tenant, fills the pool, warms caches.
+const WARMUP: Duration = Duration::from_secs(1);
+
+/// Runs the scenario with the pgwake binary at `binary`.
+pub fn run(binary: &std::path::Path, opts: &HttpOptions) -> Result<HttpResults> {
+    let load_before = load_average();
+    let http_port = pgwake_testkit::free_port();
+    let gw = LocalGateway::start_with_listen(
+        binary,
+        &Spec {
+            tenant: TENANT,
+            wake: vec!["idle_timeout = \"1h\"".into()],
+            limits: vec![],
+            settings: vec![],
+        },
+        &[format!("http = \"127.0.0.1:{http_port}\"")],
+    )?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let login = gw.login();
+    crate::progress("sql over http: waking the tenant (initdb and first start) ...");
+    rt.block_on(crate::client::connect_select1(
+        &login,
+        &crate::client::Transport::Plain,
+        Duration::from_secs(120),
+    ))
+    .with_context(|| format!("first connection: {}", gw.log_tail(5)))?;
+    let direct = gw.direct_login(postgres_port(&gw)?);
+    let conn_string = format!(
+        "postgresql://{}:{}@localhost/{}",
+        login.user, login.password, login.dbname
+    );
+    let clk_tck = clock_ticks_per_second();
+    let mut rows = Vec::new();
+    for way in [Way::Direct, Way::GatewayTcp, Way::GatewayHttp] {
+        let target = match way {
+            Way::Direct => Target::Postgres(direct.clone()),
+            Way::GatewayTcp => Target::Postgres(login.clone()),
+            Way::GatewayHttp => Target::Http {
+                port: http_port,
+                conn_string: conn_string.clone(),
+            },
+        };
+        rt.block_on(measure(&target, 1, WARMUP))
+            .with_context(|| format!("{} warm-up: {}", way.label(), gw.log_tail(5)))?;
+        for &clients in &opts.clients {
+            let before = ProcSample::read(gw.pid())?;
+            let (requests, mut latencies, elapsed) = rt
+                .block_on(measure(&target, clients, opts.duration))
+                .with_context(|| format!("{}: {}", way.label(), gw.log_tail(5)))?;
+            let after = ProcSample::read(gw.pid())?;
+            if requests == 0 {
+                bail!("{}: no query completed", way.label());
+            }
+            latencies.sort_by(f64::total_cmp);
+            let cpu_us = (after.cpu_ticks.saturating_sub(before.cpu_ticks)) as f64 / clk_tck as f64
+                * 1e6
+                / requests as f64;
+            let row = Row {
+                way,
+                clients,
+                requests,
+                rps: requests as f64 / elapsed.as_secs_f64(),
+                p50_us: percentile(&latencies, 50.0).unwrap_or(0.0),
+                p99_us: percentile(&latencies, 99.0).unwrap_or(0.0),
+                gateway_cpu_us: (way != Way::Direct).then_some(cpu_us),
+            };
+            crate::progress(format_args!(
+                "sql over http: {} x{clients}: {:.0} q/s, p50 {:.0} µs, p99 {:.0} µs",
+                way.label(),
+                row.rps,
+                row.p50_us,
+                row.p99_us
+            ));
+            rows.push(row);
+        }
+    }
+    drop(gw);
+    Ok(HttpResults {
+        rows,
+        load: (load_before, load_average()),
+    })
+}
+
+/// The port of the tenant's running Postgres, from line 4 of its `postmaster.pid`.
+fn postgres_port(gw: &LocalGateway) -> Result<u16> {
+    let pid_file = gw.data_dir().join("postmaster.pid");
+    let text = std::fs::read_to_string(&pid_file)
+        .with_context(|| format!("read {}", pid_file.display()))?;
+    text.lines()
+        .nth(3)
+        .and_then(|l| l.trim().parse().ok())
+        .ok_or_else(|| anyhow!("no port in {}", pid_file.display()))
+}
+
+#[derive(Clone)]
+enum Target {
+    Postgres(Login),
+    Http { port: u16, conn_string: String },
+}
+
+/// Runs `clients` loops for `duration`; returns the queries done, their latencies in µs and
+/// the time taken.
+async fn measure(
+    target: &Target,
+    clients: usize,
+    duration: Duration,
+) -> Result<(u64, Vec<f64>, Duration)> {
+    let started = Instant::now();
+    let deadline = started + duration;
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| {
+            let target = target.clone();
+            tokio::spawn(async move {
+                match target {
+                    Target::Postgres(login) => postgres_loop(&login, deadline).await,
+                    Target::Http { port, conn_string } => {
+                        http_loop(port, &conn_string, deadline).await
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    for t in tasks {
+        latencies.extend(t.await??);
+    }
+    Ok((latencies.len() as u64, latencies, started.elapsed()))
+}
+
+async fn postgres_loop(login: &Login, deadline: Instant) -> Result<Vec<f64>> {
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host("127.0.0.1")
+        .port(login.port)
+        .user(&login.user)
+        .password(&login.password)
+        .dbname(&login.dbname)
+        .ssl_mode(tokio_postgres::config::SslMode::Disable);
+    let (client, conn) = config.connect(NoTls).await.context("connect")?;
+    let driver = tokio::spawn(conn);
+    let statement = client.prepare("SELECT 1").await?;
+    let mut latencies = Vec::new();
+    while Instant::now() < deadline {
+        let t = Instant::now();
+        let rows = client.query(&statement, &[]).await?;
+        latencies.push(t.elapsed().as_secs_f64() * 1e6);
+        if rows.len() != 1 {
+            bail!("SELECT 1 returned {} rows", rows.len());
+        }
+    }
+    drop(client);
+    let _ = driver.await;
+    Ok(latencies)
+}
+
+async fn http_loop(port: u16, conn_string: &str, deadline: Instant) -> Result<Vec<f64>> {
+    let body = br#"{"query":"SELECT 1","params":[]}"#;
+    let request = format!(
+        "POST /sql HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Neon-Connection-String: {conn_string}\r\nNeon-Raw-Text-Output: true\r\n\
+         Neon-Array-Mode: true\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut request = request.into_bytes();
+    request.extend_from_slice(body);
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await?;
+    tcp.set_nodelay(true)?;
+    let mut conn = BufReader::new(tcp);
+    let mut latencies = Vec::new();
+    let mut line = String::new();
+    let mut response = Vec::new();
+    while Instant::now() < deadline {
+        let t = Instant::now();
+        conn.get_mut().write_all(&request).await?;
+        line.clear();
+        conn.read_line(&mut line).await?;
+        if !line.starts_with("HTTP/1.1 200") {
+            bail!("answer {:?}", line.trim_end());
+        }
+        let mut length = None;
+        loop {
+            line.clear();
+            conn.read_line(&mut line).await?;
+            let header = line.trim_end();
+            if header.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = header.split_once(':')
+                && name.eq_ignore_ascii_case("content-length")
+            {
+                length = value.trim().parse::<usize>().ok();
+            }
+        }
+        let length = length.ok_or_else(|| anyhow!("no Content-Length in the answer"))?;
+        response.resize(length, 0);
+        conn.read_exact(&mut response).await?;
+        latencies.push(t.elapsed().as_secs_f64() * 1e6);
+        if !response.starts_with(br#"{"command":"SELECT""#) {
+            bail!("unexpected body {:?}", String::from_utf8_lossy(&response));
+        }
+    }
+    Ok(latencies)
+}
+
+/// The report section.
+pub fn render(facts: &Facts, opts: &HttpOptions, outcome: &Result<HttpResults, String>) -> String {
+    let mut out = String::new();
+    let Some(r) = facts.open_section(
+        &mut out,
+        "SQL over HTTP (`POST /sql`, `SELECT 1`)",
+        outcome,
+        |r| &r.load,
+    ) else {
+        return out;
+    };
+    let _ = writeln!(
+        out,
+        "\nEach row: that many clients run `SELECT 1` back to back for {:.0} s against a woken \
+         `local` tenant (plaintext, loopback, client and servers on the same CPUs). The HTTP \
+         client keeps its connection alive and asks for raw text and array mode, as the \
+         serverless driver does; tokio-postgres uses a prepared statement. Ratio: requests/s \
+         relative to Postgres direct with the same number of clients. Gateway CPU: user + \
+         system time of the pgwake process per query.\n",
+        opts.duration.as_secs_f64()
+    );
+    let _ = writeln!(
+        out,
+        "| way | clients | queries | queries/s | ratio | p50 µs | p99 µs | gateway CPU µs/query |\n|---|---|---|---|---|---|---|---|"
+    );
+    for row in &r.rows {
+        let direct = r
+            .rows
+            .iter()
+            .find(|d| d.way == Way::Direct && d.clients == row.clients)
+            .map(|d| d.rps);
+        let ratio = direct.map_or("–".into(), |d| format!("{:.2}", row.rps / d));
+        let cpu = row.gateway_cpu_us.map_or("–".into(), |c| format!("{c:.0}"));
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {:.0} | {ratio} | {:.0} | {:.0} | {cpu} |",
+            row.way.label(),
+            row.clients,
+            row.requests,
+            row.rps,
+            row.p50_us,
+            row.p99_us
+        );
+    }
+    out
+}

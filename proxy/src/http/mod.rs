@@ -1,0 +1,254 @@
+//! The HTTP listener for serverless drivers (`@neondatabase/serverless` and compatible):
+//! `POST /sql` runs queries on pooled backend connections, and a WebSocket upgrade on any path
+//! tunnels the Postgres protocol into the same session path as TCP clients.
+//!
+//! HTTP/1.1 and HTTP/2 (by ALPN), TLS with the Postgres listener's certificates; plaintext only
+//! when `listen.allow_plaintext` is set.
+
+mod query;
+mod sql;
+mod websocket;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::config::HttpConfig;
+use crate::listener::Gateway;
+use crate::pool::{BackendConn, Pool, PoolKey, PoolSettings};
+
+/// First byte of a TLS handshake record.
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+
+/// The pool of backend connections `/sql` runs on.
+pub type SqlPool = Pool<PoolKey, BackendConn>;
+
+/// What the HTTP listener shares between its connections.
+pub struct HttpState {
+    /// The gateway (routing, auth, wake, metrics).
+    pub gateway: Arc<Gateway>,
+    /// Limits of `/sql`.
+    pub config: HttpConfig,
+    /// Warm backend connections for `/sql`.
+    pub pool: Arc<SqlPool>,
+    /// TLS with ALPN `h2` and `http/1.1`, when certificates are configured.
+    pub tls: Option<TlsAcceptor>,
+    /// Accept connections without TLS.
+    pub allow_plaintext: bool,
+}
+
+impl HttpState {
+    /// State for `gateway` with `config`; TLS from the gateway's certificates.
+    pub fn new(gateway: Arc<Gateway>, config: HttpConfig, allow_plaintext: bool) -> HttpState {
+        let tls = gateway.server_tls.as_ref().map(|t| {
+            let mut c = (*t.config).clone();
+            c.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+            TlsAcceptor::from(Arc::new(c))
+        });
+        let pool = Pool::new(PoolSettings {
+            max_per_key: config.pool_max_per_key,
+            max_total: config.pool_max_total,
+            idle_timeout: config.pool_idle_timeout,
+            acquire_timeout: config.pool_acquire_timeout,
+        });
+        HttpState {
+            gateway,
+            config,
+            pool,
+            tls,
+            allow_plaintext,
+        }
+    }
+
+    /// Publishes the pool's counts as metrics.
+    fn record_pool(&self) {
+        let stats = self.pool.stats();
+        let m = &self.gateway.metrics;
+        m.http_pool_open.set(stats.open as i64);
+        m.http_pool_idle.set(stats.idle as i64);
+    }
+}
+
+/// A response body: whole, in memory (results are bounded by `http.max_response_size`).
+type Body = Full<Bytes>;
+
+/// Accepts HTTP connections until `stop` fires; each runs as a task in `tasks`, so shutdown
+/// waits for requests and WebSocket sessions in flight like for TCP sessions.
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<HttpState>,
+    tasks: TaskTracker,
+    stop: CancellationToken,
+) {
+    let reaper = {
+        let state = state.clone();
+        let stop = stop.clone();
+        let period = (state.config.pool_idle_timeout / 2).max(Duration::from_millis(100));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tick.tick() => {
+                        state.pool.reap();
+                        state.record_pool();
+                    }
+                }
+            }
+        })
+    };
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => break,
+            a = listener.accept() => a,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                warn!(error = %e, "http accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let state = state.clone();
+        let conn_tasks = tasks.clone();
+        let stop = stop.clone();
+        tasks.spawn(
+            async move { connection(tcp, peer, state, conn_tasks, stop).await }
+                .instrument(info_span!("http", %peer)),
+        );
+    }
+    reaper.abort();
+    info!("http listener stopped accepting");
+}
+
+async fn connection(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    state: Arc<HttpState>,
+    tasks: TaskTracker,
+    stop: CancellationToken,
+) {
+    let _ = tcp.set_nodelay(true);
+    let gw = state.gateway.clone();
+    let deadline = gw.limits.startup_timeout;
+    // Like the Postgres listener: TLS when the first byte starts a handshake, plaintext only
+    // when allowed.
+    let mut first = [0u8; 1];
+    let is_tls = match tokio::time::timeout(deadline, tcp.peek(&mut first)).await {
+        Ok(Ok(1)) => first[0] == TLS_HANDSHAKE_RECORD,
+        _ => return,
+    };
+    let (io, tls): (Box<dyn crate::stream::TunnelIo>, bool) = match (&state.tls, is_tls) {
+        (Some(acceptor), true) => {
+            match tokio::time::timeout(deadline, acceptor.accept(tcp)).await {
+                Ok(Ok(s)) => (Box::new(s), true),
+                Ok(Err(e)) => {
+                    debug!(error = %e, "http TLS handshake failed");
+                    gw.metrics.error("tls_handshake");
+                    return;
+                }
+                Err(_) => return,
+            }
+        }
+        (_, false) if state.allow_plaintext => (Box::new(tcp), false),
+        _ => {
+            gw.metrics.error("plaintext_refused");
+            return;
+        }
+    };
+    let service = service_fn(move |req: Request<Incoming>| {
+        let state = state.clone();
+        let tasks = tasks.clone();
+        async move { Ok::<_, Infallible>(route(req, peer, tls, state, tasks).await) }
+    });
+    let builder = auto::Builder::new(TokioExecutor::new());
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => {
+            if let Err(e) = r {
+                debug!(error = %e, "http connection ended with an error");
+            }
+        }
+        _ = stop.cancelled() => {
+            // Shutdown: finish requests in flight, take no more on this connection.
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
+    }
+}
+
+async fn route(
+    req: Request<Incoming>,
+    peer: SocketAddr,
+    tls: bool,
+    state: Arc<HttpState>,
+    tasks: TaskTracker,
+) -> Response<Body> {
+    if websocket::is_upgrade(&req) {
+        return websocket::upgrade(req, peer, tls, state, tasks);
+    }
+    match (req.method(), req.uri().path()) {
+        (&Method::POST, "/sql") => sql::handle(req, peer, &state).await,
+        (&Method::OPTIONS, "/sql") => preflight(),
+        (_, "/sql") => plain(StatusCode::METHOD_NOT_ALLOWED, "use POST /sql"),
+        _ => plain(
+            StatusCode::NOT_FOUND,
+            "not found: use POST /sql or a WebSocket",
+        ),
+    }
+}
+
+/// Headers every `/sql` response carries so browsers may call it from any origin.
+fn cors(builder: hyper::http::response::Builder) -> hyper::http::response::Builder {
+    builder
+        .header("access-control-allow-origin", "*")
+        .header("access-control-expose-headers", "*")
+}
+
+/// The answer to a CORS preflight for `/sql`.
+fn preflight() -> Response<Body> {
+    cors(Response::builder().status(StatusCode::OK))
+        .header("access-control-allow-methods", "POST, OPTIONS")
+        .header(
+            "access-control-allow-headers",
+            "Authorization, Content-Type, Neon-Connection-String, Neon-Raw-Text-Output, \
+             Neon-Array-Mode, Neon-Pool-Opt-In, Neon-Batch-Read-Only, Neon-Batch-Isolation-Level, \
+             Neon-Batch-Deferrable",
+        )
+        .header("access-control-max-age", "86400")
+        .body(Body::default())
+        .expect("valid response")
+}
+
+/// A short text response.
+fn plain(status: StatusCode, text: &str) -> Response<Body> {
+    cors(Response::builder().status(status))
+        .header("content-type", "text/plain; charset=utf-8")
+        .body(Body::new(Bytes::from(format!("{text}\n"))))
+        .expect("valid response")
+}
+
+/// A JSON response.
+fn json(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
+    let body = serde_json::to_vec(value).unwrap_or_default();
+    cors(Response::builder().status(status))
+        .header("content-type", "application/json")
+        .body(Body::new(Bytes::from(body)))
+        .expect("valid response")
+}

@@ -1,0 +1,462 @@
+//! `POST /sql`: one query or a batch in one transaction, as sent by `neon()` of the serverless
+//! driver. The request names its database with `Neon-Connection-String`; the password in it is
+//! checked by the gateway (same throttle as TCP), then the tenant wakes and the statements run
+//! on a pooled backend connection.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::header::HeaderMap;
+use hyper::{Request, Response, StatusCode};
+use percent_encoding::percent_decode_str;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use tracing::{Instrument, debug, info};
+
+use super::query::{self, QueryError, Shape, Statement, client_error};
+use super::{Body, HttpState, json, plain};
+use crate::auth::backend_login::OnBehalf;
+use crate::config::AuthMode;
+use crate::connect::BackendAuth;
+use crate::error::SessionError;
+use crate::listener::check_password;
+use crate::pool::{BackendConn, OpenBackend, PoolError, PoolKey};
+
+/// SQLSTATE `query_canceled`, for requests over `http.query_timeout`.
+const QUERY_CANCELED: &str = "57014";
+
+/// What went wrong with a request, and how it is answered.
+enum Refusal {
+    /// 400 with an error object (the driver turns it into `NeonDbError`).
+    Error(Map<String, Value>),
+    /// Another status with a text body.
+    Status(StatusCode, String),
+}
+
+impl From<SessionError> for Refusal {
+    fn from(e: SessionError) -> Self {
+        match e.client_message() {
+            Some(m) => {
+                let mut fields = client_error(m.code, &m.message);
+                if let Some(d) = m.detail {
+                    fields.insert("detail".into(), d.into());
+                }
+                if let Some(h) = m.hint {
+                    fields.insert("hint".into(), h.into());
+                }
+                Refusal::Error(fields)
+            }
+            // The backend refused the login with its own error, which the pool's sink
+            // swallowed: say so without details.
+            None => Refusal::Error(client_error(
+                pgwake_protocol::sqlstate::CONNECTION_FAILURE,
+                "the tenant's database refused the connection",
+            )),
+        }
+    }
+}
+
+fn bad_request(message: impl Into<String>) -> Refusal {
+    Refusal::Error(client_error("08P01", &message.into()))
+}
+
+/// The body: one statement, or a batch.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Payload {
+    Batch { queries: Vec<QueryJson> },
+    Single(QueryJson),
+}
+
+#[derive(Deserialize)]
+struct QueryJson {
+    query: String,
+    #[serde(default)]
+    params: Vec<Value>,
+}
+
+impl QueryJson {
+    fn statement(self) -> Statement {
+        let params = self
+            .params
+            .into_iter()
+            .map(|p| match p {
+                Value::Null => None,
+                Value::String(s) => Some(s),
+                other => Some(other.to_string()),
+            })
+            .collect();
+        Statement {
+            query: self.query,
+            params,
+        }
+    }
+}
+
+/// The parts of a `postgres://` URL the gateway needs.
+struct ConnectionString {
+    user: String,
+    password: String,
+    host: String,
+    database: String,
+    options: Option<String>,
+}
+
+fn parse_connection_string(s: &str) -> Result<ConnectionString, Refusal> {
+    let bad = || {
+        bad_request("Neon-Connection-String is not a postgres:// URL with user, password and host")
+    };
+    let rest = s
+        .strip_prefix("postgres://")
+        .or_else(|| s.strip_prefix("postgresql://"))
+        .ok_or_else(bad)?;
+    let (authority, tail) = match rest.find(['/', '?']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    let (userinfo, hostport) = authority.rsplit_once('@').ok_or_else(bad)?;
+    let (user, password) = userinfo.split_once(':').ok_or_else(bad)?;
+    let decode = |v: &str| percent_decode_str(v).decode_utf8().map(|c| c.into_owned());
+    let user = decode(user).map_err(|_| bad())?;
+    let password = decode(password).map_err(|_| bad())?;
+    let host = match hostport.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default().to_owned(),
+        None => hostport.split(':').next().unwrap_or_default().to_owned(),
+    };
+    let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
+    let database = decode(path.trim_start_matches('/')).map_err(|_| bad())?;
+    let options = form_urlencoded::parse(query.as_bytes())
+        .find(|(k, _)| k == "options")
+        .map(|(_, v)| v.into_owned());
+    if user.is_empty() || host.is_empty() {
+        return Err(bad());
+    }
+    Ok(ConnectionString {
+        database: if database.is_empty() {
+            user.clone()
+        } else {
+            database
+        },
+        user,
+        password,
+        host,
+        options,
+    })
+}
+
+fn flag(headers: &HeaderMap, name: &str) -> bool {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+}
+
+/// The `BEGIN` of a batch, from the batch headers.
+fn begin_statement(headers: &HeaderMap) -> Result<String, Refusal> {
+    let mut begin = String::from("BEGIN");
+    if let Some(level) = headers.get("neon-batch-isolation-level") {
+        let level = match level.to_str().unwrap_or_default() {
+            "Serializable" => "SERIALIZABLE",
+            "RepeatableRead" => "REPEATABLE READ",
+            "ReadCommitted" => "READ COMMITTED",
+            "ReadUncommitted" => "READ UNCOMMITTED",
+            other => {
+                return Err(bad_request(format!(
+                    "Neon-Batch-Isolation-Level {other:?} is not one of Serializable, \
+                     RepeatableRead, ReadCommitted, ReadUncommitted"
+                )));
+            }
+        };
+        begin.push_str(" ISOLATION LEVEL ");
+        begin.push_str(level);
+    }
+    if headers.contains_key("neon-batch-read-only") {
+        begin.push_str(if flag(headers, "neon-batch-read-only") {
+            " READ ONLY"
+        } else {
+            " READ WRITE"
+        });
+    }
+    if headers.contains_key("neon-batch-deferrable") {
+        begin.push_str(if flag(headers, "neon-batch-deferrable") {
+            " DEFERRABLE"
+        } else {
+            " NOT DEFERRABLE"
+        });
+    }
+    Ok(begin)
+}
+
+/// Answers one `POST /sql`.
+pub async fn handle(
+    req: Request<Incoming>,
+    peer: SocketAddr,
+    state: &Arc<HttpState>,
+) -> Response<Body> {
+    let span = tracing::info_span!("sql", tenant = tracing::field::Empty);
+    let result = execute(req, peer, state).instrument(span).await;
+    state.record_pool();
+    let response = match result {
+        Ok(v) => json(StatusCode::OK, &v),
+        Err(Refusal::Error(fields)) => json(StatusCode::BAD_REQUEST, &Value::Object(fields)),
+        Err(Refusal::Status(status, text)) => plain(status, &text),
+    };
+    state
+        .gateway
+        .metrics
+        .http_request(response.status().as_u16());
+    response
+}
+
+async fn execute(
+    req: Request<Incoming>,
+    peer: SocketAddr,
+    state: &Arc<HttpState>,
+) -> Result<Value, Refusal> {
+    let gw = &state.gateway;
+    let max_request = state.config.max_request_size.as_u64() as usize;
+    let too_large = || {
+        Refusal::Status(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body larger than {max_request} bytes (http.max_request_size)"),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max_request as u64) {
+        return Err(too_large());
+    }
+    let (parts, body) = req.into_parts();
+    let headers = parts.headers;
+    let body: Bytes = Limited::new(body, max_request)
+        .collect()
+        .await
+        .map_err(|e| {
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
+                too_large()
+            } else {
+                bad_request("the request body could not be read")
+            }
+        })?
+        .to_bytes();
+
+    let conn_string = headers
+        .get("neon-connection-string")
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| bad_request("missing header Neon-Connection-String"))?;
+    let target = parse_connection_string(conn_string)?;
+    let shape = Shape {
+        raw_text: flag(&headers, "neon-raw-text-output"),
+        array_mode: flag(&headers, "neon-array-mode"),
+    };
+    let payload: Payload = serde_json::from_slice(&body).map_err(|e| {
+        bad_request(format!(
+            "the body must be {{\"query\", \"params\"}} or {{\"queries\": [...]}}: {e}"
+        ))
+    })?;
+    let (statements, begin, batch) = match payload {
+        Payload::Single(q) => (vec![q.statement()], None, false),
+        Payload::Batch { queries } => {
+            let begin = begin_statement(&headers)?;
+            let statements: Vec<_> = queries.into_iter().map(QueryJson::statement).collect();
+            (statements, Some(begin), true)
+        }
+    };
+
+    // Route as the TCP path does: the host stands in for the TLS server name.
+    let mut params = vec![
+        ("user".to_owned(), target.user.clone()),
+        ("database".to_owned(), target.database.clone()),
+    ];
+    if let Some(o) = &target.options {
+        params.push(("options".to_owned(), o.clone()));
+    }
+    let resolved = gw
+        .resolver
+        .resolve(Some(&target.host), &mut params)
+        .map_err(SessionError::from)?;
+    let tenant = gw
+        .directory
+        .get(&resolved.tenant)
+        .ok_or_else(|| SessionError::UnknownTenant(resolved.tenant.to_string()))?;
+    tracing::Span::current().record("tenant", tenant.id.as_str());
+    let policy = gw
+        .policy(&tenant.id)
+        .ok_or_else(|| SessionError::UnknownTenant(tenant.id.to_string()))?;
+    if !policy.access.permits(peer.ip()) {
+        return Err(SessionError::UnknownTenant(tenant.id.to_string()).into());
+    }
+    let source = match (policy.auth, &policy.credentials) {
+        (AuthMode::Gateway, Some(source)) => source.clone(),
+        _ => {
+            return Err(Refusal::Error(client_error(
+                pgwake_protocol::sqlstate::FEATURE_NOT_SUPPORTED,
+                "SQL over HTTP needs authentication at the gateway; this tenant uses passthrough",
+            )));
+        }
+    };
+    let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    let user = get("user").unwrap_or_default();
+    let database = get("database").unwrap_or_else(|| user.clone());
+    let material = check_password(
+        gw,
+        peer,
+        &tenant.id,
+        source.as_ref(),
+        &user,
+        &target.password,
+    )
+    .await?;
+    let admission = gw
+        .coordinator
+        .ensure_awake(&tenant.id)
+        .await
+        .map_err(|e| SessionError::Wake(tenant.id.clone(), e))?;
+    // The lease marks the tenant active until the response is built.
+    let _lease = admission.lease;
+    let endpoint = admission.endpoint;
+    let key = PoolKey {
+        tenant: tenant.id.clone(),
+        user: user.clone(),
+        database: database.clone(),
+    };
+    let login_params = vec![
+        ("user".to_owned(), user.clone()),
+        ("database".to_owned(), database),
+    ];
+    let tls = gw.backend_tls_for(&tenant.id);
+    let open = || {
+        BackendConn::open(OpenBackend {
+            link: &gw.link,
+            endpoint: &endpoint,
+            tls,
+            params: &login_params,
+            auth: BackendAuth::OnBehalf(OnBehalf::new(&user, &material, gw.max_backend_iterations)),
+            cancels: &gw.cancels,
+            connect_timeout: gw.limits.connect_timeout,
+            login_timeout: gw.limits.login_timeout,
+        })
+    };
+    let mut conn = loop {
+        let conn = state.pool.get(&key, open).await.map_err(|e| match e {
+            PoolError::Exhausted(_) => Refusal::Error(client_error(
+                pgwake_protocol::sqlstate::TOO_MANY_CONNECTIONS,
+                "too many concurrent SQL-over-HTTP requests for this database; retry shortly",
+            )),
+            PoolError::Open(e) => e.into(),
+        })?;
+        // A tenant that slept and woke elsewhere leaves connections to its old address.
+        if conn.endpoint == endpoint {
+            break conn;
+        }
+    };
+    let max_response = state.config.max_response_size.as_u64() as usize;
+    let run = query::run(
+        &mut conn,
+        &statements,
+        begin.as_deref(),
+        shape,
+        max_response,
+        gw.link.max_message,
+    );
+    let outcome = match tokio::time::timeout(state.config.query_timeout, run).await {
+        Ok(r) => r,
+        Err(_) => {
+            // Stop the query on the backend too (it would run on after the connection closes
+            // until it next writes); the connection is mid-reply, and dropping it closes it.
+            let target = conn.cancel.as_ref().and_then(|r| {
+                gw.cancels.lookup(&pgwake_protocol::CancelKey {
+                    pid: r.pid,
+                    secret: Bytes::copy_from_slice(&r.secret.to_be_bytes()),
+                })
+            });
+            if let Some(target) = target {
+                let timeout = gw.limits.connect_timeout;
+                tokio::spawn(async move {
+                    let _ = crate::cancel::forward_cancel(&target, timeout).await;
+                });
+            }
+            return Err(Refusal::Error(client_error(
+                QUERY_CANCELED,
+                &format!(
+                    "the request took longer than {} s (http.query_timeout)",
+                    state.config.query_timeout.as_secs_f64()
+                ),
+            )));
+        }
+    };
+    match outcome {
+        Ok(results) => {
+            conn.needs_reset = true;
+            conn.release();
+            debug!(statements = statements.len(), "sql over http done");
+            Ok(if batch {
+                serde_json::json!({ "results": results })
+            } else {
+                results.into_iter().next().unwrap_or(Value::Null)
+            })
+        }
+        Err(QueryError::Postgres(fields)) => {
+            conn.needs_reset = true;
+            conn.release();
+            Err(Refusal::Error(fields))
+        }
+        Err(QueryError::TooLarge(limit)) => {
+            gw.metrics.error("http_response_too_large");
+            Err(Refusal::Status(
+                StatusCode::INSUFFICIENT_STORAGE,
+                format!("response larger than {limit} bytes (http.max_response_size)"),
+            ))
+        }
+        Err(e) => {
+            info!(error = %e, "sql over http: backend connection failed");
+            gw.metrics.error("backend_io");
+            Err(Refusal::Error(client_error(
+                pgwake_protocol::sqlstate::CONNECTION_FAILURE,
+                "the connection to the tenant's database was lost",
+            )))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_strings_are_read_like_the_driver_writes_them() {
+        let c = parse_connection_string(
+            "postgresql://app%40x:p%3Ass@alpha.db.example:5432/shop?options=endpoint%3Dalpha&application_name=a",
+        )
+        .ok()
+        .expect("valid");
+        assert_eq!(c.user, "app@x");
+        assert_eq!(c.password, "p:ss");
+        assert_eq!(c.host, "alpha.db.example");
+        assert_eq!(c.database, "shop");
+        assert_eq!(c.options.as_deref(), Some("endpoint=alpha"));
+        assert!(parse_connection_string("mysql://a:b@c/d").is_err());
+    }
+
+    #[test]
+    fn batch_headers_make_the_begin() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "neon-batch-isolation-level",
+            "Serializable".parse().unwrap(),
+        );
+        h.insert("neon-batch-read-only", "true".parse().unwrap());
+        h.insert("neon-batch-deferrable", "true".parse().unwrap());
+        assert_eq!(
+            begin_statement(&h).ok().unwrap(),
+            "BEGIN ISOLATION LEVEL SERIALIZABLE READ ONLY DEFERRABLE"
+        );
+    }
+}

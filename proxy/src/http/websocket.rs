@@ -1,0 +1,213 @@
+//! Postgres over WebSocket: binary frames carry the raw protocol stream, frame boundaries
+//! unrelated to message boundaries. After the upgrade the connection is a [`Stream::Tunnel`]
+//! and runs the same session path as a TCP client (login, relay, cancel keys, metrics); the
+//! password arrives in the clear inside the tunnel, often pipelined with the startup message.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf, Bytes};
+use futures_util::{Sink, Stream as _};
+use hyper::body::Incoming;
+use hyper::header::{CONNECTION, HOST, HeaderValue, UPGRADE};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Instant;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, debug, info_span};
+
+use super::{Body, HttpState, plain};
+use crate::listener::{ActiveGuard, cancel, fail, run_session};
+use crate::negotiate::{Negotiated, negotiate_tunnel};
+use crate::stream::Stream;
+
+/// Whether a request asks for a WebSocket upgrade.
+pub fn is_upgrade(req: &Request<Incoming>) -> bool {
+    let has = |name, token: &str| {
+        req.headers().get_all(name).iter().any(|v| {
+            v.to_str()
+                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+        })
+    };
+    has(UPGRADE, "websocket") && has(CONNECTION, "upgrade")
+}
+
+/// The name a tunnel is addressed to: the driver's `address=host:port` query parameter, else
+/// the `Host` header, without the port.
+fn server_name(req: &Request<Incoming>) -> Option<String> {
+    let address = req.uri().query().and_then(|q| {
+        form_urlencoded::parse(q.as_bytes())
+            .find(|(k, _)| k == "address")
+            .map(|(_, v)| v.into_owned())
+    });
+    let host = address.or_else(|| {
+        req.headers()
+            .get(HOST)
+            .and_then(|h| h.to_str().ok())
+            .map(str::to_owned)
+    })?;
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map_or(host.as_str(), |(h, _)| h),
+    };
+    (!name.is_empty()).then(|| name.to_owned())
+}
+
+/// Accepts the upgrade and starts the session on the upgraded connection.
+pub fn upgrade(
+    mut req: Request<Incoming>,
+    peer: SocketAddr,
+    tls: bool,
+    state: Arc<HttpState>,
+    tasks: TaskTracker,
+) -> Response<Body> {
+    let version_ok = req
+        .headers()
+        .get("sec-websocket-version")
+        .is_some_and(|v| v == "13");
+    let Some(key) = req.headers().get("sec-websocket-key").cloned() else {
+        return plain(StatusCode::BAD_REQUEST, "missing Sec-WebSocket-Key");
+    };
+    if !version_ok {
+        return Response::builder()
+            .status(StatusCode::UPGRADE_REQUIRED)
+            .header("sec-websocket-version", "13")
+            .body(Body::default())
+            .expect("valid response");
+    }
+    let name = server_name(&req);
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    let gw = state.gateway.clone();
+    let guard = ActiveGuard::new(&gw.metrics);
+    tasks.spawn(
+        async move {
+            let _guard = guard;
+            let accepted_at = Instant::now();
+            let upgraded = match on_upgrade.await {
+                Ok(u) => u,
+                Err(e) => {
+                    debug!(error = %e, "websocket upgrade failed");
+                    return;
+                }
+            };
+            let ws =
+                WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;
+            let client = Stream::Tunnel {
+                io: Box::new(WsBytes::new(ws)),
+                tls,
+                server_name: name,
+            };
+            let deadline = accepted_at + gw.limits.startup_timeout;
+            let max = gw.negotiate.max_startup_message;
+            let negotiated = tokio::select! {
+                n = negotiate_tunnel(client, max, deadline) => n,
+                _ = gw.terminate.cancelled() => return,
+            };
+            match negotiated {
+                Ok(Negotiated::Cancel(key)) => cancel(&gw, &key).await,
+                Ok(Negotiated::Session { stream, startup }) => {
+                    run_session(&gw, stream, peer, startup, accepted_at).await
+                }
+                Err((stream, err)) => fail(&gw, stream, err).await,
+            }
+        }
+        .instrument(info_span!("ws", %peer, tenant = tracing::field::Empty)),
+    );
+    Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header(UPGRADE, HeaderValue::from_static("websocket"))
+        .header(CONNECTION, HeaderValue::from_static("Upgrade"))
+        .header("sec-websocket-accept", derive_accept_key(key.as_bytes()))
+        .body(Body::default())
+        .expect("valid response")
+}
+
+/// A WebSocket as a byte stream: binary frames in and out, text frames refused, a close frame
+/// read as end of stream.
+struct WsBytes<S> {
+    ws: WebSocketStream<S>,
+    pending: Bytes,
+}
+
+impl<S> WsBytes<S> {
+    fn new(ws: WebSocketStream<S>) -> Self {
+        WsBytes {
+            ws,
+            pending: Bytes::new(),
+        }
+    }
+}
+
+fn ws_error(e: tokio_tungstenite::tungstenite::Error) -> io::Error {
+    io::Error::other(e)
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for WsBytes<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            if !this.pending.is_empty() {
+                let n = this.pending.len().min(buf.remaining());
+                buf.put_slice(&this.pending[..n]);
+                this.pending.advance(n);
+                return Poll::Ready(Ok(()));
+            }
+            match ready!(Pin::new(&mut this.ws).poll_next(cx)) {
+                Some(Ok(Message::Binary(data))) => this.pending = data,
+                Some(Ok(Message::Text(_))) => {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "text frames are not accepted: send the Postgres protocol in binary frames",
+                    )));
+                }
+                // A close frame (answered by tungstenite) or the end of the connection.
+                Some(Ok(Message::Close(_))) | None => return Poll::Ready(Ok(())),
+                // Pings are answered by tungstenite itself.
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Poll::Ready(Err(ws_error(e))),
+            }
+        }
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for WsBytes<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        ready!(Pin::new(&mut this.ws).poll_ready(cx)).map_err(ws_error)?;
+        Pin::new(&mut this.ws)
+            .start_send(Message::Binary(Bytes::copy_from_slice(buf)))
+            .map_err(ws_error)?;
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().ws)
+            .poll_flush(cx)
+            .map_err(ws_error)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match ready!(Pin::new(&mut self.get_mut().ws).poll_close(cx)) {
+            Ok(()) => Poll::Ready(Ok(())),
+            // Already closed by the peer's close frame: nothing left to say.
+            Err(tokio_tungstenite::tungstenite::Error::ConnectionClosed) => Poll::Ready(Ok(())),
+            Err(e) => Poll::Ready(Err(ws_error(e))),
+        }
+    }
+}

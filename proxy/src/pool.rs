@@ -1,0 +1,554 @@
+//! A pool of logged-in backend connections, bounded per key and in total, with an idle timeout.
+//!
+//! The pool itself is generic: any key (HTTP `/sql` uses [`PoolKey`], tenant + user + database)
+//! and any connection type that can say whether it is still usable ([`PoolConnection`]).
+//! [`BackendConn`] is the connection kind the gateway pools: a backend login made with the
+//! gateway's kept login material, reset before it is reused. It is meant to be shared by every
+//! part of the gateway that wants warm backend connections (HTTP `/sql` today; reusing backend
+//! connections for parked client sessions later).
+//!
+//! Each open connection holds one permit of its key's semaphore and one of the total semaphore,
+//! idle or not, so the bounds cannot be exceeded. A connection is put back only by
+//! [`Pooled::release`]; dropping a [`Pooled`] closes it, so every error path discards.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::ops::{Deref, DerefMut};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::BufMut;
+use pgwake_routing::{Endpoint, TenantId};
+use tokio::io::{AsyncRead, AsyncWriteExt, BufReader, ReadBuf};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+use crate::cancel::{CancelMap, CancelRegistration};
+use crate::config::BackendTls;
+use crate::connect::{BackendAuth, BackendLink, connect, login, read_message};
+use crate::error::SessionError;
+use crate::stream::Stream;
+
+/// Bounds and timeouts of a pool.
+#[derive(Clone, Debug)]
+pub struct PoolSettings {
+    /// Connections open at once for one key (idle and in use).
+    pub max_per_key: usize,
+    /// Connections open at once in the whole pool.
+    pub max_total: usize,
+    /// An idle connection older than this is closed instead of reused.
+    pub idle_timeout: Duration,
+    /// How long a caller waits for a free slot when the bounds are reached.
+    pub acquire_timeout: Duration,
+}
+
+/// Why no connection could be had.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError<E> {
+    /// Every slot stayed busy until the acquire timeout.
+    #[error("no backend connection free within {0:?}")]
+    Exhausted(Duration),
+    /// Opening a new connection failed.
+    #[error(transparent)]
+    Open(E),
+}
+
+/// A connection the pool can hold.
+pub trait PoolConnection: Send + 'static {
+    /// Whether an idle connection can still be handed out, checked without waiting (a backend
+    /// that closed or spoke unasked is not).
+    fn usable(&mut self) -> bool;
+}
+
+/// One key's idle connections and its bound.
+struct KeySlots<C> {
+    permits: Arc<Semaphore>,
+    idle: Vec<Idle<C>>,
+}
+
+struct Idle<C> {
+    conn: C,
+    since: Instant,
+    permits: Permits,
+}
+
+/// A connection's claim on its key's bound and the total bound.
+struct Permits {
+    _key: OwnedSemaphorePermit,
+    _total: OwnedSemaphorePermit,
+}
+
+/// Counts for metrics and tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Connections open (idle and in use).
+    pub open: usize,
+    /// Connections idle in the pool.
+    pub idle: usize,
+}
+
+/// Pooled connections of type `C` by key `K`.
+pub struct Pool<K, C> {
+    settings: PoolSettings,
+    total: Arc<Semaphore>,
+    keys: Mutex<HashMap<K, KeySlots<C>>>,
+    /// Wakes callers waiting for a slot when a connection is released or closed.
+    freed: Notify,
+}
+
+impl<K: Hash + Eq + Clone + Send + 'static, C: PoolConnection> Pool<K, C> {
+    /// An empty pool.
+    pub fn new(settings: PoolSettings) -> Arc<Self> {
+        Arc::new(Pool {
+            total: Arc::new(Semaphore::new(settings.max_total)),
+            settings,
+            keys: Mutex::new(HashMap::new()),
+            freed: Notify::new(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<K, KeySlots<C>>> {
+        self.keys.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// An idle connection for `key` (newest first), else a new one from `open` while the bounds
+    /// allow, else waits for a slot up to the acquire timeout.
+    pub async fn get<E, F, Fut>(
+        self: &Arc<Self>,
+        key: &K,
+        open: F,
+    ) -> Result<Pooled<K, C>, PoolError<E>>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<C, E>>,
+    {
+        let deadline = Instant::now() + self.settings.acquire_timeout;
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            let (reused, key_permits, stale) = self.take_idle(key);
+            drop(stale);
+            if let Some(p) = reused {
+                return Ok(p);
+            }
+            if let Ok(key_permit) = key_permits.try_acquire_owned() {
+                match self.total.clone().try_acquire_owned() {
+                    Ok(total_permit) => {
+                        let permits = Permits {
+                            _key: key_permit,
+                            _total: total_permit,
+                        };
+                        let conn = open().await.map_err(PoolError::Open)?;
+                        return Ok(self.wrap(key, conn, permits, false));
+                    }
+                    Err(_) => {
+                        // The total bound is reached: close another key's oldest idle
+                        // connection rather than wait, if there is one.
+                        drop(key_permit);
+                        if self.evict_oldest_idle().is_some() {
+                            continue;
+                        }
+                    }
+                }
+            }
+            tokio::select! {
+                _ = freed => {}
+                _ = tokio::time::sleep_until(deadline) => {
+                    return Err(PoolError::Exhausted(self.settings.acquire_timeout));
+                }
+            }
+        }
+    }
+
+    /// Pops a usable idle connection for `key`; returns the key's semaphore and the stale
+    /// connections found on the way (closed by the caller, outside the lock).
+    #[allow(clippy::type_complexity)]
+    fn take_idle(
+        self: &Arc<Self>,
+        key: &K,
+    ) -> (Option<Pooled<K, C>>, Arc<Semaphore>, Vec<Idle<C>>) {
+        let mut keys = self.lock();
+        let slots = keys.entry(key.clone()).or_insert_with(|| KeySlots {
+            permits: Arc::new(Semaphore::new(self.settings.max_per_key)),
+            idle: Vec::new(),
+        });
+        let mut stale = Vec::new();
+        while let Some(mut idle) = slots.idle.pop() {
+            if idle.since.elapsed() < self.settings.idle_timeout && idle.conn.usable() {
+                let permits = slots.permits.clone();
+                let pooled = self.wrap(key, idle.conn, idle.permits, true);
+                return (Some(pooled), permits, stale);
+            }
+            stale.push(idle);
+        }
+        (None, slots.permits.clone(), stale)
+    }
+
+    fn wrap(self: &Arc<Self>, key: &K, conn: C, permits: Permits, reused: bool) -> Pooled<K, C> {
+        Pooled {
+            conn: Some(conn),
+            permits: Some(permits),
+            key: key.clone(),
+            pool: self.clone(),
+            reused,
+        }
+    }
+
+    fn evict_oldest_idle(&self) -> Option<Idle<C>> {
+        let mut keys = self.lock();
+        let (_, slots) = keys
+            .iter_mut()
+            .filter(|(_, s)| !s.idle.is_empty())
+            .min_by_key(|(_, s)| s.idle[0].since)?;
+        Some(slots.idle.remove(0))
+    }
+
+    fn put_back(&self, key: K, conn: C, permits: Permits) {
+        let mut keys = self.lock();
+        if let Some(slots) = keys.get_mut(&key) {
+            slots.idle.push(Idle {
+                conn,
+                since: Instant::now(),
+                permits,
+            });
+        }
+        drop(keys);
+        self.freed.notify_waiters();
+    }
+
+    /// Closes idle connections past the idle timeout and forgets keys with nothing open.
+    pub fn reap(&self) {
+        let timeout = self.settings.idle_timeout;
+        let max_per_key = self.settings.max_per_key;
+        let mut expired = Vec::new();
+        {
+            let mut keys = self.lock();
+            for slots in keys.values_mut() {
+                let (old, fresh): (Vec<_>, Vec<_>) = std::mem::take(&mut slots.idle)
+                    .into_iter()
+                    .partition(|i| i.since.elapsed() >= timeout);
+                slots.idle = fresh;
+                expired.extend(old);
+            }
+            keys.retain(|_, s| !s.idle.is_empty() || s.permits.available_permits() < max_per_key);
+        }
+        if !expired.is_empty() {
+            drop(expired);
+            self.freed.notify_waiters();
+        }
+    }
+
+    /// Connections open and idle now.
+    pub fn stats(&self) -> PoolStats {
+        let idle = self.lock().values().map(|s| s.idle.len()).sum();
+        PoolStats {
+            open: self.settings.max_total - self.total.available_permits(),
+            idle,
+        }
+    }
+}
+
+/// A connection taken from the pool. [`Pooled::release`] puts it back; dropping it closes it.
+pub struct Pooled<K: Hash + Eq + Clone + Send + 'static, C: PoolConnection> {
+    conn: Option<C>,
+    permits: Option<Permits>,
+    key: K,
+    pool: Arc<Pool<K, C>>,
+    reused: bool,
+}
+
+impl<K: Hash + Eq + Clone + Send + 'static, C: PoolConnection> Pooled<K, C> {
+    /// True when the connection served an earlier caller (it may have gone stale since).
+    pub fn reused(&self) -> bool {
+        self.reused
+    }
+
+    /// Returns the connection to the pool for the next caller with the same key.
+    pub fn release(mut self) {
+        if let (Some(conn), Some(permits)) = (self.conn.take(), self.permits.take()) {
+            self.pool.put_back(self.key.clone(), conn, permits);
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone + Send + 'static, C: PoolConnection> Drop for Pooled<K, C> {
+    fn drop(&mut self) {
+        if self.conn.take().is_some() {
+            self.permits.take();
+            self.pool.freed.notify_waiters();
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone + Send + 'static, C: PoolConnection> Deref for Pooled<K, C> {
+    type Target = C;
+    fn deref(&self) -> &C {
+        self.conn
+            .as_ref()
+            .expect("present until released or dropped")
+    }
+}
+
+impl<K: Hash + Eq + Clone + Send + 'static, C: PoolConnection> DerefMut for Pooled<K, C> {
+    fn deref_mut(&mut self) -> &mut C {
+        self.conn
+            .as_mut()
+            .expect("present until released or dropped")
+    }
+}
+
+/// Who a pooled backend connection is logged in as.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PoolKey {
+    /// The tenant.
+    pub tenant: TenantId,
+    /// The Postgres user.
+    pub user: String,
+    /// The database.
+    pub database: String,
+}
+
+/// A backend connection logged in by the gateway, outside any client session.
+pub struct BackendConn {
+    /// The connection, reads buffered (writes pass straight through).
+    pub stream: BufReader<Stream>,
+    /// Where it is connected.
+    pub endpoint: Endpoint,
+    /// Transaction status from the last ReadyForQuery (`I`, `T` or `E`).
+    pub status: u8,
+    /// Session state from an earlier user may remain: reset before the next use.
+    pub needs_reset: bool,
+    /// The backend's cancel key, registered so a later client session can be given a key for it.
+    pub cancel: Option<CancelRegistration>,
+}
+
+/// How to open a [`BackendConn`].
+pub struct OpenBackend<'a> {
+    /// TCP, TLS and size settings.
+    pub link: &'a BackendLink,
+    /// Where to connect.
+    pub endpoint: &'a Endpoint,
+    /// TLS towards the backend.
+    pub tls: BackendTls,
+    /// Startup parameters (`user`, `database`, ...).
+    pub params: &'a [(String, String)],
+    /// Who answers the backend's authentication requests.
+    pub auth: BackendAuth<'a>,
+    /// Where the backend's cancel key is registered.
+    pub cancels: &'a Arc<CancelMap>,
+    /// Time for TCP (and TLS).
+    pub connect_timeout: Duration,
+    /// Time for the login exchange.
+    pub login_timeout: Duration,
+}
+
+impl BackendConn {
+    /// Connects and logs in.
+    pub async fn open(o: OpenBackend<'_>) -> Result<BackendConn, SessionError> {
+        let mut stream = connect(
+            o.link,
+            o.endpoint,
+            o.tls,
+            Instant::now() + o.connect_timeout,
+        )
+        .await?;
+        // The login writes what a client would see (parameters, key, ReadyForQuery) to a sink:
+        // there is no client yet.
+        let mut nobody = Stream::Tunnel {
+            io: Box::new(tokio::io::join(tokio::io::empty(), tokio::io::sink())),
+            tls: false,
+            server_name: None,
+        };
+        let cancel = login(
+            o.link,
+            &mut nobody,
+            &mut stream,
+            o.params,
+            o.endpoint,
+            o.cancels,
+            o.auth,
+            Instant::now() + o.login_timeout,
+        )
+        .await?;
+        Ok(BackendConn {
+            stream: BufReader::new(stream),
+            endpoint: o.endpoint.clone(),
+            status: b'I',
+            needs_reset: false,
+            cancel,
+        })
+    }
+
+    /// Appends the messages that reset the session (a rollback if a transaction is open, then
+    /// `DISCARD ALL`) to `out`, when a reset is due; returns how many ReadyForQuery replies they
+    /// will produce. Callers pipeline them in front of their own messages.
+    pub fn take_reset(&mut self, out: &mut Vec<u8>) -> usize {
+        if !self.needs_reset && self.status == b'I' {
+            return 0;
+        }
+        let mut replies = 0;
+        if self.status != b'I' {
+            simple_query(out, "ROLLBACK");
+            replies += 1;
+        }
+        simple_query(out, "DISCARD ALL");
+        self.needs_reset = false;
+        replies + 1
+    }
+
+    /// Resets the session now and waits until the backend is idle again; for callers that hand
+    /// the connection over as is rather than pipelining [`BackendConn::take_reset`].
+    pub async fn reset(&mut self, max_message: usize) -> Result<(), std::io::Error> {
+        let mut out = Vec::new();
+        let mut replies = self.take_reset(&mut out);
+        self.stream.write_all(&out).await?;
+        self.stream.flush().await?;
+        while replies > 0 {
+            let msg = read_message(&mut self.stream, max_message)
+                .await?
+                .ok_or_else(|| std::io::Error::other("message length out of range"))?;
+            match msg.tag() {
+                b'Z' => {
+                    replies -= 1;
+                    self.status = msg.body().first().copied().unwrap_or(b'E');
+                }
+                b'E' => return Err(std::io::Error::other("the session reset failed")),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Appends a simple Query message.
+fn simple_query(out: &mut Vec<u8>, sql: &str) {
+    out.put_u8(b'Q');
+    out.put_u32((4 + sql.len() + 1) as u32);
+    out.put_slice(sql.as_bytes());
+    out.put_u8(0);
+}
+
+impl PoolConnection for BackendConn {
+    fn usable(&mut self) -> bool {
+        if !self.stream.buffer().is_empty() {
+            return false;
+        }
+        // An idle backend has nothing to say: readable means it closed (a fast shutdown on
+        // sleep, an administrator's terminate) or sent a FATAL error.
+        let mut byte = [0u8; 1];
+        let mut buf = ReadBuf::new(&mut byte);
+        let mut cx = Context::from_waker(Waker::noop());
+        matches!(
+            Pin::new(self.stream.get_mut()).poll_read(&mut cx, &mut buf),
+            Poll::Pending
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fake connection for the pool's bookkeeping: an id and a switch for "still usable".
+    struct FakeConn {
+        id: usize,
+        alive: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl PoolConnection for FakeConn {
+        fn usable(&mut self) -> bool {
+            self.alive.load(std::sync::atomic::Ordering::Relaxed)
+        }
+    }
+
+    fn pool(max_per_key: usize, max_total: usize) -> Arc<Pool<&'static str, FakeConn>> {
+        Pool::new(PoolSettings {
+            max_per_key,
+            max_total,
+            idle_timeout: Duration::from_secs(60),
+            acquire_timeout: Duration::from_millis(50),
+        })
+    }
+
+    async fn get(
+        p: &Arc<Pool<&'static str, FakeConn>>,
+        key: &'static str,
+        id: usize,
+        alive: &Arc<std::sync::atomic::AtomicBool>,
+    ) -> Result<Pooled<&'static str, FakeConn>, PoolError<()>> {
+        let alive = alive.clone();
+        p.get(&key, move || {
+            let alive = alive.clone();
+            async move { Ok(FakeConn { id, alive }) }
+        })
+        .await
+    }
+
+    #[tokio::test]
+    async fn released_connections_are_reused_and_dropped_ones_closed() {
+        let p = pool(2, 10);
+        let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let a = get(&p, "k", 1, &alive).await.ok().unwrap();
+        assert!(!a.reused());
+        a.release();
+        assert_eq!(p.stats(), PoolStats { open: 1, idle: 1 });
+        let again = get(&p, "k", 2, &alive).await.ok().unwrap();
+        assert_eq!((again.id, again.reused()), (1, true));
+        drop(again);
+        assert_eq!(p.stats(), PoolStats { open: 0, idle: 0 });
+    }
+
+    #[tokio::test]
+    async fn bounds_per_key_and_in_total_hold() {
+        let p = pool(1, 2);
+        let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let a = get(&p, "a", 1, &alive).await.ok().unwrap();
+        assert!(matches!(
+            get(&p, "a", 2, &alive).await,
+            Err(PoolError::Exhausted(_))
+        ));
+        let b = get(&p, "b", 3, &alive).await.ok().unwrap();
+        assert!(matches!(
+            get(&p, "c", 4, &alive).await,
+            Err(PoolError::Exhausted(_))
+        ));
+        // An idle connection of another key gives way to a new key at the total bound.
+        b.release();
+        let c = get(&p, "c", 5, &alive).await.ok().unwrap();
+        assert_eq!(c.id, 5);
+        assert_eq!(p.stats(), PoolStats { open: 2, idle: 0 });
+        // A waiter gets the slot as soon as it is released.
+        let waiter = {
+            let p = p.clone();
+            let alive = alive.clone();
+            tokio::spawn(async move { get(&p, "a", 6, &alive).await.map(|c| c.id).ok() })
+        };
+        tokio::task::yield_now().await;
+        a.release();
+        assert_eq!(waiter.await.unwrap(), Some(1));
+        drop(c);
+    }
+
+    #[tokio::test]
+    async fn stale_and_expired_connections_are_not_reused() {
+        let p = Pool::new(PoolSettings {
+            max_per_key: 4,
+            max_total: 4,
+            idle_timeout: Duration::from_millis(20),
+            acquire_timeout: Duration::from_millis(50),
+        });
+        let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        get(&p, "k", 1, &alive).await.ok().unwrap().release();
+        alive.store(false, std::sync::atomic::Ordering::Relaxed);
+        let fresh_alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let c = get(&p, "k", 2, &fresh_alive).await.ok().unwrap();
+        assert_eq!((c.id, c.reused()), (2, false));
+        c.release();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        p.reap();
+        assert_eq!(p.stats(), PoolStats { open: 0, idle: 0 });
+    }
+}

@@ -1,0 +1,348 @@
+//! SQL over HTTP and Postgres over WebSocket: the real `@neondatabase/serverless` driver under
+//! Node against the gateway and a local tenant it wakes, and the HTTP limits (413, 507).
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::{Gateway, LOCAL_PASSWORD, SNI_SUFFIX};
+use pgwake_testkit::free_port;
+
+/// The `[listen]` additions and `[http]` section for a plaintext HTTP listener on `port`.
+fn http_listener(port: u16, http_section: &str) -> String {
+    format!("allow_plaintext = true\nhttp = \"127.0.0.1:{port}\"\n[http]\n{http_section}\n")
+}
+
+fn url(tenant: &str, password: &str) -> String {
+    format!("postgresql://pgwake:{password}@{tenant}.{SNI_SUFFIX}:5432/postgres")
+}
+
+/// One HTTP/1.1 request on a fresh connection: (status, body).
+fn post_sql(port: u16, conn: &str, body: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let head = format!(
+        "POST /sql HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nNeon-Connection-String: {conn}\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    // The gateway may answer 413 before reading a large body; the write may then fail.
+    let _ = s.write_all(body);
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP response: {text:?}"));
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+fn query_body(sql: &str) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({ "query": sql, "params": [] })).unwrap()
+}
+
+/// Installs the driver into the test folder when it is not there yet.
+fn driver_dir() -> &'static Path {
+    let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/serverless"));
+    if !dir.join("node_modules/@neondatabase/serverless").exists() {
+        let status = Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund"])
+            .current_dir(dir)
+            .status()
+            .expect("npm (install nodejs and npm to run this test)");
+        assert!(status.success(), "npm ci failed");
+    }
+    dir
+}
+
+#[test]
+fn serverless_driver_over_http_and_websocket() {
+    let dir = driver_dir();
+    let http = free_port();
+    let gw = Gateway::start_local(&["alpha"], &http_listener(http, ""), "", &[]);
+    assert_eq!(gw.tenant_state("alpha").0, "asleep");
+
+    let out = Command::new("node")
+        .arg("driver.mjs")
+        .current_dir(dir)
+        .env("PGWAKE_HTTP", format!("127.0.0.1:{http}"))
+        .env("PGWAKE_URL", url("alpha", LOCAL_PASSWORD))
+        .env("PGWAKE_BAD_URL", url("alpha", "not-the-password"))
+        .env("PGWAKE_HTTPS", format!("localhost:{http}"))
+        .env("NODE_EXTRA_CA_CERTS", gw.dir.path().join("cert.pem"))
+        .output()
+        .expect("run node");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "driver checks failed:\n{stdout}\n{}\n--- gateway log ---\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        gw.log()
+    );
+    assert!(stdout.contains("all checks passed"), "{stdout}");
+    assert_eq!(gw.tenant_state("alpha").0, "awake");
+    // Each WebSocket was a session like a TCP one, and each one ended.
+    gw.wait_idle();
+    assert!(gw.metric("pgwake_connections_accepted_total") >= 5.0);
+
+    // Asleep again, the pooled connections are dead: the next request wakes the tenant and
+    // opens a fresh one.
+    assert_eq!(
+        gw.http("POST", "/v1/tenants/alpha/sleep").map(|r| r.0),
+        Some(200)
+    );
+    assert_eq!(gw.tenant_state("alpha").0, "asleep");
+    let (status, body) = post_sql(
+        http,
+        &url("alpha", LOCAL_PASSWORD),
+        &query_body("select 7 as n"),
+    );
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["rows"][0]["n"], 7, "{body}");
+    assert_eq!(gw.tenant_state("alpha").0, "awake");
+
+    // HTTP/2 over TLS, as in the README's curl example.
+    let out = Command::new("curl")
+        .args(["-sS", "--http2", "-w", "\n%{http_version}", "--cacert"])
+        .arg(gw.dir.path().join("cert.pem"))
+        .arg(format!("https://localhost:{http}/sql"))
+        .args([
+            "-H",
+            &format!("Neon-Connection-String: {}", url("alpha", LOCAL_PASSWORD)),
+        ])
+        .args([
+            "-d",
+            r#"{"query": "select $1::int + 1 as n", "params": [1]}"#,
+        ])
+        .output()
+        .expect("run curl");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.ends_with("\n2"),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains(r#""rows":[{"n":2}]"#), "{text}");
+}
+
+#[test]
+fn oversize_request_and_response_leave_the_pool_healthy() {
+    let http = free_port();
+    let gw = Gateway::start_local(
+        &["beta"],
+        &http_listener(
+            http,
+            "max_request_size = \"4KiB\"\nmax_response_size = \"64KiB\"\npool_max_per_key = 2",
+        ),
+        "",
+        &[],
+    );
+    let conn = url("beta", LOCAL_PASSWORD);
+    let (status, body) = post_sql(http, &conn, &query_body("select 1 as one"));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(gw.metric("pgwake_http_pool_connections"), 1.0);
+    assert_eq!(gw.metric("pgwake_http_pool_idle_connections"), 1.0);
+
+    let big = query_body(&format!("select '{}' as padding", "x".repeat(8192)));
+    let (status, body) = post_sql(http, &conn, &big);
+    assert_eq!(status, 413, "{body}");
+    assert!(body.contains("max_request_size"), "{body}");
+
+    let (status, body) = post_sql(
+        http,
+        &conn,
+        &query_body("select repeat('y', 1000) from generate_series(1, 1000)"),
+    );
+    assert_eq!(status, 507, "{body}");
+    assert!(body.contains("max_response_size"), "{body}");
+
+    // Raw text and array mode, the shape the driver asks for.
+    for _ in 0..3 {
+        let (status, body) = post_sql(http, &conn, &query_body("select 1 as one, null as nothing"));
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["rows"][0]["one"], 1, "{body}");
+        assert_eq!(v["command"], "SELECT");
+        assert_eq!(v["rowCount"], 1);
+    }
+    // The connection that overflowed was closed; one healthy connection serves on.
+    assert_eq!(gw.metric("pgwake_http_pool_connections"), 1.0);
+    assert_eq!(gw.metric("pgwake_http_pool_idle_connections"), 1.0);
+    // Session state does not leak from one request to the next.
+    let (status, _) = post_sql(http, &conn, &query_body("set search_path = nowhere"));
+    assert_eq!(status, 200);
+    let (_, body) = post_sql(http, &conn, &query_body("show search_path"));
+    assert!(
+        body.contains("\\\"$user\\\", public") || body.contains("\"$user\", public"),
+        "{body}"
+    );
+
+    // CORS preflight.
+    let mut s = TcpStream::connect(("127.0.0.1", http)).unwrap();
+    s.write_all(b"OPTIONS /sql HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(
+        text.to_ascii_lowercase()
+            .contains("access-control-allow-headers"),
+        "{text}"
+    );
+}
+
+/// A StartupMessage, a PasswordMessage and a simple Query, as one byte string.
+fn pipelined_login(user: &str, password: &str, sql: &str) -> Vec<u8> {
+    let mut body = 196_608u32.to_be_bytes().to_vec();
+    for (k, v) in [("user", user), ("database", "postgres")] {
+        body.extend_from_slice(k.as_bytes());
+        body.push(0);
+        body.extend_from_slice(v.as_bytes());
+        body.push(0);
+    }
+    body.push(0);
+    let mut out = ((body.len() + 4) as u32).to_be_bytes().to_vec();
+    out.extend_from_slice(&body);
+    for (tag, text) in [(b'p', password), (b'Q', sql)] {
+        out.push(tag);
+        out.extend_from_slice(&((text.len() + 5) as u32).to_be_bytes());
+        out.extend_from_slice(text.as_bytes());
+        out.push(0);
+    }
+    out
+}
+
+/// Splits a backend byte stream into (tag, body) messages; a partial tail stays unsplit.
+fn messages(stream: &[u8]) -> Vec<(u8, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut rest = stream;
+    while rest.len() >= 5 {
+        let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+        if rest.len() < len + 1 {
+            break;
+        }
+        out.push((rest[0], rest[5..len + 1].to_vec()));
+        rest = &rest[len + 1..];
+    }
+    out
+}
+
+type Ws = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
+
+async fn open_ws(port: u16, path: &str) -> Ws {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let (ws, _) = tokio_tungstenite::client_async(format!("ws://localhost:{port}{path}"), tcp)
+        .await
+        .expect("websocket handshake");
+    ws
+}
+
+/// Reads binary frames until `done` holds for the messages so far, or the socket ends.
+async fn read_until(ws: &mut Ws, done: impl Fn(&[(u8, Vec<u8>)]) -> bool) -> Vec<(u8, Vec<u8>)> {
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let mut bytes = Vec::new();
+    loop {
+        let m = messages(&bytes);
+        if done(&m) {
+            return m;
+        }
+        let next = tokio::time::timeout(Duration::from_secs(30), ws.next()).await;
+        match next.expect("an answer in time") {
+            Some(Ok(Message::Binary(b))) => bytes.extend_from_slice(&b),
+            Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return messages(&bytes),
+            Some(Ok(_)) => {}
+        }
+    }
+}
+
+#[test]
+fn websocket_tunnel_with_split_frames_text_refusal_and_close() {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+
+    let http = free_port();
+    let gw = Gateway::start_local(&["gamma"], &http_listener(http, ""), "", &[]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        // Startup, password and query pipelined, cut into 3-byte frames; the tenant comes from
+        // the address parameter on an arbitrary path.
+        let mut ws = open_ws(http, &format!("/any/path?address=gamma.{SNI_SUFFIX}:5432")).await;
+        let bytes = pipelined_login("pgwake", LOCAL_PASSWORD, "select 40 + 2");
+        for chunk in bytes.chunks(3) {
+            ws.send(Message::Binary(chunk.to_vec().into()))
+                .await
+                .unwrap();
+        }
+        let got = read_until(&mut ws, |m| {
+            m.iter().filter(|(t, _)| *t == b'Z').count() >= 2
+        })
+        .await;
+        assert_eq!(
+            got[0],
+            (b'R', 3i32.to_be_bytes().to_vec()),
+            "cleartext password asked"
+        );
+        assert!(
+            got.iter().any(|(t, _)| *t == b'K'),
+            "a cancel key is issued"
+        );
+        let row = got.iter().find(|(t, _)| *t == b'D').expect("a data row");
+        assert!(row.1.ends_with(b"42"), "{row:?}");
+        // A close frame ends the session cleanly.
+        ws.close(None).await.unwrap();
+        let rest = read_until(&mut ws, |_| false).await;
+        assert!(rest.is_empty(), "{rest:?}");
+
+        // Text frames are refused: the session ends.
+        let mut ws = open_ws(http, "/").await;
+        ws.send(Message::Text("select 1".into())).await.unwrap();
+        let got = read_until(&mut ws, |_| false).await;
+        assert!(got.iter().all(|(t, _)| *t != b'Z'), "{got:?}");
+
+        // A wrong password gets 28P01 and never a ReadyForQuery; the Host header names the
+        // tenant here.
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", http))
+            .await
+            .unwrap();
+        let request = tokio_tungstenite::tungstenite::http::Request::builder()
+            .uri(format!("ws://127.0.0.1:{http}/v2"))
+            .header("Host", format!("gamma.{SNI_SUFFIX}:{http}"))
+            .header("Connection", "Upgrade")
+            .header("Upgrade", "websocket")
+            .header("Sec-WebSocket-Version", "13")
+            .header(
+                "Sec-WebSocket-Key",
+                tokio_tungstenite::tungstenite::handshake::client::generate_key(),
+            )
+            .body(())
+            .unwrap();
+        let (mut ws, _) = tokio_tungstenite::client_async(request, tcp).await.unwrap();
+        let bytes = pipelined_login("pgwake", "wrong", "select 1");
+        ws.send(Message::Binary(bytes.into())).await.unwrap();
+        let got = read_until(&mut ws, |_| false).await;
+        let error = got.iter().find(|(t, _)| *t == b'E').expect("an error");
+        assert!(
+            String::from_utf8_lossy(&error.1).contains("28P01"),
+            "{got:?}"
+        );
+        assert!(got.iter().all(|(t, _)| *t != b'Z'));
+    });
+    gw.wait_idle();
+    assert_eq!(gw.metric("pgwake_connections_accepted_total"), 3.0);
+}
