@@ -190,6 +190,15 @@ fn oversize_request_and_response_leave_the_pool_healthy() {
         "{body}"
     );
 
+    // The backend's own login refusal reaches the client: an unknown database.
+    let (status, body) = post_sql(
+        http,
+        &format!("postgresql://pgwake:{LOCAL_PASSWORD}@beta.{SNI_SUFFIX}/nosuchdb"),
+        &query_body("select 1"),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains(r#""code":"3D000""#), "{body}");
+
     // CORS preflight.
     let mut s = TcpStream::connect(("127.0.0.1", http)).unwrap();
     s.write_all(b"OPTIONS /sql HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
