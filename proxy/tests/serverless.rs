@@ -355,3 +355,16 @@ fn websocket_tunnel_with_split_frames_text_refusal_and_close() {
     gw.wait_idle();
     assert_eq!(gw.metric("pgwake_connections_accepted_total"), 3.0);
 }
+
+#[test]
+fn plaintext_http_is_refused_with_a_reason_unless_allowed() {
+    let http = free_port();
+    let gw = Gateway::launch(&format!("http = \"127.0.0.1:{http}\""), "", &[]);
+    let (status, body) = post_sql(http, &url("alpha", "x"), &query_body("select 1"));
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("requires TLS"), "{body}");
+    assert_eq!(
+        gw.metric("pgwake_errors_total{kind=\"plaintext_refused\"}"),
+        1.0
+    );
+}
