@@ -368,3 +368,21 @@ fn plaintext_http_is_refused_with_a_reason_unless_allowed() {
         1.0
     );
 }
+
+#[test]
+fn http_requests_keep_a_tenant_awake_and_pooled_connections_do_not() {
+    let http = free_port();
+    let section = "\n[wake]\nidle_timeout = \"1s\"\nidle_check_interval = \"50ms\"";
+    let gw = Gateway::start_local(&["delta"], &http_listener(http, section), "", &[]);
+    let conn = url("delta", LOCAL_PASSWORD);
+    // Requests closer together than the idle timeout, for twice as long: it stays awake.
+    for _ in 0..8 {
+        let (status, body) = post_sql(http, &conn, &query_body("select 1"));
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(gw.tenant_state("delta").0, "awake");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    // The idle pooled connection holds no claim on the tenant: it goes to sleep.
+    assert_eq!(gw.metric("pgwake_http_pool_idle_connections"), 1.0);
+    gw.wait_state("delta", "asleep", Duration::from_secs(10));
+}
