@@ -347,22 +347,24 @@ pub struct OpenBackend<'a> {
 
 impl BackendConn {
     /// Connects and logs in.
-    pub async fn open(o: OpenBackend<'_>) -> Result<BackendConn, SessionError> {
+    pub async fn open(o: OpenBackend<'_>) -> Result<BackendConn, OpenError> {
         let mut stream = connect(
             o.link,
             o.endpoint,
             o.tls,
             Instant::now() + o.connect_timeout,
         )
-        .await?;
-        // The login writes what a client would see (parameters, key, ReadyForQuery) to a sink:
-        // there is no client yet.
+        .await
+        .map_err(OpenError::Session)?;
+        // The login writes what a client would see (parameters, key, ReadyForQuery, or the
+        // backend's refusal) to `nobody`: there is no client yet. Kept to report a refusal.
+        let seen = Arc::new(Mutex::new(Vec::new()));
         let mut nobody = Stream::Tunnel {
-            io: Box::new(tokio::io::join(tokio::io::empty(), tokio::io::sink())),
+            io: Box::new(tokio::io::join(tokio::io::empty(), Capture(seen.clone()))),
             tls: false,
             server_name: None,
         };
-        let cancel = login(
+        let login = login(
             o.link,
             &mut nobody,
             &mut stream,
@@ -372,7 +374,15 @@ impl BackendConn {
             o.auth,
             Instant::now() + o.login_timeout,
         )
-        .await?;
+        .await;
+        let cancel = match login {
+            Ok(c) => c,
+            Err(SessionError::LoginRefused) => {
+                let seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+                return Err(OpenError::Refused(last_error_body(&seen)));
+            }
+            Err(e) => return Err(OpenError::Session(e)),
+        };
         Ok(BackendConn {
             stream: BufReader::new(stream),
             endpoint: o.endpoint.clone(),
@@ -421,6 +431,56 @@ impl BackendConn {
         }
         Ok(())
     }
+}
+
+/// Why a backend connection could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// Connecting or logging in failed at the gateway's end, or the backend broke the protocol.
+    #[error(transparent)]
+    Session(SessionError),
+    /// The backend refused the login with this ErrorResponse body (e.g. an unknown database).
+    #[error("the backend refused the login")]
+    Refused(Vec<u8>),
+}
+
+/// Collects what is written to it.
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl tokio::io::AsyncWrite for Capture {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// The body of the last ErrorResponse in a stream of backend messages (empty if none).
+fn last_error_body(mut stream: &[u8]) -> Vec<u8> {
+    let mut found = Vec::new();
+    while stream.len() >= 5 {
+        let len = u32::from_be_bytes([stream[1], stream[2], stream[3], stream[4]]) as usize;
+        if len < 4 || stream.len() < len + 1 {
+            break;
+        }
+        if stream[0] == b'E' {
+            found = stream[5..len + 1].to_vec();
+        }
+        stream = &stream[len + 1..];
+    }
+    found
 }
 
 /// Appends a simple Query message.

@@ -190,6 +190,15 @@ fn oversize_request_and_response_leave_the_pool_healthy() {
         "{body}"
     );
 
+    // The backend's own login refusal reaches the client: an unknown database.
+    let (status, body) = post_sql(
+        http,
+        &format!("postgresql://pgwake:{LOCAL_PASSWORD}@beta.{SNI_SUFFIX}/nosuchdb"),
+        &query_body("select 1"),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains(r#""code":"3D000""#), "{body}");
+
     // CORS preflight.
     let mut s = TcpStream::connect(("127.0.0.1", http)).unwrap();
     s.write_all(b"OPTIONS /sql HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
@@ -345,4 +354,35 @@ fn websocket_tunnel_with_split_frames_text_refusal_and_close() {
     });
     gw.wait_idle();
     assert_eq!(gw.metric("pgwake_connections_accepted_total"), 3.0);
+}
+
+#[test]
+fn plaintext_http_is_refused_with_a_reason_unless_allowed() {
+    let http = free_port();
+    let gw = Gateway::launch(&format!("http = \"127.0.0.1:{http}\""), "", &[]);
+    let (status, body) = post_sql(http, &url("alpha", "x"), &query_body("select 1"));
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("requires TLS"), "{body}");
+    assert_eq!(
+        gw.metric("pgwake_errors_total{kind=\"plaintext_refused\"}"),
+        1.0
+    );
+}
+
+#[test]
+fn http_requests_keep_a_tenant_awake_and_pooled_connections_do_not() {
+    let http = free_port();
+    let section = "\n[wake]\nidle_timeout = \"1s\"\nidle_check_interval = \"50ms\"";
+    let gw = Gateway::start_local(&["delta"], &http_listener(http, section), "", &[]);
+    let conn = url("delta", LOCAL_PASSWORD);
+    // Requests closer together than the idle timeout, for twice as long: it stays awake.
+    for _ in 0..8 {
+        let (status, body) = post_sql(http, &conn, &query_body("select 1"));
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(gw.tenant_state("delta").0, "awake");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    // The idle pooled connection holds no claim on the tenant: it goes to sleep.
+    assert_eq!(gw.metric("pgwake_http_pool_idle_connections"), 1.0);
+    gw.wait_state("delta", "asleep", Duration::from_secs(10));
 }

@@ -167,7 +167,18 @@ async fn connection(
         }
         (_, false) if state.allow_plaintext => (Box::new(tcp), false),
         _ => {
+            // Say why in HTTP, so `curl http://…` shows the fix instead of an empty reply.
             gw.metrics.error("plaintext_refused");
+            let refuse = service_fn(|_req: Request<Incoming>| async {
+                Ok::<_, Infallible>(plain(
+                    StatusCode::BAD_REQUEST,
+                    "this listener requires TLS: use https:// or wss:// (or set listen.allow_plaintext)",
+                ))
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(tcp), refuse);
+            let _ = tokio::time::timeout(deadline, conn).await;
             return;
         }
     };

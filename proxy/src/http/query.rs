@@ -214,7 +214,7 @@ pub fn client_error(code: &str, message: &str) -> Map<String, Value> {
 }
 
 /// The fields of an ErrorResponse under the driver's names.
-fn error_fields(body: &[u8]) -> Map<String, Value> {
+pub fn error_fields(body: &[u8]) -> Map<String, Value> {
     let mut m = Map::new();
     for field in body.split(|b| *b == 0) {
         let Some((&code, text)) = field.split_first() else {

@@ -23,7 +23,7 @@ use crate::config::AuthMode;
 use crate::connect::BackendAuth;
 use crate::error::SessionError;
 use crate::listener::check_password;
-use crate::pool::{BackendConn, OpenBackend, PoolError, PoolKey};
+use crate::pool::{BackendConn, OpenBackend, OpenError, PoolError, PoolKey};
 
 /// SQLSTATE `query_canceled`, for requests over `http.query_timeout`.
 const QUERY_CANCELED: &str = "57014";
@@ -49,11 +49,10 @@ impl From<SessionError> for Refusal {
                 }
                 Refusal::Error(fields)
             }
-            // The backend refused the login with its own error, which the pool's sink
-            // swallowed: say so without details.
+            // Client I/O and TLS failures cannot happen here; keep a generic answer anyway.
             None => Refusal::Error(client_error(
                 pgwake_protocol::sqlstate::CONNECTION_FAILURE,
-                "the tenant's database refused the connection",
+                "the connection to the tenant's database failed",
             )),
         }
     }
@@ -350,7 +349,9 @@ async fn execute(
                 pgwake_protocol::sqlstate::TOO_MANY_CONNECTIONS,
                 "too many concurrent SQL-over-HTTP requests for this database; retry shortly",
             )),
-            PoolError::Open(e) => e.into(),
+            PoolError::Open(OpenError::Session(e)) => e.into(),
+            // The backend's own answer, e.g. 3D000 for a database that does not exist.
+            PoolError::Open(OpenError::Refused(body)) => Refusal::Error(query::error_fields(&body)),
         })?;
         // A tenant that slept and woke elsewhere leaves connections to its old address.
         if conn.endpoint == endpoint {
