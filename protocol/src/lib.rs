@@ -10,7 +10,9 @@ pub mod frame;
 pub mod scram;
 pub mod sqlstate;
 pub mod startup;
+pub mod tracker;
 
 pub use error::{ErrorMessage, Severity};
 pub use frame::{FrameError, FrameScanner};
 pub use startup::{CancelKey, InitialMessage, StartupError, StartupMessage};
+pub use tracker::{Pins, SessionTracker, TrackerLimits, TxStatus};
