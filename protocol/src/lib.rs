@@ -7,6 +7,7 @@ pub mod backend;
 pub mod channel_binding;
 pub mod error;
 pub mod frame;
+pub mod frontend;
 pub mod revival;
 pub mod scram;
 pub mod sqlstate;

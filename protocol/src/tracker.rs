@@ -16,7 +16,13 @@ use std::collections::{BTreeSet, VecDeque};
 use std::time::Instant;
 
 /// Bytes kept of a client message whose payload matters (statement names, query text).
-const CLIENT_CAPTURE: usize = 256;
+const CLIENT_CAPTURE: usize = 1024;
+/// Capture buffer capacity kept between messages; a larger one is freed (parked sessions
+/// should cost little).
+const CAPTURE_KEEP: usize = 256;
+/// Custom (`prefix.name`) settings remembered; `pg_settings` does not list them, so the
+/// snapshot asks for each by name.
+const MAX_CUSTOM_SETTINGS: usize = 64;
 /// Bytes kept of a backend CommandComplete tag.
 const TAG_CAPTURE: usize = 64;
 
@@ -172,6 +178,9 @@ impl Reader {
                 self.in_message = false;
                 done(self.header[0], &self.capture);
                 self.capture.clear();
+                if self.capture.capacity() > CAPTURE_KEEP {
+                    self.capture = Vec::new();
+                }
                 continue;
             }
             if data.is_empty() {
@@ -221,6 +230,7 @@ pub struct SessionTracker {
     terminating: bool,
     pins: Pins,
     statements: BTreeSet<Box<str>>,
+    custom_settings: BTreeSet<Box<str>>,
     client_messages: u64,
     last_activity: Option<Instant>,
 }
@@ -246,6 +256,7 @@ impl SessionTracker {
             terminating: false,
             pins: Pins::none(),
             statements: BTreeSet::new(),
+            custom_settings: BTreeSet::new(),
             client_messages: 0,
             last_activity: None,
         }
@@ -288,6 +299,7 @@ impl SessionTracker {
         match tag {
             b'Q' | b'F' => {
                 let op = if tag == b'Q' {
+                    self.note_custom_settings(body);
                     sql_statement_op(body)
                 } else {
                     None
@@ -301,6 +313,9 @@ impl SessionTracker {
                 self.unsynced = false;
             }
             b'P' => {
+                if let Some(end) = body.iter().position(|&b| b == 0) {
+                    self.note_custom_settings(&body[end + 1..]);
+                }
                 let name = self.statement_name(body);
                 self.ops.push_back(Op::Parse(name));
                 self.unsynced = true;
@@ -317,6 +332,17 @@ impl SessionTracker {
             // COPY data from the client belongs to a request already counted.
             b'd' | b'c' | b'f' => {}
             _ => self.unsynced = true,
+        }
+    }
+
+    /// Remembers custom settings a query text sets (`SET a.b ...`, `set_config('a.b', ...)`).
+    fn note_custom_settings(&mut self, text: &[u8]) {
+        let text = text.split(|&b| b == 0).next().unwrap_or_default();
+        for name in custom_setting_names(text) {
+            if self.custom_settings.len() >= MAX_CUSTOM_SETTINGS {
+                return;
+            }
+            self.custom_settings.insert(name.into());
         }
     }
 
@@ -476,6 +502,11 @@ impl SessionTracker {
         self.statements.iter().map(|s| &**s)
     }
 
+    /// Custom (`prefix.name`) settings the client may have set; the snapshot reads their values.
+    pub fn custom_settings(&self) -> impl Iterator<Item = &str> {
+        self.custom_settings.iter().map(|s| &**s)
+    }
+
     /// Number of named prepared statements tracked.
     pub fn statement_count(&self) -> usize {
         self.statements.len()
@@ -523,6 +554,62 @@ fn backend_capture(tag: u8) -> usize {
         b'C' => TAG_CAPTURE,
         _ => 0,
     }
+}
+
+/// Names of custom settings (`prefix.name`, folded to lower case) that `SET [SESSION] name` or
+/// `set_config('name'` in a query text assign. Only characters a plain identifier may hold are
+/// accepted, so a name is safe to quote into SQL.
+fn custom_setting_names(text: &[u8]) -> Vec<String> {
+    let lower = text.to_ascii_lowercase();
+    let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'$';
+    let read_name = |mut i: usize| {
+        let start = i;
+        while i < lower.len() && (word(lower[i]) || lower[i] == b'.') {
+            i += 1;
+        }
+        let name = &lower[start..i];
+        let dots = name.iter().filter(|&&b| b == b'.').count();
+        (dots == 1 && name.first().is_some_and(|&b| b != b'.') && name.last() != Some(&b'.'))
+            .then(|| String::from_utf8_lossy(name).into_owned())
+    };
+    let skip_space = |mut i: usize| {
+        while i < lower.len() && lower[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        i
+    };
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < lower.len() {
+        let boundary = i == 0 || !word(lower[i - 1]);
+        if boundary && lower[i..].starts_with(b"set_config(") {
+            let j = skip_space(i + "set_config(".len());
+            if lower.get(j) == Some(&b'\'')
+                && let Some(name) = read_name(j + 1)
+                && lower.get(j + 1 + name.len()) == Some(&b'\'')
+            {
+                out.push(name);
+            }
+            i += 1;
+            continue;
+        }
+        if boundary
+            && lower[i..].starts_with(b"set")
+            && lower.get(i + 3).is_some_and(|b| b.is_ascii_whitespace())
+        {
+            let mut j = skip_space(i + 3);
+            if lower[j..].starts_with(b"session")
+                && lower.get(j + 7).is_some_and(|b| b.is_ascii_whitespace())
+            {
+                j = skip_space(j + 7);
+            }
+            if let Some(name) = read_name(j) {
+                out.push(name);
+            }
+        }
+        i += 1;
+    }
+    out
 }
 
 /// The statement a single-statement `PREPARE name ...` or `DEALLOCATE [PREPARE] name` query
@@ -688,6 +775,27 @@ mod tests {
     }
 
     #[test]
+    fn custom_settings_from_query_texts() {
+        let mut t = SessionTracker::default();
+        t.observe_client(
+            &query(
+                "SET app.x = 'a'; set SESSION My.Y to 1; SET LOCAL tx.z = 1; SET search_path = x",
+            ),
+            now(),
+        );
+        t.observe_client(
+            &query("select set_config('app.w', 'v', false), offset.x"),
+            now(),
+        );
+        t.observe_client(&parse("s"), now());
+        assert_eq!(
+            t.custom_settings().collect::<Vec<_>>(),
+            ["app.w", "app.x", "my.y"]
+        );
+        assert!(custom_setting_names(b"reset app.x; setx a.b; SET a..b = 1").is_empty());
+    }
+
+    #[test]
     fn bad_length_breaks_tracking_for_good() {
         let mut t = SessionTracker::default();
         t.observe_client(&[b'Q', 0, 0, 0, 2], now());
@@ -698,7 +806,7 @@ mod tests {
     #[test]
     fn truncated_names_pin() {
         let mut t = SessionTracker::default();
-        let long = "n".repeat(400);
+        let long = "n".repeat(1100);
         t.observe_client(&[parse(&long), sync()].concat(), now());
         t.observe_backend(&[msg(b'1', &[]), ready(b'I')].concat(), now());
         assert!(t.pins().contains(Pins::UNTRACKED_STATEMENTS));

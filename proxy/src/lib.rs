@@ -14,6 +14,8 @@ pub mod metrics;
 pub mod negotiate;
 pub mod quickstart;
 pub mod relay;
+pub mod revive;
 pub mod server;
+pub mod session;
 pub mod stream;
 pub mod tls;

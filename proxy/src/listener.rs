@@ -26,7 +26,6 @@ use crate::connect::{BackendAuth, BackendLink, connect, login};
 use crate::error::SessionError;
 use crate::metrics::Metrics;
 use crate::negotiate::{NegotiateSettings, Negotiated, negotiate};
-use crate::relay::{RelaySettings, relay};
 use crate::stream::Stream;
 use crate::tls::ServerTls;
 
@@ -76,6 +75,8 @@ pub struct Gateway {
     pub limits: Limits,
     /// Fires when sessions must end (grace period over).
     pub terminate: CancellationToken,
+    /// Parking and reviving sessions (token keys and `[revival]`).
+    pub revival: Option<Arc<crate::session::Revival>>,
 }
 
 /// Decrements the active gauge however a connection ends.
@@ -152,7 +153,7 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, gw: &Gateway) {
         r = open_session(gw, &mut client, peer, startup, accepted_at) => r,
         _ = gw.terminate.cancelled() => Err(SessionError::ShuttingDown),
     };
-    let mut backend = match session {
+    let backend = match session {
         Ok(s) => s,
         Err(err) => return fail(gw, Some(client), err).await,
     };
@@ -160,31 +161,12 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, gw: &Gateway) {
         .startup_duration
         .observe(accepted_at.elapsed().as_secs_f64());
     debug!(peer = %peer, "session ready");
-    let settings = RelaySettings {
-        buffer: gw.limits.relay_buffer.as_u64() as usize,
-        max_message: gw.limits.max_message.as_u64() as u32,
+    let attached = crate::session::Attached {
+        stream: backend.stream,
+        lease: backend.lease,
+        endpoint: backend.endpoint,
     };
-    let counters = (
-        gw.metrics.bytes_client_to_backend.clone(),
-        gw.metrics.bytes_backend_to_client.clone(),
-    );
-    let end = relay(
-        &mut client,
-        &mut backend.stream,
-        settings,
-        counters,
-        &gw.terminate,
-    )
-    .await;
-    drop(backend.cancel);
-    drop(backend.lease);
-    match end.error_kind() {
-        Some(kind) => {
-            gw.metrics.error(kind);
-            info!(reason = ?end, "session ended");
-        }
-        None => debug!(reason = ?end, "session ended"),
-    }
+    crate::session::run(gw, &mut client, attached, backend.cancel, backend.revivable).await;
 }
 
 /// A backend connection that finished login, and the cancel key the client holds for it.
@@ -192,6 +174,9 @@ struct BackendSession {
     stream: Stream,
     cancel: Option<crate::cancel::CancelRegistration>,
     lease: Lease,
+    endpoint: pgwake_routing::Endpoint,
+    /// Set for sessions the gateway can log back in (it authenticated the client).
+    revivable: Option<crate::session::Revivable>,
 }
 
 async fn open_session(
@@ -271,10 +256,18 @@ async fn open_session(
     )
     .await?;
     debug!(elapsed_ms = accepted_at.elapsed().as_millis() as u64, backend = %endpoint, "login relayed");
+    let revivable = match (&gw.revival, &material, &user) {
+        (Some(rv), Some(m), Some(u)) if rv.config.enabled => Some(crate::session::Revivable::seal(
+            rv, &tenant.id, u, &params, m,
+        )),
+        _ => None,
+    };
     Ok(BackendSession {
         stream,
         cancel,
         lease: admission.lease,
+        endpoint,
+        revivable,
     })
 }
 
