@@ -255,6 +255,15 @@ async fn force_mode_ends_pinned_sessions_with_fatal() {
     .unwrap();
 }
 
+/// Sends cancel requests until aborted (a request that arrives before the query starts is a
+/// no-op, so one alone could be lost).
+async fn cancel_after_start(token: tokio_postgres::CancelToken) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        token.cancel_query(NoTls).await.unwrap();
+    }
+}
+
 /// A fixed tenant on `pg` whose users the gateway authenticates (the backend's own verifier).
 fn fixed_tenant(dir: &std::path::Path, pg: &pgwake_testkit::TestPostgres) -> String {
     let verifier = pg
@@ -319,6 +328,15 @@ async fn backend_restart_under_an_idle_session() {
         .unwrap()
         .get(0);
     assert_ne!(old_pid, new_pid, "a new backend process");
+    // The client's cancel key (issued by the gateway at login) now cancels on the new backend.
+    let cancel = client.cancel_token();
+    let sleeper = tokio::spawn(async move { cancel_after_start(cancel).await });
+    let err = client
+        .batch_execute("SELECT pg_sleep(30)")
+        .await
+        .expect_err("cancelled");
+    assert_eq!(err.code().map(|c| c.code()), Some("57014"), "{err}");
+    sleeper.abort();
     assert_eq!(revivals(&gw, "backend_ended", "ok"), 1.0);
 
     // An operator's migrate moves the session to a fresh backend connection at once.
