@@ -36,6 +36,12 @@ pub const QUEUED_SECTION: Section = Section {
     end: "<!-- harness:queued:end -->",
 };
 
+/// Parked sessions: revival latency, memory, awake time (`revive`).
+pub const REVIVE_SECTION: Section = Section {
+    begin: "<!-- harness:revive:begin -->",
+    end: "<!-- harness:revive:end -->",
+};
+
 /// What one pgbench run against one target measured.
 #[derive(Clone, Debug)]
 pub struct Measurement {

@@ -261,6 +261,9 @@ async fn drive(
         let (Some(rv), Some(who)) = (revival, revivable.as_mut()) else {
             return Ok(end);
         };
+        // The client may have sent something during the run: the snapshot then no longer
+        // describes the session, and it cannot move on it.
+        let still_movable = movable && snap.as_ref().is_some_and(|s| s.valid_for(&tracker));
         let reason = match end {
             RelayEnd::Quiet => {
                 if !snap_valid {
@@ -273,8 +276,8 @@ async fn drive(
                 }
                 continue;
             }
-            RelayEnd::Park if movable => Reason::IdleSleep,
-            RelayEnd::Park if force => {
+            RelayEnd::Park if still_movable => Reason::IdleSleep,
+            RelayEnd::Park if force && snap.as_ref().is_some_and(|s| s.valid_for(&tracker)) => {
                 let pins = snap.as_ref().map(|s| s.pins.describe()).unwrap_or_default();
                 let msg = ErrorMessage::fatal(
                     sqlstate::IDLE_SESSION_TIMEOUT,
@@ -300,7 +303,15 @@ async fn drive(
             }
             RelayEnd::BackendEnded { held } => {
                 match backend_going_away(&mut current.stream, held, gw).await {
-                    Ok(()) => Reason::BackendEnded,
+                    Ok(()) if still_movable => Reason::BackendEnded,
+                    Ok(()) => {
+                        let msg = ErrorMessage::fatal(
+                            sqlstate::CONNECTION_FAILURE,
+                            "the connection to the tenant's database was lost",
+                        );
+                        end_with(client, Some(&mut current.stream), Some(msg)).await;
+                        return Ok(RelayEnd::BackendClosed);
+                    }
                     Err(last) => {
                         // Not a shutdown: relay what the backend said and end with it.
                         let _ = client.write_all(&last).await;
@@ -327,7 +338,6 @@ async fn drive(
                 Reason::IdleSleep => lease.release_parked(),
                 _ => drop(lease),
             }
-            lease_idle = false;
             info!(
                 reason = reason.as_str(),
                 statements = snapshot.statements.len(),
@@ -359,6 +369,7 @@ async fn drive(
                 gw.metrics.revived(reason.as_str(), Some(took));
                 info!(reason = reason.as_str(), ms = took.as_secs_f64() * 1000.0, backend = %new.endpoint, "session revived");
                 current = new;
+                lease_idle = false;
                 park_rx = current.lease.park_requests();
                 migrate_rx = current.lease.migrate_requests();
                 tracker.reset_for_new_backend(snapshot.statements.iter().map(|s| s.name.as_str()));
