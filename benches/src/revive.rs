@@ -425,7 +425,7 @@ pub fn render(
         let (goal_text, met) = match goal {
             Some(g) => (
                 format!("p50 ≤ {g} ms"),
-                if percentile(&v, 0.5).is_some_and(|p| p <= g) {
+                if percentile(&v, 50.0).is_some_and(|p| p <= g) {
                     "yes"
                 } else {
                     "no"
@@ -437,8 +437,8 @@ pub fn render(
             out,
             "| {name} | {} | {} | {} | {} | {goal_text} | {met} |",
             v.len(),
-            p(0.5),
-            p(0.95),
+            p(50.0),
+            p(95.0),
             fmt_ms(max)
         );
     }

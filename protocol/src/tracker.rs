@@ -52,7 +52,8 @@ impl Pins {
     pub const TEMP_OBJECTS: Pins = Pins(1 << 3);
     /// Session-level advisory locks.
     pub const ADVISORY_LOCK: Pins = Pins(1 << 4);
-    /// More named statements than the tracker keeps, or names it could not read.
+    /// More named statements than the tracker keeps, or names it could not read: its count is
+    /// unreliable (a snapshot that reads `pg_prepared_statements` is not affected).
     pub const UNTRACKED_STATEMENTS: Pins = Pins(1 << 5);
     /// The stream broke framing; nothing about the session can be trusted.
     pub const BROKEN: Pins = Pins(1 << 6);

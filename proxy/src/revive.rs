@@ -153,9 +153,13 @@ pub async fn take_snapshot(
     frontend::query(&mut out, &sql);
     backend.write_all(&out).await?;
     backend.flush().await?;
+    // The statement list comes from pg_prepared_statements, so the tracker losing count of
+    // statements (a multi-statement PREPARE, a cut-off name) does not pin the session here.
+    let mut pins = tracker.pins();
+    pins.remove(Pins::UNTRACKED_STATEMENTS);
     let mut snap = Snapshot {
         at_message: tracker.client_messages(),
-        pins: tracker.pins(),
+        pins,
         ..Snapshot::default()
     };
     let mut failure = None;
