@@ -31,6 +31,8 @@ pub struct Spec<'a> {
     /// Extra `postgresql.conf` lines for the tenant (`[local.settings]`, values as Postgres
     /// reads them, e.g. `pre_auth_delay = "'40s'"`).
     pub settings: Vec<String>,
+    /// Lines of `[revival]`.
+    pub revival: Vec<String>,
 }
 
 /// One tenant as `GET /v1/tenants` shows it.
@@ -112,6 +114,8 @@ impl LocalGateway {
              \n\
              [wake]\n{wake}\n\
              \n\
+             [revival]\n{revival}\n\
+             \n\
              [local]\n\
              data_dir = \"data\"\n\
              password = \"{PASSWORD}\"\n\
@@ -123,6 +127,7 @@ impl LocalGateway {
             listen = lines(listen),
             limits = lines(&spec.limits),
             wake = lines(&spec.wake),
+            revival = lines(&spec.revival),
             settings = lines(&spec.settings),
             tenant = spec.tenant,
         );
@@ -188,6 +193,15 @@ impl LocalGateway {
             password: PASSWORD.into(),
             dbname: "postgres".into(),
         }
+    }
+
+    /// The value of an unlabelled metric of `GET /metrics`.
+    pub fn metric(&self, name: &str) -> Result<f64> {
+        let r = http::request(self.admin, "GET", "/metrics", Duration::from_secs(5))?;
+        Ok(r.body
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or(0.0))
     }
 
     /// The tenant's row of `GET /v1/tenants`.

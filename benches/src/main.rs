@@ -16,6 +16,7 @@ mod pgbench;
 mod process;
 mod queued;
 mod report;
+mod revive;
 mod scenarios;
 mod sql_http;
 mod targets;
@@ -32,9 +33,10 @@ use clap::{Args, Parser, Subcommand};
 use crate::process::{ProcSample, clock_ticks_per_second, command_output};
 use crate::queued::QueuedOptions;
 use crate::report::{
-    Facts, HTTP_SECTION, Measurement, PGBENCH_SECTION, QUEUED_SECTION, ReportInput, Results,
-    Section, WAKE_SECTION,
+    Facts, HTTP_SECTION, Measurement, PGBENCH_SECTION, QUEUED_SECTION, REVIVE_SECTION, ReportInput,
+    Results, Section, WAKE_SECTION,
 };
+use crate::revive::ReviveOptions;
 use crate::scenarios::{Durations, Metric, Scenario};
 use crate::targets::{Auth, Environment, PgwakeSource, Target, TargetKind};
 use crate::wake::WakeOptions;
@@ -60,6 +62,9 @@ enum Cmd {
     /// SQL over HTTP: `POST /sql` `SELECT 1` with keep-alive beside tokio-postgres, direct and
     /// through the gateway.
     Http(HttpArgs),
+    /// Parked sessions: revival latency over the wake, memory per parked session, and
+    /// awake-seconds per idle tenant-hour (time-scaled).
+    Revive(ReviveArgs),
 }
 
 #[derive(Args)]
@@ -153,6 +158,32 @@ struct WakeArgs {
 }
 
 #[derive(Args)]
+struct ReviveArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Park/revive cycles (default 30, or 5 with --quick).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    cycles: Option<u32>,
+    /// Sessions parked for the memory figure (default 1,000, or 200 with --quick).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    parked: Option<u32>,
+    /// Time scale of the awake-seconds run: one hour of workload takes 3600/N seconds.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(10..=600))]
+    scale: u32,
+}
+
+impl ReviveArgs {
+    fn options(&self) -> ReviveOptions {
+        let quick = self.common.quick;
+        ReviveOptions {
+            cycles: self.cycles.unwrap_or(if quick { 5 } else { 30 }),
+            parked: self.parked.unwrap_or(if quick { 200 } else { 1_000 }),
+            scale: self.scale,
+        }
+    }
+}
+
+#[derive(Args)]
 struct QueuedArgs {
     #[command(flatten)]
     common: Common,
@@ -228,6 +259,24 @@ fn main() -> Result<()> {
             }
             let section = sql_http::render(&local_facts(), &opts, &outcome);
             (args.common, vec![(HTTP_SECTION, section)])
+        }
+        Cmd::Revive(args) => {
+            let binary = locate(&args.common);
+            let opts = args.options();
+            progress(format_args!(
+                "revive: {} cycles, {} parked sessions, awake run at 1/{} ...",
+                opts.cycles, opts.parked, opts.scale
+            ));
+            let outcome = binary
+                .as_deref()
+                .map_err(|e| anyhow!("{e}"))
+                .and_then(|b| revive::run(b, opts))
+                .map_err(|e| format!("{e:#}"));
+            if let Err(e) = &outcome {
+                progress(format_args!("revive failed: {e}"));
+            }
+            let section = revive::render(&local_facts(), opts, &outcome);
+            (args.common, vec![(REVIVE_SECTION, section)])
         }
     };
     for (_, text) in &sections {

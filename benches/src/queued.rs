@@ -103,6 +103,7 @@ pub fn run(binary: &Path, opts: QueuedOptions) -> Result<QueuedResults> {
             // their sessions, which are still parked in the (held) wake.
             limits: vec!["shutdown_grace = \"1s\"".into()],
             settings: vec![format!("pre_auth_delay = \"'{}s'\"", HOLD.as_secs())],
+            revival: vec![],
         },
     )?;
     let pid = gw.pid();

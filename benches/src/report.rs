@@ -42,6 +42,12 @@ pub const HTTP_SECTION: Section = Section {
     end: "<!-- harness:http:end -->",
 };
 
+/// Parked sessions: revival latency, memory, awake time (`revive`).
+pub const REVIVE_SECTION: Section = Section {
+    begin: "<!-- harness:revive:begin -->",
+    end: "<!-- harness:revive:end -->",
+};
+
 /// What one pgbench run against one target measured.
 #[derive(Clone, Debug)]
 pub struct Measurement {

@@ -92,6 +92,7 @@ pub fn run(binary: &std::path::Path, opts: &HttpOptions) -> Result<HttpResults> 
             wake: vec!["idle_timeout = \"1h\"".into()],
             limits: vec![],
             settings: vec![],
+            revival: vec![],
         },
         &[format!("http = \"127.0.0.1:{http_port}\"")],
     )?;

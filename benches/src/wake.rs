@@ -115,6 +115,7 @@ pub fn run(binary: &std::path::Path, opts: WakeOptions) -> Result<WakeResults> {
             wake: vec!["idle_timeout = \"1h\"".into()],
             limits: vec![],
             settings: vec![],
+            revival: vec![],
         },
     )?;
     let login = gw.login();

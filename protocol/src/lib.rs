@@ -7,10 +7,14 @@ pub mod backend;
 pub mod channel_binding;
 pub mod error;
 pub mod frame;
+pub mod frontend;
+pub mod revival;
 pub mod scram;
 pub mod sqlstate;
 pub mod startup;
+pub mod tracker;
 
 pub use error::{ErrorMessage, Severity};
 pub use frame::{FrameError, FrameScanner};
 pub use startup::{CancelKey, InitialMessage, StartupError, StartupMessage};
+pub use tracker::{Pins, SessionTracker, TrackerLimits, TxStatus};

@@ -22,3 +22,7 @@ pub const ADMIN_SHUTDOWN: &str = "57P01";
 pub const CANNOT_CONNECT_NOW: &str = "57P03";
 /// `XX000` internal_error.
 pub const INTERNAL_ERROR: &str = "XX000";
+/// `57P02` crash_shutdown: the server ended sessions after another process crashed.
+pub const CRASH_SHUTDOWN: &str = "57P02";
+/// `57P05` idle_session_timeout: an idle session was ended.
+pub const IDLE_SESSION_TIMEOUT: &str = "57P05";

@@ -1,5 +1,7 @@
 //! The admin listener: Prometheus metrics, liveness, readiness, and the tenant API
-//! (`GET /v1/tenants`, `POST /v1/tenants/{id}/wake`, `POST /v1/tenants/{id}/sleep`).
+//! (`GET /v1/tenants`, `POST /v1/tenants/{id}/wake`, `POST /v1/tenants/{id}/sleep`,
+//! `POST /v1/tenants/{id}/migrate`: sessions move to a fresh backend connection at their next
+//! safe point).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -53,6 +55,16 @@ async fn tenant_action(state: &AdminState, id: &str, action: &str) -> Response<F
     let Ok(tenant) = TenantId::parse(id) else {
         return json_error(StatusCode::NOT_FOUND, format!("no tenant {id:?}"));
     };
+    if action == "migrate" {
+        return match state.coordinator.migrate(&tenant) {
+            Ok(sessions) => text(
+                StatusCode::OK,
+                JSON,
+                serde_json::json!({ "tenant": tenant.as_str(), "sessions": sessions }).to_string(),
+            ),
+            Err(_) => json_error(StatusCode::NOT_FOUND, format!("no tenant {id:?}")),
+        };
+    }
     let result = match action {
         "wake" => state.coordinator.wake(&tenant).await,
         "sleep" => state.coordinator.sleep(&tenant).await,

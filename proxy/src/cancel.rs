@@ -70,6 +70,15 @@ impl CancelMap {
         }
     }
 
+    /// Points an issued key at another backend process (the session moved); the client keeps
+    /// its key.
+    pub fn retarget(&self, pid: i32, target: CancelTarget) {
+        let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(entry) = m.get_mut(&pid) {
+            entry.1 = target;
+        }
+    }
+
     /// The target for a key a client presented, compared in constant time.
     pub fn lookup(&self, key: &CancelKey) -> Option<CancelTarget> {
         let m = self.inner.lock().unwrap_or_else(|p| p.into_inner());

@@ -92,7 +92,7 @@ pub async fn connect(
 
 /// One framed message read whole during login: header included, so it can be forwarded as is.
 pub(crate) struct RawMessage {
-    bytes: Vec<u8>,
+    pub(crate) bytes: Vec<u8>,
 }
 
 impl RawMessage {
@@ -253,6 +253,61 @@ async fn login_exchange(
             // The gateway asks the backend for plain 3.0 without extensions, so a negotiation
             // answer carries nothing the client needs (it got the gateway's own).
             b'v' => {}
+            other => {
+                return Err(SessionError::BackendProtocol(format!(
+                    "unexpected message type {:?} during login",
+                    other as char
+                )));
+            }
+        }
+    }
+}
+
+/// Logs in to `backend` on the user's behalf with no client attached (a revival, a pooled
+/// connection): the backend's ParameterStatus and notices are dropped. Returns the backend's
+/// cancel key, or the fields of the ErrorResponse it refused the login with.
+pub async fn login_detached(
+    link: &BackendLink,
+    backend: &mut Stream,
+    params: &[(String, String)],
+    endpoint: &Endpoint,
+    mut auth: OnBehalf<'_>,
+) -> Result<Result<(i32, bytes::Bytes), pgwake_protocol::frontend::ErrorFields>, SessionError> {
+    let backend_io = |e: std::io::Error| SessionError::BackendUnreachable {
+        endpoint: endpoint.to_string(),
+        source: e,
+    };
+    backend
+        .write_all(&startup_packet(params))
+        .await
+        .map_err(backend_io)?;
+    let mut key = None;
+    loop {
+        let msg = read_message(backend, link.max_message)
+            .await
+            .map_err(backend_io)?
+            .ok_or_else(|| SessionError::BackendProtocol("message length out of range".into()))?;
+        match msg.tag() {
+            b'R' => {
+                let code = auth_request_code(msg.body()).ok_or_else(|| {
+                    SessionError::BackendProtocol("short authentication request".into())
+                })?;
+                if let Some(reply) = auth.answer(code, msg.body()).await? {
+                    backend.write_all(&reply).await.map_err(backend_io)?;
+                }
+            }
+            b'K' => {
+                key = Some(parse_backend_key_data(msg.body()).ok_or_else(|| {
+                    SessionError::BackendProtocol("malformed BackendKeyData".into())
+                })?);
+            }
+            b'Z' => {
+                return key
+                    .map(Ok)
+                    .ok_or_else(|| SessionError::BackendProtocol("no BackendKeyData".into()));
+            }
+            b'E' => return Ok(Err(pgwake_protocol::frontend::error_fields(msg.body()))),
+            b'S' | b'N' | b'v' => {}
             other => {
                 return Err(SessionError::BackendProtocol(format!(
                     "unexpected message type {:?} during login",

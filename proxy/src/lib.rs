@@ -16,6 +16,8 @@ pub mod negotiate;
 pub mod pool;
 pub mod quickstart;
 pub mod relay;
+pub mod revive;
 pub mod server;
+pub mod session;
 pub mod stream;
 pub mod tls;

@@ -27,7 +27,6 @@ use crate::connect::{BackendAuth, BackendLink, connect, login};
 use crate::error::SessionError;
 use crate::metrics::Metrics;
 use crate::negotiate::{NegotiateSettings, Negotiated, negotiate};
-use crate::relay::{RelaySettings, relay};
 use crate::stream::Stream;
 use crate::tls::ServerTls;
 
@@ -84,6 +83,8 @@ pub struct Gateway {
     pub terminate: CancellationToken,
     /// Cleartext password checks (HTTP and WebSocket logins).
     pub passwords: PasswordChecker,
+    /// Parking and reviving sessions (token keys and `[revival]`).
+    pub revival: Option<Arc<crate::session::Revival>>,
 }
 
 impl Gateway {
@@ -198,7 +199,7 @@ pub(crate) async fn run_session(
         r = open_session(gw, &mut client, peer, startup, accepted_at) => r,
         _ = gw.terminate.cancelled() => Err(SessionError::ShuttingDown),
     };
-    let mut backend = match session {
+    let backend = match session {
         Ok(s) => s,
         Err(err) => return fail(gw, Some(client), err).await,
     };
@@ -206,31 +207,12 @@ pub(crate) async fn run_session(
         .startup_duration
         .observe(accepted_at.elapsed().as_secs_f64());
     debug!(peer = %peer, "session ready");
-    let settings = RelaySettings {
-        buffer: gw.limits.relay_buffer.as_u64() as usize,
-        max_message: gw.limits.max_message.as_u64() as u32,
+    let attached = crate::session::Attached {
+        stream: backend.stream,
+        lease: backend.lease,
+        endpoint: backend.endpoint,
     };
-    let counters = (
-        gw.metrics.bytes_client_to_backend.clone(),
-        gw.metrics.bytes_backend_to_client.clone(),
-    );
-    let end = relay(
-        &mut client,
-        &mut backend.stream,
-        settings,
-        counters,
-        &gw.terminate,
-    )
-    .await;
-    drop(backend.cancel);
-    drop(backend.lease);
-    match end.error_kind() {
-        Some(kind) => {
-            gw.metrics.error(kind);
-            info!(reason = ?end, "session ended");
-        }
-        None => debug!(reason = ?end, "session ended"),
-    }
+    crate::session::run(gw, &mut client, attached, backend.cancel, backend.revivable).await;
 }
 
 /// A backend connection that finished login, and the cancel key the client holds for it.
@@ -238,6 +220,9 @@ struct BackendSession {
     stream: Stream,
     cancel: Option<crate::cancel::CancelRegistration>,
     lease: Lease,
+    endpoint: pgwake_routing::Endpoint,
+    /// Set for sessions the gateway can log back in (it authenticated the client).
+    revivable: Option<crate::session::Revivable>,
 }
 
 async fn open_session(
@@ -316,10 +301,18 @@ async fn open_session(
     )
     .await?;
     debug!(elapsed_ms = accepted_at.elapsed().as_millis() as u64, backend = %endpoint, "login relayed");
+    let revivable = match (&gw.revival, &material, &user) {
+        (Some(rv), Some(m), Some(u)) if rv.config.enabled => Some(crate::session::Revivable::seal(
+            rv, &tenant.id, u, &params, m,
+        )),
+        _ => None,
+    };
     Ok(BackendSession {
         stream,
         cancel,
         lease: admission.lease,
+        endpoint,
+        revivable,
     })
 }
 

@@ -34,6 +34,11 @@ pub struct Metrics {
     /// Idle backend connections in the SQL-over-HTTP pool.
     pub http_pool_idle: IntGauge,
     http_requests: IntCounterVec,
+    /// Client sessions parked now (connected, without a backend connection).
+    pub sessions_parked: IntGauge,
+    parks: IntCounterVec,
+    revivals: IntCounterVec,
+    revival_duration: Histogram,
 }
 
 impl Metrics {
@@ -173,10 +178,60 @@ impl Metrics {
         registry
             .register(Box::new(http_requests.clone()))
             .expect("unique metric");
+        let sessions_parked = IntGauge::new(
+            "pgwake_sessions_parked",
+            "Client sessions parked now: connected, without a backend connection.",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(sessions_parked.clone()))
+            .expect("unique metric");
+        let parks = IntCounterVec::new(
+            Opts::new(
+                "pgwake_parks_total",
+                "Sessions that left their backend connection, by reason (idle_sleep, \
+                 backend_ended, migrate).",
+            ),
+            &["reason"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(parks.clone()))
+            .expect("unique metric");
+        let revivals = IntCounterVec::new(
+            Opts::new(
+                "pgwake_revivals_total",
+                "Sessions logged back in to a backend, by why they had left (idle_sleep, \
+                 backend_ended, migrate) and outcome (ok, error).",
+            ),
+            &["reason", "outcome"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(revivals.clone()))
+            .expect("unique metric");
+        let revival_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "pgwake_revival_duration_seconds",
+                "Time a successful revival took: wake (if any), login, restoring settings and \
+                 statements.",
+            )
+            .buckets(vec![
+                0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            ]),
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(revival_duration.clone()))
+            .expect("unique metric");
         Metrics {
             http_requests,
             http_pool_open,
             http_pool_idle,
+            sessions_parked,
+            parks,
+            revivals,
+            revival_duration,
             auth_attempts,
             wake_duration,
             wakes,
@@ -220,6 +275,20 @@ impl Metrics {
         self.wakes
             .with_label_values(&[event.backend, outcome])
             .inc();
+    }
+
+    /// Counts a session leaving its backend connection.
+    pub fn parked(&self, reason: &'static str) {
+        self.parks.with_label_values(&[reason]).inc();
+    }
+
+    /// Records a revival: its reason, and its duration when it succeeded.
+    pub fn revived(&self, reason: &'static str, took: Option<std::time::Duration>) {
+        let outcome = if took.is_some() { "ok" } else { "error" };
+        self.revivals.with_label_values(&[reason, outcome]).inc();
+        if let Some(d) = took {
+            self.revival_duration.observe(d.as_secs_f64());
+        }
     }
 
     /// Sets the tenant gauges from a snapshot of the coordinator.

@@ -3,6 +3,10 @@
 //! One future drives both directions, so neither can block the other (a backend streaming rows
 //! while the client pipelines queries must not deadlock through the gateway), and no lock is
 //! needed around a TLS stream. When either side ends, the whole session ends.
+//!
+//! The relay also feeds the session's [`SessionTracker`] with every chunk, and can hand the
+//! session back to its caller at a safe point (quiet, asked to park or migrate, or an idle
+//! backend going away) without closing anything, so the caller can move it to another backend.
 
 use std::future::Future;
 use std::io;
@@ -10,9 +14,10 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use pgwake_protocol::{ErrorMessage, FrameError, FrameScanner, sqlstate};
+use pgwake_protocol::{ErrorMessage, FrameError, FrameScanner, SessionTracker, sqlstate};
 use prometheus::IntCounter;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::stream::Stream;
@@ -37,13 +42,30 @@ pub enum RelayEnd {
     BackendFrame(FrameError),
     /// The gateway ended the session while shutting down.
     Terminated,
+    /// The session sat at a safe point with nothing moving for the watch's `quiet_after`.
+    Quiet,
+    /// A park request arrived and the session is at a safe point.
+    Park,
+    /// A migrate request arrived and the session is at a safe point.
+    Migrate,
+    /// The backend began an ErrorResponse (its bytes so far in `held`, not forwarded) or closed
+    /// (`held` empty) while the session was at rest: usually a shutdown or restart.
+    BackendEnded {
+        /// The bytes read from the backend and kept from the client.
+        held: Vec<u8>,
+    },
 }
 
 impl RelayEnd {
     /// Label for `pgwake_errors_total`, or `None` for an ordinary end.
     pub fn error_kind(&self) -> Option<&'static str> {
         match self {
-            RelayEnd::ClientClosed | RelayEnd::BackendClosed => None,
+            RelayEnd::ClientClosed
+            | RelayEnd::BackendClosed
+            | RelayEnd::Quiet
+            | RelayEnd::Park
+            | RelayEnd::Migrate
+            | RelayEnd::BackendEnded { .. } => None,
             RelayEnd::ClientIo(_) => Some("client_io"),
             RelayEnd::BackendIo(_) => Some("backend_io"),
             RelayEnd::ClientFrame(_) => Some("client_protocol"),
@@ -57,6 +79,8 @@ enum PumpError {
     Read(io::Error),
     Write(io::Error),
     Frame(FrameError),
+    /// The first bytes of what the caller asked to hold are in the buffer.
+    Held,
 }
 
 /// One direction: a buffer, the bytes in it not yet written, and the framing state.
@@ -72,6 +96,10 @@ struct Pump {
     inject: Option<Vec<u8>>,
     /// A message to send if the source ends at a boundary without an error of its own.
     on_eof: Option<Vec<u8>>,
+    /// Bytes read in the last `poll_copy` (for quiet detection).
+    moved: bool,
+    /// Length of held bytes at the start of the buffer after [`PumpError::Held`].
+    held: usize,
 }
 
 impl Pump {
@@ -86,7 +114,26 @@ impl Pump {
             counter,
             inject: None,
             on_eof: None,
+            moved: false,
+            held: 0,
         }
+    }
+
+    /// True when everything read was written and the stream sits at a message boundary.
+    fn drained(&self) -> bool {
+        self.pos == self.cap && self.scanner.at_boundary() && !self.eof
+    }
+
+    /// Puts client bytes read before the relay started in the buffer, as if just read.
+    fn preload(&mut self, bytes: &[u8], observe: &mut dyn FnMut(&[u8])) -> Result<(), FrameError> {
+        let n = bytes.len().min(self.buf.len());
+        self.buf[..n].copy_from_slice(&bytes[..n]);
+        self.scanner.feed(&self.buf[..n], |_, _| {})?;
+        observe(&self.buf[..n]);
+        self.counter.inc_by(n as u64);
+        self.pos = 0;
+        self.cap = n;
+        Ok(())
     }
 
     /// Puts an injected message in the buffer when everything before it is written and the
@@ -100,11 +147,15 @@ impl Pump {
     }
 
     /// Copies until the reader would block with everything written; `Ready(Ok)` at end of stream.
+    /// Every chunk read goes to `observe`. With `hold`, a chunk that starts an ErrorResponse
+    /// (or the end of the stream) is kept back and reported as [`PumpError::Held`].
     fn poll_copy<R, W>(
         &mut self,
         cx: &mut Context<'_>,
         mut r: Pin<&mut R>,
         mut w: Pin<&mut W>,
+        observe: &mut dyn FnMut(&[u8]),
+        hold: bool,
     ) -> Poll<Result<(), PumpError>>
     where
         R: AsyncRead + ?Sized,
@@ -129,6 +180,10 @@ impl Pump {
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(PumpError::Read(e))),
                     Poll::Ready(Ok(())) => {
                         let n = rb.filled().len();
+                        if hold && self.scanner.at_boundary() && (n == 0 || self.buf[0] == b'E') {
+                            self.held = n;
+                            return Poll::Ready(Err(PumpError::Held));
+                        }
                         if n == 0 {
                             self.eof = true;
                             if self.scanner.at_boundary()
@@ -141,6 +196,8 @@ impl Pump {
                             self.scanner
                                 .feed(&self.buf[..n], |_, _| {})
                                 .map_err(PumpError::Frame)?;
+                            observe(&self.buf[..n]);
+                            self.moved = true;
                             self.counter.inc_by(n as u64);
                             self.pos = 0;
                             self.cap = n;
@@ -174,17 +231,84 @@ pub struct RelaySettings {
     pub max_message: u32,
 }
 
-/// Relays until either side ends or `terminate` fires; on termination the client gets FATAL
-/// `57P01` at the next message boundary.
+/// What the relay watches besides the two streams, and when it hands the session back.
+pub struct SessionWatch<'a> {
+    /// Fed with every chunk in both directions.
+    pub tracker: &'a mut SessionTracker,
+    /// Return [`RelayEnd::Quiet`] once the session has been at rest this long with no bytes
+    /// moving.
+    pub quiet_after: Option<Duration>,
+    /// Count quiet time from the start of this run, not only after bytes have moved.
+    pub quiet_from_start: bool,
+    /// Return [`RelayEnd::Park`] at rest once this changes.
+    pub park: Option<&'a mut watch::Receiver<u64>>,
+    /// Return [`RelayEnd::Migrate`] at rest once this changes.
+    pub migrate: Option<&'a mut watch::Receiver<u64>>,
+    /// Keep an ErrorResponse or end of stream from a backend at rest from the client and
+    /// return [`RelayEnd::BackendEnded`], so the caller can move the session instead.
+    pub hold_backend_end: bool,
+    /// Called once, when the client first sends bytes in this run.
+    pub on_client_activity: Option<&'a mut (dyn FnMut() + Send)>,
+    /// Client bytes read before this run (while parked), relayed first.
+    pub preload: Vec<u8>,
+}
+
+impl<'a> SessionWatch<'a> {
+    /// A watch that only feeds the tracker.
+    pub fn new(tracker: &'a mut SessionTracker) -> SessionWatch<'a> {
+        SessionWatch {
+            tracker,
+            quiet_after: None,
+            quiet_from_start: true,
+            park: None,
+            migrate: None,
+            hold_backend_end: false,
+            on_client_activity: None,
+            preload: Vec::new(),
+        }
+    }
+}
+
+/// A watch receiver's next change as a future, or one that never completes.
+async fn changed(rx: Option<&mut watch::Receiver<u64>>) {
+    if let Some(rx) = rx
+        && rx.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
+}
+
+/// Relays until either side ends, `terminate` fires or the watch hands the session back; on
+/// termination the client gets FATAL `57P01` at the next message boundary. Both streams are
+/// closed only when the session ends, not when it is handed back.
 pub async fn relay(
     client: &mut Stream,
     backend: &mut Stream,
     settings: RelaySettings,
     counters: (IntCounter, IntCounter),
     terminate: &CancellationToken,
+    watch: SessionWatch<'_>,
 ) -> RelayEnd {
+    let SessionWatch {
+        tracker,
+        quiet_after,
+        quiet_from_start,
+        park,
+        migrate,
+        hold_backend_end,
+        mut on_client_activity,
+        preload,
+    } = watch;
     let mut c2b = Pump::new(settings.buffer, settings.max_message, counters.0);
     let mut b2c = Pump::new(settings.buffer, settings.max_message, counters.1);
+    if !preload.is_empty()
+        && let Err(e) = c2b.preload(&preload, &mut |d| {
+            tracker.observe_client(d, std::time::Instant::now())
+        })
+    {
+        return RelayEnd::ClientFrame(e);
+    }
     b2c.on_eof = Some(
         ErrorMessage::fatal(
             sqlstate::CONNECTION_FAILURE,
@@ -195,6 +319,12 @@ pub async fn relay(
     );
     let mut terminated = Box::pin(terminate.cancelled());
     let mut boundary_wait: Option<Pin<Box<tokio::time::Sleep>>> = None;
+    let mut park_fut = Box::pin(changed(park));
+    let mut migrate_fut = Box::pin(changed(migrate));
+    let (mut park_asked, mut migrate_asked) = (false, false);
+    let quiet_for = quiet_after.unwrap_or(Duration::MAX);
+    let mut quiet = quiet_after.map(|d| Box::pin(tokio::time::sleep(d)));
+    let mut quiet_armed = quiet_from_start;
 
     let end = std::future::poll_fn(|cx| {
         if boundary_wait.is_none() && terminated.as_mut().poll(cx).is_ready() {
@@ -213,30 +343,96 @@ pub async fn relay(
         {
             return Poll::Ready(RelayEnd::Terminated);
         }
-        if let Poll::Ready(r) = c2b.poll_copy(cx, Pin::new(&mut *client), Pin::new(&mut *backend)) {
+        let now = std::time::Instant::now();
+        c2b.moved = false;
+        b2c.moved = false;
+        let client_poll = c2b.poll_copy(
+            cx,
+            Pin::new(&mut *client),
+            Pin::new(&mut *backend),
+            &mut |d| tracker.observe_client(d, now),
+            false,
+        );
+        if c2b.moved
+            && let Some(f) = on_client_activity.take()
+        {
+            f();
+        }
+        if let Poll::Ready(r) = client_poll {
             return Poll::Ready(match r {
                 Ok(()) => RelayEnd::ClientClosed,
                 Err(PumpError::Read(e)) => RelayEnd::ClientIo(e),
                 Err(PumpError::Write(e)) => RelayEnd::BackendIo(e),
                 Err(PumpError::Frame(e)) => RelayEnd::ClientFrame(e),
+                Err(PumpError::Held) => RelayEnd::ClientClosed,
             });
         }
         if c2b.scanner.last_tag() == Some(b'X') {
             // The client said goodbye; the backend closing next is no failure.
             b2c.on_eof = None;
         }
-        if let Poll::Ready(r) = b2c.poll_copy(cx, Pin::new(&mut *backend), Pin::new(&mut *client)) {
+        let hold = hold_backend_end
+            && boundary_wait.is_none()
+            && tracker.at_rest()
+            && b2c.drained()
+            && c2b.drained();
+        if let Poll::Ready(r) = b2c.poll_copy(
+            cx,
+            Pin::new(&mut *backend),
+            Pin::new(&mut *client),
+            &mut |d| tracker.observe_backend(d, now),
+            hold,
+        ) {
             return Poll::Ready(match r {
                 Ok(()) if boundary_wait.is_some() => RelayEnd::Terminated,
                 Ok(()) => RelayEnd::BackendClosed,
                 Err(PumpError::Read(e)) => RelayEnd::BackendIo(e),
                 Err(PumpError::Write(e)) => RelayEnd::ClientIo(e),
                 Err(PumpError::Frame(e)) => RelayEnd::BackendFrame(e),
+                Err(PumpError::Held) => RelayEnd::BackendEnded {
+                    held: b2c.buf[..b2c.held].to_vec(),
+                },
             });
+        }
+        if boundary_wait.is_some() {
+            return Poll::Pending;
+        }
+        // Both directions would block: see whether the caller wants the session back.
+        if !park_asked && park_fut.as_mut().poll(cx).is_ready() {
+            park_asked = true;
+        }
+        if !migrate_asked && migrate_fut.as_mut().poll(cx).is_ready() {
+            migrate_asked = true;
+        }
+        let at_rest = tracker.at_rest()
+            && c2b.drained()
+            && b2c.drained()
+            && !c2b.need_flush
+            && !b2c.need_flush;
+        if at_rest && migrate_asked {
+            return Poll::Ready(RelayEnd::Migrate);
+        }
+        if at_rest && park_asked {
+            return Poll::Ready(RelayEnd::Park);
+        }
+        if let Some(q) = quiet.as_mut() {
+            if c2b.moved || b2c.moved {
+                quiet_armed = true;
+                q.as_mut().reset(tokio::time::Instant::now() + quiet_for);
+            }
+            if at_rest && quiet_armed && q.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(RelayEnd::Quiet);
+            }
         }
         Poll::Pending
     })
     .await;
+    if matches!(
+        end,
+        RelayEnd::Quiet | RelayEnd::Park | RelayEnd::Migrate | RelayEnd::BackendEnded { .. }
+    ) {
+        return end;
+    }
 
     // A client that vanished without Terminate leaves the backend mid-protocol; tell it we are
     // done so it ends cleanly instead of logging an unexpected EOF.

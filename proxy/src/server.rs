@@ -56,6 +56,9 @@ pub enum BuildError {
     /// The Kubernetes client could not be configured.
     #[error("kubernetes: {0}")]
     Kubernetes(String),
+    /// The revival keys are unusable.
+    #[error("{0}")]
+    Revival(String),
     /// A credential source is unusable.
     #[error("tenant {tenant}: credentials: {source}")]
     Credentials {
@@ -405,6 +408,13 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
         limits: config.limits.clone(),
         terminate,
         passwords: PasswordChecker::new(),
+        revival: Some(Arc::new(crate::session::Revival {
+            keys: config
+                .revival
+                .key_ring()
+                .map_err(|e| BuildError::Revival(e.to_string()))?,
+            config: config.revival.clone(),
+        })),
     })
 }
 

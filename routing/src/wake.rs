@@ -6,7 +6,7 @@
 //! task outlives any one waiter, so a client giving up never cancels a wake others wait for.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, SystemTime};
 
@@ -15,7 +15,7 @@ use thiserror::Error;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep, timeout_at};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::{BackendError, ComputeState, Endpoint, Tenant, TenantDirectory, TenantId};
 
@@ -144,6 +144,8 @@ struct Inner {
     phase: Phase,
     since: SystemTime,
     connections: usize,
+    /// Connections whose session has been idle at a safe point for the idle timeout.
+    idle_connections: usize,
     waiters: usize,
     endpoint: Option<Endpoint>,
     idle_since: Instant,
@@ -156,6 +158,10 @@ struct Slot {
     tenant: Arc<Tenant>,
     inner: Mutex<Inner>,
     changed: watch::Sender<u64>,
+    /// Bumped to ask every idle session to leave its backend connection (before a sleep).
+    park: watch::Sender<u64>,
+    /// Bumped to ask every session to move to a fresh backend connection now.
+    migrate: watch::Sender<u64>,
 }
 
 impl Slot {
@@ -166,6 +172,7 @@ impl Slot {
                 phase: Phase::Asleep,
                 since: SystemTime::now(),
                 connections: 0,
+                idle_connections: 0,
                 waiters: 0,
                 endpoint: None,
                 idle_since: Instant::now(),
@@ -174,6 +181,8 @@ impl Slot {
                 last_wake: None,
             }),
             changed: watch::Sender::new(0),
+            park: watch::Sender::new(0),
+            migrate: watch::Sender::new(0),
         }
     }
 
@@ -193,16 +202,74 @@ impl Slot {
 
 /// Proof that a connection counts against its tenant; dropping it ends the connection's claim
 /// and starts the idle clock when it was the last one.
+///
+/// A session idle at a safe point marks its lease idle: when every lease of a tenant is idle,
+/// the idle sleeper asks them all to park (leave their backend connections), and a lease
+/// released by a parked session does not restart the idle clock.
 pub struct Lease {
     slot: Arc<Slot>,
+    idle: AtomicBool,
+    parked: bool,
+}
+
+impl Lease {
+    fn new(slot: Arc<Slot>) -> Lease {
+        Lease {
+            slot,
+            idle: AtomicBool::new(false),
+            parked: false,
+        }
+    }
+
+    /// Marks the session idle (at a safe point for the tenant's idle timeout) or active again.
+    pub fn set_idle(&self, idle: bool) {
+        if self.idle.swap(idle, Ordering::AcqRel) != idle {
+            let mut inner = self.slot.lock();
+            if idle {
+                inner.idle_connections += 1;
+            } else {
+                inner.idle_connections = inner.idle_connections.saturating_sub(1);
+            }
+        }
+    }
+
+    /// The tenant's idle timeout.
+    pub fn idle_timeout(&self) -> Duration {
+        self.slot.tenant.idle_timeout
+    }
+
+    /// Changes when the idle sleeper asks the tenant's sessions to park.
+    pub fn park_requests(&self) -> watch::Receiver<u64> {
+        self.slot.park.subscribe()
+    }
+
+    /// Changes when an operator asks the tenant's sessions to migrate.
+    pub fn migrate_requests(&self) -> watch::Receiver<u64> {
+        self.slot.migrate.subscribe()
+    }
+
+    /// Ends the claim of a session that parked because the tenant was idle: the idle clock is
+    /// not restarted, so the tenant can sleep at the sleeper's next look.
+    pub fn release_parked(mut self) {
+        self.parked = true;
+    }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
         let mut inner = self.slot.lock();
         inner.connections = inner.connections.saturating_sub(1);
+        if *self.idle.get_mut() {
+            inner.idle_connections = inner.idle_connections.saturating_sub(1);
+        }
         if inner.connections == 0 {
-            inner.idle_since = Instant::now();
+            let now = Instant::now();
+            inner.idle_since = if self.parked {
+                now.checked_sub(self.slot.tenant.idle_timeout)
+                    .unwrap_or(now)
+            } else {
+                now
+            };
         }
     }
 }
@@ -308,7 +375,7 @@ impl WakeCoordinator {
                             .expect("awake tenants have an endpoint");
                         return Ok(Admission {
                             endpoint,
-                            lease: Lease { slot: slot.clone() },
+                            lease: Lease::new(slot.clone()),
                         });
                     }
                     Phase::Failed => {
@@ -460,6 +527,14 @@ impl WakeCoordinator {
         }
     }
 
+    /// Asks every session of the tenant to move to a fresh backend connection at its next safe
+    /// point (admin API); returns the number of open sessions.
+    pub fn migrate(&self, tenant: &TenantId) -> Result<usize, WakeError> {
+        let slot = self.slot(tenant)?;
+        slot.migrate.send_modify(|g| *g = g.wrapping_add(1));
+        Ok(slot.lock().connections)
+    }
+
     /// Every tenant's status, sorted by id.
     pub fn status(&self) -> Vec<TenantStatus> {
         let mut out: Vec<TenantStatus> = self
@@ -531,6 +606,14 @@ impl WakeCoordinator {
                 {
                     info!(tenant = %slot.tenant.id, idle = ?slot.tenant.idle_timeout, "idle: putting tenant to sleep");
                     Self::start_sleep(slot, &mut inner);
+                } else if inner.connections > 0
+                    && inner.connections == inner.idle_connections
+                    && inner.waiters == 0
+                {
+                    // Every session is idle at a safe point: ask them to park; once they have,
+                    // the tenant has no connection and sleeps at the next look.
+                    debug!(tenant = %slot.tenant.id, sessions = inner.connections, "idle: parking sessions");
+                    slot.park.send_modify(|g| *g = g.wrapping_add(1));
                 }
             }
         }

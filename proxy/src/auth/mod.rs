@@ -63,6 +63,14 @@ impl Credential {
             .cloned()
     }
 
+    /// Every key set derived so far (sealed into revival tokens so a revival skips PBKDF2).
+    pub fn remembered_keys(&self) -> Vec<ScramKeys> {
+        self.derived
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// Remembers keys derived for a backend's salt.
     pub fn remember_keys(&self, keys: ScramKeys) {
         let mut kept = self.derived.lock().unwrap_or_else(|p| p.into_inner());

@@ -1,0 +1,481 @@
+//! Sessions that outlive their backend, measured on a `local`-backend tenant:
+//!
+//! - **revival latency**: a client holds a session with settings and a prepared statement; the
+//!   tenant idles to sleep (the session is parked); the client executes the statement. Its wait
+//!   minus the backend's own start (`last_wake_ms`) minus a warm execution is what reviving the
+//!   session adds on top of the wake.
+//! - **memory per parked session**: the gateway's RSS before and after that many sessions have
+//!   been parked (opened in batches, each batch idling the tenant to sleep).
+//! - **awake-seconds per idle tenant-hour**: a pool of 10 idle connections, one query every 10
+//!   minutes, idle timeout 1 minute, run time-scaled (every duration of the workload and the
+//!   gateway's idle handling divided by the same factor); the tenant's awake time is read from
+//!   the admin API and scaled back, wakes and sleeps counted at their real length.
+
+use std::fmt::Write as _;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use tokio_postgres::{Client, NoTls};
+
+use crate::client::Login;
+use crate::gateway::LocalGateway;
+use crate::gateway::Spec;
+use crate::process::{ProcSample, load_average};
+use crate::report::{Facts, fmt_ms, percentile};
+
+/// How much to run.
+#[derive(Clone, Copy, Debug)]
+pub struct ReviveOptions {
+    /// Park/revive cycles for the latency.
+    pub cycles: u32,
+    /// Sessions parked for the memory figure.
+    pub parked: u32,
+    /// Time-scale factor of the awake-seconds run (60: one hour in one minute).
+    pub scale: u32,
+}
+
+/// Goals from the issue.
+const GOAL_OVERHEAD_P50_MS: f64 = 50.0;
+const GOAL_PARKED_KIB: f64 = 16.0;
+/// Sessions opened per batch in the memory run (under the tenant's max_connections of 100,
+/// with room for the gateway's probes).
+const BATCH: u32 = 80;
+/// Limit for waiting on the tenant to reach a state.
+const STATE_LIMIT: Duration = Duration::from_secs(60);
+/// The workload of the awake-seconds figure, unscaled.
+const POOL: usize = 10;
+const QUERY_EVERY: Duration = Duration::from_secs(600);
+const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// One park/revive cycle.
+#[derive(Clone, Debug)]
+pub struct Cycle {
+    /// The client's execute, tenant asleep and session parked before.
+    pub e2e_ms: f64,
+    /// The backend's start (`last_wake_ms`).
+    pub start_ms: f64,
+    /// Median warm execute right after.
+    pub warm_ms: f64,
+}
+
+impl Cycle {
+    /// What the revival adds beyond the wake and the query itself.
+    pub fn overhead_ms(&self) -> f64 {
+        self.e2e_ms - self.start_ms - self.warm_ms
+    }
+}
+
+/// Everything measured.
+pub struct ReviveResults {
+    /// Latency cycles.
+    pub cycles: Vec<Cycle>,
+    /// Gateway RSS with the tenant asleep and no session, KiB.
+    pub rss_empty_kib: u64,
+    /// Gateway RSS with every session parked, KiB.
+    pub rss_parked_kib: u64,
+    /// Sessions parked for that.
+    pub parked: u32,
+    /// Awake-seconds run: (scaled run length, awake seconds measured, wakes, seconds spent
+    /// waking or sleeping, awake seconds per real hour).
+    pub awake: AwakeRun,
+    /// Load average before and after.
+    pub load: (String, String),
+}
+
+/// The time-scaled awake-seconds run.
+#[derive(Clone, Debug)]
+pub struct AwakeRun {
+    /// Factor every workload duration was divided by.
+    pub scale: u32,
+    /// Real length of the run.
+    pub run: Duration,
+    /// Time the tenant was not asleep.
+    pub awake: Duration,
+    /// Wakes seen.
+    pub wakes: u32,
+    /// Time spent in the waking and sleeping states (not scaled back: a Postgres start takes
+    /// its real time at any scale).
+    pub transitions: Duration,
+    /// Queries run, all successful.
+    pub queries: u32,
+}
+
+impl AwakeRun {
+    /// Awake seconds per real hour: the scaled part (awake minus transitions) times the scale,
+    /// plus the transitions as measured, per hour of workload.
+    pub fn per_hour_s(&self) -> f64 {
+        let scaled = self.awake.saturating_sub(self.transitions).as_secs_f64();
+        let hours = self.run.as_secs_f64() * f64::from(self.scale) / HOUR.as_secs_f64();
+        (scaled * f64::from(self.scale) + self.transitions.as_secs_f64()) / hours
+    }
+}
+
+fn spec(idle: Duration, check: Duration, snapshot: Duration) -> Spec<'static> {
+    Spec {
+        tenant: "revive",
+        wake: vec![
+            format!("idle_timeout = \"{}ms\"", idle.as_millis()),
+            format!("idle_check_interval = \"{}ms\"", check.as_millis()),
+        ],
+        limits: vec!["shutdown_grace = \"1s\"".into()],
+        settings: vec![],
+        revival: vec![format!("snapshot_after = \"{}ms\"", snapshot.as_millis())],
+    }
+}
+
+async fn connect(login: &Login) -> Result<Client> {
+    let mut config = tokio_postgres::Config::new();
+    config
+        .user(&login.user)
+        .password(&login.password)
+        .dbname(&login.dbname)
+        .application_name("pgwake-bench")
+        .host("127.0.0.1")
+        .port(login.port)
+        .ssl_mode(tokio_postgres::config::SslMode::Disable)
+        .connect_timeout(Duration::from_secs(60));
+    let (client, conn) = config.connect(NoTls).await?;
+    tokio::spawn(conn);
+    Ok(client)
+}
+
+fn wait_state(gw: &LocalGateway, state: &str) -> Result<()> {
+    let deadline = Instant::now() + STATE_LIMIT;
+    loop {
+        let now = gw.status()?.state;
+        if now == state {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("tenant is {now}, not {state}: {}", gw.log_tail(5));
+        }
+        sleep(Duration::from_millis(10));
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Runs the three measurements with the pgwake binary at `binary`.
+pub fn run(binary: &std::path::Path, opts: ReviveOptions) -> Result<ReviveResults> {
+    let load_before = load_average();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let cycles = latency(&rt, binary, opts.cycles).context("revival latency")?;
+    let (rss_empty_kib, rss_parked_kib) =
+        memory(&rt, binary, opts.parked).context("memory per parked session")?;
+    let awake = awake_seconds(&rt, binary, opts.scale).context("awake-seconds")?;
+    Ok(ReviveResults {
+        cycles,
+        rss_empty_kib,
+        rss_parked_kib,
+        parked: opts.parked,
+        awake,
+        load: (load_before, load_average()),
+    })
+}
+
+fn latency(rt: &tokio::runtime::Runtime, binary: &std::path::Path, n: u32) -> Result<Vec<Cycle>> {
+    let gw = LocalGateway::start(
+        binary,
+        &spec(
+            Duration::from_millis(500),
+            Duration::from_millis(50),
+            Duration::from_millis(100),
+        ),
+    )?;
+    let login = gw.login();
+    crate::progress("revive: first connection (initdb and first start, not measured) ...");
+    let client = rt.block_on(connect(&login))?;
+    let stmt = rt.block_on(async {
+        client
+            .batch_execute(
+                "SET search_path = pg_catalog, public; SET statement_timeout = '30s'; \
+                 SET app.x = 'bench'",
+            )
+            .await?;
+        client.prepare("SELECT $1::int4 + 1").await
+    })?;
+    let mut out = Vec::new();
+    // One unmeasured cycle: the first start after initdb differs.
+    for i in 0..=n {
+        wait_state(&gw, "asleep")?;
+        if gw.metric("pgwake_sessions_parked")? != 1.0 {
+            bail!("the session is not parked while the tenant sleeps");
+        }
+        let started = Instant::now();
+        let v: i32 = rt.block_on(client.query_one(&stmt, &[&41i32]))?.get(0);
+        let e2e = started.elapsed();
+        if v != 42 {
+            bail!("wrong answer {v}");
+        }
+        let start_ms = gw
+            .status()?
+            .last_wake_ms
+            .ok_or_else(|| anyhow!("no last_wake_ms"))?;
+        let mut warm = Vec::new();
+        for _ in 0..3 {
+            let t = Instant::now();
+            rt.block_on(client.query_one(&stmt, &[&1i32]))?;
+            warm.push(ms(t.elapsed()));
+        }
+        let c = Cycle {
+            e2e_ms: ms(e2e),
+            start_ms,
+            warm_ms: crate::report::median(&warm).unwrap_or(0.0),
+        };
+        if i == 0 {
+            continue;
+        }
+        crate::progress(format_args!(
+            "revive cycle {i:>2}/{n} execute {:7.1} ms  start {:7.1} ms  warm {:5.2} ms  revival overhead {:6.1} ms",
+            c.e2e_ms,
+            c.start_ms,
+            c.warm_ms,
+            c.overhead_ms()
+        ));
+        out.push(c);
+    }
+    drop(client);
+    Ok(out)
+}
+
+fn memory(rt: &tokio::runtime::Runtime, binary: &std::path::Path, n: u32) -> Result<(u64, u64)> {
+    let gw = LocalGateway::start(
+        binary,
+        &spec(
+            Duration::from_millis(500),
+            Duration::from_millis(50),
+            Duration::from_millis(100),
+        ),
+    )?;
+    let login = gw.login();
+    // Wake once and let it sleep, so the baseline has the runtime and the local backend warm.
+    rt.block_on(async {
+        connect(&login).await?.simple_query("SELECT 1").await?;
+        Ok::<_, anyhow::Error>(())
+    })?;
+    wait_state(&gw, "asleep")?;
+    sleep(Duration::from_millis(300));
+    let pid = gw.pid();
+    let empty = ProcSample::read(pid)?.rss_kib;
+    let mut clients = Vec::with_capacity(n as usize);
+    while clients.len() < n as usize {
+        let batch = BATCH.min(n - clients.len() as u32);
+        crate::progress(format_args!(
+            "revive: parking sessions {}..{} of {n}",
+            clients.len() + 1,
+            clients.len() + batch as usize
+        ));
+        for _ in 0..batch {
+            let c = rt.block_on(async {
+                let c = connect(&login).await?;
+                c.batch_execute("SET app.x = 'parked'; PREPARE q(int) AS SELECT $1")
+                    .await?;
+                Ok::<_, anyhow::Error>(c)
+            })?;
+            clients.push(c);
+        }
+        sleep(Duration::from_millis(200));
+        wait_state(&gw, "asleep")?;
+    }
+    let deadline = Instant::now() + STATE_LIMIT;
+    while gw.metric("pgwake_sessions_parked")? < f64::from(n) {
+        if Instant::now() > deadline {
+            bail!("not every session parked: {}", gw.log_tail(5));
+        }
+        sleep(Duration::from_millis(50));
+    }
+    sleep(Duration::from_millis(300));
+    let parked = ProcSample::read(pid)?.rss_kib;
+    drop(clients);
+    Ok((empty, parked))
+}
+
+fn awake_seconds(
+    rt: &tokio::runtime::Runtime,
+    binary: &std::path::Path,
+    scale: u32,
+) -> Result<AwakeRun> {
+    let idle = IDLE_TIMEOUT / scale;
+    let every = QUERY_EVERY / scale;
+    let run = HOUR / scale;
+    let gw = LocalGateway::start(
+        binary,
+        &spec(idle, (idle / 20).max(Duration::from_millis(10)), idle / 10),
+    )?;
+    let login = gw.login();
+    let pool = rt.block_on(async {
+        let mut pool = Vec::new();
+        for _ in 0..POOL {
+            let c = connect(&login).await?;
+            c.batch_execute("SET application_name = 'pool'").await?;
+            pool.push(std::sync::Arc::new(c));
+        }
+        Ok::<_, anyhow::Error>(pool)
+    })?;
+    wait_state(&gw, "asleep")?;
+    crate::progress(format_args!(
+        "revive: awake-seconds run, {} s (one hour at 1/{scale}) ...",
+        run.as_secs()
+    ));
+    let started = Instant::now();
+    let (mut awake, mut transitions) = (Duration::ZERO, Duration::ZERO);
+    let (mut wakes, mut queries) = (0u32, 0u32);
+    let mut last = (Instant::now(), "asleep".to_owned());
+    let mut next_query = started + every;
+    let mut answers = Vec::new();
+    while started.elapsed() < run {
+        if Instant::now() >= next_query {
+            // The query runs while the state is sampled: its wake is part of what is measured.
+            let c = pool[queries as usize % POOL].clone();
+            answers.push(rt.spawn(async move { c.simple_query("SELECT 1").await.map(drop) }));
+            queries += 1;
+            next_query += every;
+        }
+        let state = gw.status()?.state;
+        let now = Instant::now();
+        let span = now - last.0;
+        match last.1.as_str() {
+            "asleep" => {}
+            "awake" => awake += span,
+            _ => {
+                awake += span;
+                transitions += span;
+            }
+        }
+        if last.1 != "waking" && state == "waking" {
+            wakes += 1;
+        }
+        last = (now, state);
+        sleep(Duration::from_millis(5));
+    }
+    // Every query must have been answered (a failed revival would show here).
+    rt.block_on(async {
+        for a in answers {
+            a.await??;
+        }
+        for c in &pool {
+            c.simple_query("SELECT 1").await?;
+        }
+        Ok::<_, anyhow::Error>(())
+    })
+    .context("the pool's sessions after the run")?;
+    Ok(AwakeRun {
+        scale,
+        run,
+        awake,
+        wakes,
+        transitions,
+        queries,
+    })
+}
+
+/// The Markdown section for RESULTS.md.
+pub fn render(
+    facts: &Facts,
+    opts: ReviveOptions,
+    outcome: &Result<ReviveResults, String>,
+) -> String {
+    let mut out = String::new();
+    let Some(r) = facts.open_section(
+        &mut out,
+        "Parked sessions: revival latency, memory, awake time (local backend)",
+        outcome,
+        |r| &r.load,
+    ) else {
+        return out;
+    };
+    let _ = writeln!(
+        out,
+        "| method | one tokio-postgres session (plaintext, SCRAM login at the gateway) with three \
+         SETs and a prepared statement; idle timeout 500 ms, snapshot after 100 ms; {} cycles of \
+         \"tenant asleep, session parked → execute the statement\" after one unmeasured cycle; \
+         revival overhead = execute time − backend start (`last_wake_ms`) − median warm execute |",
+        opts.cycles
+    );
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "| measure (ms) | n | p50 | p95 | max | goal | met |\n|---|---:|---:|---:|---:|---|---|"
+    );
+    let col = |f: &dyn Fn(&Cycle) -> f64| -> Vec<f64> { r.cycles.iter().map(f).collect() };
+    let rows: [(&str, Vec<f64>, Option<f64>); 4] = [
+        (
+            "execute on a parked session (wake + revival)",
+            col(&|c| c.e2e_ms),
+            None,
+        ),
+        ("backend start (last_wake_ms)", col(&|c| c.start_ms), None),
+        ("warm execute", col(&|c| c.warm_ms), None),
+        (
+            "**revival overhead beyond the wake**",
+            col(&|c| c.overhead_ms()),
+            Some(GOAL_OVERHEAD_P50_MS),
+        ),
+    ];
+    for (name, v, goal) in rows {
+        let p = |q| percentile(&v, q).map(fmt_ms).unwrap_or_default();
+        let max = v.iter().cloned().fold(f64::MIN, f64::max);
+        let (goal_text, met) = match goal {
+            Some(g) => (
+                format!("p50 ≤ {g} ms"),
+                if percentile(&v, 50.0).is_some_and(|p| p <= g) {
+                    "yes"
+                } else {
+                    "no"
+                },
+            ),
+            None => (String::new(), ""),
+        };
+        let _ = writeln!(
+            out,
+            "| {name} | {} | {} | {} | {} | {goal_text} | {met} |",
+            v.len(),
+            p(50.0),
+            p(95.0),
+            fmt_ms(max)
+        );
+    }
+    let per = (r.rss_parked_kib as f64 - r.rss_empty_kib as f64) / f64::from(r.parked.max(1));
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "| memory | value | goal | met |\n|---|---:|---|---|\n\
+         | gateway RSS, tenant asleep, no session | {} KiB | | |\n\
+         | gateway RSS, {} sessions parked (tenant asleep) | {} KiB | | |\n\
+         | **per parked session** | {per:.1} KiB | ≤ {GOAL_PARKED_KIB} KiB | {} |",
+        r.rss_empty_kib,
+        r.parked,
+        r.rss_parked_kib,
+        if per <= GOAL_PARKED_KIB { "yes" } else { "no" }
+    );
+    let a = &r.awake;
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "| awake time | value |\n|---|---:|\n\
+         | workload | pool of {POOL} idle connections, one query every {} min, idle timeout {} min, run at 1/{} scale ({} s) |\n\
+         | queries / wakes | {} / {} |\n\
+         | awake (not asleep) during the scaled run | {:.1} s, of which waking or sleeping {:.1} s |\n\
+         | **awake-seconds per idle tenant-hour** (scaled part × {}, wakes and sleeps at real length) | **{:.0} s** ({:.1} min) |\n\
+         | an anchor that stays awake while a connection is open | 3600 s (60 min) |",
+        QUERY_EVERY.as_secs() / 60,
+        IDLE_TIMEOUT.as_secs() / 60,
+        a.scale,
+        a.run.as_secs(),
+        a.queries,
+        a.wakes,
+        a.awake.as_secs_f64(),
+        a.transitions.as_secs_f64(),
+        a.scale,
+        a.per_hour_s(),
+        a.per_hour_s() / 60.0
+    );
+    out
+}

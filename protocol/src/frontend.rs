@@ -1,0 +1,149 @@
+//! Messages the gateway sends a backend on its own (to record and restore a session's state),
+//! and readers for the few answers it inspects.
+
+/// Appends one message: tag, length, body.
+fn message(out: &mut Vec<u8>, tag: u8, body: impl FnOnce(&mut Vec<u8>)) {
+    out.push(tag);
+    let at = out.len();
+    out.extend_from_slice(&[0; 4]);
+    body(out);
+    let len = (out.len() - at) as u32;
+    out[at..at + 4].copy_from_slice(&len.to_be_bytes());
+}
+
+fn cstr(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(s.as_bytes());
+    out.push(0);
+}
+
+/// Appends a simple Query.
+pub fn query(out: &mut Vec<u8>, sql: &str) {
+    message(out, b'Q', |b| cstr(b, sql));
+}
+
+/// Appends a Parse of statement `name` with parameter type OIDs (0: let the server infer).
+pub fn parse(out: &mut Vec<u8>, name: &str, sql: &str, param_types: &[u32]) {
+    message(out, b'P', |b| {
+        cstr(b, name);
+        cstr(b, sql);
+        b.extend_from_slice(&(param_types.len() as u16).to_be_bytes());
+        for t in param_types {
+            b.extend_from_slice(&t.to_be_bytes());
+        }
+    });
+}
+
+/// Appends a Bind of the unnamed portal to statement `name` with text parameters and text
+/// results.
+pub fn bind_text(out: &mut Vec<u8>, name: &str, params: &[&str]) {
+    message(out, b'B', |b| {
+        cstr(b, "");
+        cstr(b, name);
+        b.extend_from_slice(&0u16.to_be_bytes());
+        b.extend_from_slice(&(params.len() as u16).to_be_bytes());
+        for p in params {
+            b.extend_from_slice(&(p.len() as u32).to_be_bytes());
+            b.extend_from_slice(p.as_bytes());
+        }
+        b.extend_from_slice(&0u16.to_be_bytes());
+    });
+}
+
+/// Appends an Execute of the unnamed portal, all rows.
+pub fn execute(out: &mut Vec<u8>) {
+    message(out, b'E', |b| {
+        cstr(b, "");
+        b.extend_from_slice(&0u32.to_be_bytes());
+    });
+}
+
+/// Appends a Sync.
+pub fn sync(out: &mut Vec<u8>) {
+    message(out, b'S', |_| {});
+}
+
+/// A Terminate message.
+pub const TERMINATE: [u8; 5] = [b'X', 0, 0, 0, 4];
+
+/// The columns of a DataRow body; `None` for SQL NULL. `None` overall when malformed.
+pub fn data_row(body: &[u8]) -> Option<Vec<Option<&[u8]>>> {
+    let n = u16::from_be_bytes(body.get(..2)?.try_into().ok()?) as usize;
+    let mut rest = &body[2..];
+    let mut cols = Vec::with_capacity(n);
+    for _ in 0..n {
+        let len = i32::from_be_bytes(rest.get(..4)?.try_into().ok()?);
+        rest = &rest[4..];
+        if len < 0 {
+            cols.push(None);
+            continue;
+        }
+        let len = len as usize;
+        cols.push(Some(rest.get(..len)?));
+        rest = &rest[len..];
+    }
+    Some(cols)
+}
+
+/// The SQLSTATE (`C`), severity (`V` or `S`) and message (`M`) fields of an ErrorResponse or
+/// NoticeResponse body.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ErrorFields {
+    /// SQLSTATE code.
+    pub code: String,
+    /// Severity, not localized when the server sent `V`.
+    pub severity: String,
+    /// Primary message.
+    pub message: String,
+}
+
+/// Reads the fields of an ErrorResponse body (tolerates a cut-off body).
+pub fn error_fields(body: &[u8]) -> ErrorFields {
+    let mut out = ErrorFields::default();
+    for field in body.split(|&b| b == 0) {
+        let Some((&kind, value)) = field.split_first() else {
+            continue;
+        };
+        let value = String::from_utf8_lossy(value).into_owned();
+        match kind {
+            b'C' => out.code = value,
+            b'V' => out.severity = value,
+            b'S' if out.severity.is_empty() => out.severity = value,
+            b'M' => out.message = value,
+            _ => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_have_their_lengths() {
+        let mut out = Vec::new();
+        parse(&mut out, "s1", "select $1", &[23]);
+        assert_eq!(out[0], b'P');
+        assert_eq!(
+            u32::from_be_bytes(out[1..5].try_into().unwrap()) as usize,
+            out.len() - 1
+        );
+        let mut out = Vec::new();
+        sync(&mut out);
+        assert_eq!(out, [b'S', 0, 0, 0, 4]);
+    }
+
+    #[test]
+    fn reads_rows_and_errors() {
+        let mut body = 2u16.to_be_bytes().to_vec();
+        body.extend(2i32.to_be_bytes());
+        body.extend(b"ab");
+        body.extend((-1i32).to_be_bytes());
+        assert_eq!(data_row(&body), Some(vec![Some(&b"ab"[..]), None]));
+        assert_eq!(data_row(&body[..5]), None);
+        let f = error_fields(b"SFATAL\0VFATAL\0C57P01\0Mterminating\0\0");
+        assert_eq!(f.code, "57P01");
+        assert_eq!(f.severity, "FATAL");
+        assert_eq!(f.message, "terminating");
+    }
+}

@@ -1,0 +1,958 @@
+//! The `SessionTracker`: what the gateway must know about a relayed session to move it to
+//! another backend connection, learnt from the message stream alone.
+//!
+//! It is fed the same chunks the relay copies, in both directions, walks the 5-byte headers and
+//! keeps only the few bytes of the messages it needs (a Parse's or Close's statement name, a
+//! Query's first bytes, ReadyForQuery's status, CommandComplete's tag). Everything else is
+//! skipped without being buffered.
+//!
+//! What the stream shows with certainty — transaction status, requests in flight, COPY, named
+//! statements the backend confirmed, LISTEN — is tracked here. Temporary objects, session
+//! advisory locks and WITH HOLD cursors leave no trace in the protocol (a `CREATE TEMP TABLE`
+//! completes as `CREATE TABLE`, a lock is a plain `SELECT`), so the proxy checks them with SQL
+//! when it takes a snapshot; this tracker is the cheap first filter, SQL is the authority.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::time::Instant;
+
+/// Bytes kept of a client message whose payload matters (statement names, query text).
+const CLIENT_CAPTURE: usize = 1024;
+/// Capture buffer capacity kept between messages; a larger one is freed (parked sessions
+/// should cost little).
+const CAPTURE_KEEP: usize = 256;
+/// Custom (`prefix.name`) settings remembered; `pg_settings` does not list them, so the
+/// snapshot asks for each by name.
+const MAX_CUSTOM_SETTINGS: usize = 64;
+/// Bytes kept of a backend CommandComplete tag.
+const TAG_CAPTURE: usize = 64;
+
+/// Transaction status, from the last ReadyForQuery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TxStatus {
+    /// Not in a transaction block (`I`).
+    Idle,
+    /// In a transaction block (`T`).
+    InTransaction,
+    /// In a failed transaction block (`E`).
+    Failed,
+}
+
+/// Why a session cannot leave its backend connection (a set of reasons).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pins(u8);
+
+impl Pins {
+    /// An open or failed transaction block.
+    pub const TRANSACTION: Pins = Pins(1);
+    /// LISTEN: notifications would be lost.
+    pub const LISTEN: Pins = Pins(1 << 1);
+    /// A cursor that may outlive its transaction (WITH HOLD).
+    pub const HELD_CURSOR: Pins = Pins(1 << 2);
+    /// Temporary tables or other temporary objects.
+    pub const TEMP_OBJECTS: Pins = Pins(1 << 3);
+    /// Session-level advisory locks.
+    pub const ADVISORY_LOCK: Pins = Pins(1 << 4);
+    /// More named statements than the tracker keeps, or names it could not read: its count is
+    /// unreliable (a snapshot that reads `pg_prepared_statements` is not affected).
+    pub const UNTRACKED_STATEMENTS: Pins = Pins(1 << 5);
+    /// The stream broke framing; nothing about the session can be trusted.
+    pub const BROKEN: Pins = Pins(1 << 6);
+
+    const NAMES: [(Pins, &'static str); 7] = [
+        (Pins::TRANSACTION, "open transaction"),
+        (Pins::LISTEN, "LISTEN"),
+        (Pins::HELD_CURSOR, "WITH HOLD cursor"),
+        (Pins::TEMP_OBJECTS, "temporary objects"),
+        (Pins::ADVISORY_LOCK, "session advisory lock"),
+        (Pins::UNTRACKED_STATEMENTS, "untracked prepared statements"),
+        (Pins::BROKEN, "broken message stream"),
+    ];
+
+    /// No pin.
+    pub const fn none() -> Pins {
+        Pins(0)
+    }
+
+    /// True when no reason is set.
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// True when every reason in `other` is set here.
+    pub fn contains(self, other: Pins) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// Adds the reasons in `other`.
+    pub fn insert(&mut self, other: Pins) {
+        self.0 |= other.0;
+    }
+
+    /// Removes the reasons in `other`.
+    pub fn remove(&mut self, other: Pins) {
+        self.0 &= !other.0;
+    }
+
+    /// The reasons, for logs and error messages.
+    pub fn describe(self) -> String {
+        let names: Vec<&str> = Self::NAMES
+            .iter()
+            .filter(|(p, _)| self.contains(*p))
+            .map(|(_, n)| *n)
+            .collect();
+        names.join(", ")
+    }
+}
+
+impl std::ops::BitOr for Pins {
+    type Output = Pins;
+    fn bitor(self, rhs: Pins) -> Pins {
+        Pins(self.0 | rhs.0)
+    }
+}
+
+/// Bounds on what the tracker keeps.
+#[derive(Clone, Copy, Debug)]
+pub struct TrackerLimits {
+    /// Named prepared statements remembered; a session with more is pinned.
+    pub max_statements: usize,
+}
+
+impl Default for TrackerLimits {
+    fn default() -> Self {
+        TrackerLimits {
+            max_statements: 1000,
+        }
+    }
+}
+
+/// A client request still waiting for the backend's answer, in the order sent.
+#[derive(Debug)]
+enum Op {
+    /// Parse of a named (`Some`) or unnamed statement.
+    Parse(Option<Box<str>>),
+    /// Close of a named statement (`Some`) or of a portal or the unnamed statement.
+    Close(Option<Box<str>>),
+    /// Sync: the backend answers ReadyForQuery.
+    Sync,
+    /// Simple query (or function call): ends with ReadyForQuery; what a single `PREPARE` or
+    /// `DEALLOCATE` in it names.
+    Query(Option<SqlStatementOp>),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum SqlStatementOp {
+    Prepare(Box<str>),
+    Deallocate(Box<str>),
+}
+
+/// Framing state of one direction, keeping the first bytes of the messages that matter.
+#[derive(Debug, Default)]
+struct Reader {
+    header: [u8; 5],
+    have: usize,
+    remaining: u32,
+    capture: Vec<u8>,
+    capture_limit: usize,
+    in_message: bool,
+}
+
+impl Reader {
+    /// Walks `data`, calling `done(tag, kept_prefix)` for each message that ends in it.
+    /// Returns false on a length field that cannot be valid.
+    fn feed(
+        &mut self,
+        mut data: &[u8],
+        limit: impl Fn(u8) -> usize,
+        mut done: impl FnMut(u8, &[u8]),
+    ) -> bool {
+        loop {
+            if self.in_message {
+                let take = (self.remaining as usize).min(data.len());
+                let room = self.capture_limit.saturating_sub(self.capture.len());
+                self.capture.extend_from_slice(&data[..take.min(room)]);
+                self.remaining -= take as u32;
+                data = &data[take..];
+                if self.remaining > 0 {
+                    return true;
+                }
+                self.in_message = false;
+                done(self.header[0], &self.capture);
+                self.capture.clear();
+                if self.capture.capacity() > CAPTURE_KEEP {
+                    self.capture = Vec::new();
+                }
+                continue;
+            }
+            if data.is_empty() {
+                return true;
+            }
+            let take = (5 - self.have).min(data.len());
+            self.header[self.have..self.have + take].copy_from_slice(&data[..take]);
+            self.have += take;
+            data = &data[take..];
+            if self.have < 5 {
+                return true;
+            }
+            self.have = 0;
+            let len = u32::from_be_bytes([
+                self.header[1],
+                self.header[2],
+                self.header[3],
+                self.header[4],
+            ]);
+            if len < 4 {
+                return false;
+            }
+            self.remaining = len - 4;
+            self.capture_limit = limit(self.header[0]);
+            self.in_message = true;
+        }
+    }
+
+    fn at_boundary(&self) -> bool {
+        self.have == 0 && !self.in_message
+    }
+}
+
+/// Session state learnt from the relayed stream; see the module documentation.
+#[derive(Debug)]
+pub struct SessionTracker {
+    limits: TrackerLimits,
+    client: Reader,
+    backend: Reader,
+    status: TxStatus,
+    ops: VecDeque<Op>,
+    /// ReadyForQuery messages still owed to the client.
+    pending: usize,
+    /// Extended-protocol messages sent since the last Sync (nothing answers them until one).
+    unsynced: bool,
+    copy: bool,
+    terminating: bool,
+    pins: Pins,
+    statements: BTreeSet<Box<str>>,
+    custom_settings: BTreeSet<Box<str>>,
+    client_messages: u64,
+    last_activity: Option<Instant>,
+}
+
+impl Default for SessionTracker {
+    fn default() -> Self {
+        SessionTracker::new(TrackerLimits::default())
+    }
+}
+
+impl SessionTracker {
+    /// A tracker for a session that just finished login (status idle, nothing in flight).
+    pub fn new(limits: TrackerLimits) -> SessionTracker {
+        SessionTracker {
+            limits,
+            client: Reader::default(),
+            backend: Reader::default(),
+            status: TxStatus::Idle,
+            ops: VecDeque::new(),
+            pending: 0,
+            unsynced: false,
+            copy: false,
+            terminating: false,
+            pins: Pins::none(),
+            statements: BTreeSet::new(),
+            custom_settings: BTreeSet::new(),
+            client_messages: 0,
+            last_activity: None,
+        }
+    }
+
+    /// Observes bytes the client sent towards the backend.
+    pub fn observe_client(&mut self, data: &[u8], now: Instant) {
+        if data.is_empty() || self.pins.contains(Pins::BROKEN) {
+            return;
+        }
+        self.last_activity = Some(now);
+        let mut reader = std::mem::take(&mut self.client);
+        let ok = reader.feed(data, client_capture, |tag, body| {
+            self.client_message(tag, body)
+        });
+        self.client = reader;
+        if !ok {
+            self.pins.insert(Pins::BROKEN);
+        }
+    }
+
+    /// Observes bytes the backend sent towards the client.
+    pub fn observe_backend(&mut self, data: &[u8], now: Instant) {
+        if data.is_empty() || self.pins.contains(Pins::BROKEN) {
+            return;
+        }
+        self.last_activity = Some(now);
+        let mut reader = std::mem::take(&mut self.backend);
+        let ok = reader.feed(data, backend_capture, |tag, body| {
+            self.backend_message(tag, body)
+        });
+        self.backend = reader;
+        if !ok {
+            self.pins.insert(Pins::BROKEN);
+        }
+    }
+
+    fn client_message(&mut self, tag: u8, body: &[u8]) {
+        self.client_messages += 1;
+        match tag {
+            b'Q' | b'F' => {
+                let op = if tag == b'Q' {
+                    self.note_custom_settings(body);
+                    sql_statement_op(body)
+                } else {
+                    None
+                };
+                self.ops.push_back(Op::Query(op));
+                self.pending += 1;
+            }
+            b'S' => {
+                self.ops.push_back(Op::Sync);
+                self.pending += 1;
+                self.unsynced = false;
+            }
+            b'P' => {
+                if let Some(end) = body.iter().position(|&b| b == 0) {
+                    self.note_custom_settings(&body[end + 1..]);
+                }
+                let name = self.statement_name(body);
+                self.ops.push_back(Op::Parse(name));
+                self.unsynced = true;
+            }
+            b'C' => {
+                let name = match body.first() {
+                    Some(b'S') => self.statement_name(&body[1..]),
+                    _ => None,
+                };
+                self.ops.push_back(Op::Close(name));
+                self.unsynced = true;
+            }
+            b'X' => self.terminating = true,
+            // COPY data from the client belongs to a request already counted.
+            b'd' | b'c' | b'f' => {}
+            _ => self.unsynced = true,
+        }
+    }
+
+    /// Remembers custom settings a query text sets (`SET a.b ...`, `set_config('a.b', ...)`).
+    fn note_custom_settings(&mut self, text: &[u8]) {
+        let text = text.split(|&b| b == 0).next().unwrap_or_default();
+        for name in custom_setting_names(text) {
+            if self.custom_settings.len() >= MAX_CUSTOM_SETTINGS {
+                return;
+            }
+            self.custom_settings.insert(name.into());
+        }
+    }
+
+    /// A statement name at the start of `body`; `None` for the unnamed statement. A name the
+    /// capture cut short cannot be tracked, which pins the session.
+    fn statement_name(&mut self, body: &[u8]) -> Option<Box<str>> {
+        match body.iter().position(|&b| b == 0) {
+            Some(0) => None,
+            Some(end) => match std::str::from_utf8(&body[..end]) {
+                Ok(name) => Some(name.into()),
+                Err(_) => {
+                    self.pins.insert(Pins::UNTRACKED_STATEMENTS);
+                    None
+                }
+            },
+            None => {
+                self.pins.insert(Pins::UNTRACKED_STATEMENTS);
+                None
+            }
+        }
+    }
+
+    fn backend_message(&mut self, tag: u8, body: &[u8]) {
+        match tag {
+            b'Z' => {
+                self.status = match body.first() {
+                    Some(b'T') => TxStatus::InTransaction,
+                    Some(b'E') => TxStatus::Failed,
+                    _ => TxStatus::Idle,
+                };
+                // Everything up to the request this answers is finished (or was skipped after
+                // an error).
+                while let Some(op) = self.ops.pop_front() {
+                    if matches!(op, Op::Sync | Op::Query(_)) {
+                        break;
+                    }
+                }
+                self.pending = self.pending.saturating_sub(1);
+                self.copy = false;
+            }
+            b'1' => {
+                if let Some(i) = self.ops.iter().position(|o| matches!(o, Op::Parse(_)))
+                    && let Some(Op::Parse(Some(name))) = self.ops.remove(i)
+                {
+                    self.remember(name);
+                }
+            }
+            b'3' => {
+                if let Some(i) = self.ops.iter().position(|o| matches!(o, Op::Close(_)))
+                    && let Some(Op::Close(Some(name))) = self.ops.remove(i)
+                {
+                    self.statements.remove(&name);
+                }
+            }
+            b'E' => {
+                // The backend skips the rest of an extended-protocol batch until Sync: its
+                // Parse and Close requests never happen.
+                while matches!(self.ops.front(), Some(Op::Parse(_) | Op::Close(_))) {
+                    self.ops.pop_front();
+                }
+            }
+            b'C' => self.command_complete(body),
+            b'G' | b'H' | b'W' => self.copy = true,
+            b'A' => self.pins.insert(Pins::LISTEN),
+            _ => {}
+        }
+    }
+
+    fn command_complete(&mut self, body: &[u8]) {
+        let tag = body.split(|&b| b == 0).next().unwrap_or_default();
+        match tag {
+            b"LISTEN" => self.pins.insert(Pins::LISTEN),
+            // Whether any channel is left is checked with SQL at snapshot time.
+            b"UNLISTEN" => self.pins.remove(Pins::LISTEN),
+            b"DECLARE CURSOR" => self.pins.insert(Pins::HELD_CURSOR),
+            b"CLOSE CURSOR" | b"CLOSE CURSOR ALL" => self.pins.remove(Pins::HELD_CURSOR),
+            b"DEALLOCATE ALL" => self.statements.clear(),
+            b"DISCARD ALL" => {
+                self.statements.clear();
+                self.pins.remove(
+                    Pins::LISTEN | Pins::HELD_CURSOR | Pins::TEMP_OBJECTS | Pins::ADVISORY_LOCK,
+                );
+            }
+            b"DISCARD TEMP" => self.pins.remove(Pins::TEMP_OBJECTS),
+            b"PREPARE" | b"DEALLOCATE" => {
+                let op = self.ops.iter().find_map(|o| match o {
+                    Op::Query(op) => Some(op.clone()),
+                    _ => None,
+                });
+                match op.flatten() {
+                    Some(SqlStatementOp::Prepare(name)) if tag == b"PREPARE" => self.remember(name),
+                    Some(SqlStatementOp::Deallocate(name)) if tag == b"DEALLOCATE" => {
+                        self.statements.remove(&name);
+                    }
+                    // A multi-statement query or a name the tracker could not read: the
+                    // snapshot reads pg_prepared_statements anyway, but the count here is off.
+                    _ => self.pins.insert(Pins::UNTRACKED_STATEMENTS),
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn remember(&mut self, name: Box<str>) {
+        if self.statements.len() >= self.limits.max_statements && !self.statements.contains(&name) {
+            self.pins.insert(Pins::UNTRACKED_STATEMENTS);
+            return;
+        }
+        self.statements.insert(name);
+    }
+
+    /// Transaction status from the last ReadyForQuery.
+    pub fn status(&self) -> TxStatus {
+        self.status
+    }
+
+    /// True while a request has not been fully answered (or extended-protocol messages wait
+    /// for a Sync).
+    pub fn in_flight(&self) -> bool {
+        self.pending > 0 || self.unsynced || !self.ops.is_empty()
+    }
+
+    /// True during COPY.
+    pub fn in_copy(&self) -> bool {
+        self.copy
+    }
+
+    /// The pins the stream showed (transaction status included).
+    pub fn pins(&self) -> Pins {
+        let mut p = self.pins;
+        if self.status != TxStatus::Idle {
+            p.insert(Pins::TRANSACTION);
+        }
+        p
+    }
+
+    /// Both directions end at a message boundary, nothing is in flight, the status is idle and
+    /// the client has not said goodbye: the backend connection could be swapped here, pins
+    /// aside.
+    pub fn at_rest(&self) -> bool {
+        self.client.at_boundary()
+            && self.backend.at_boundary()
+            && !self.in_flight()
+            && !self.copy
+            && !self.terminating
+            && self.status == TxStatus::Idle
+            && !self.pins.contains(Pins::BROKEN)
+    }
+
+    /// At rest and with no pin the stream showed (SQL checks for the rest come on top).
+    pub fn at_safe_point(&self) -> bool {
+        self.at_rest() && self.pins().is_empty()
+    }
+
+    /// Named prepared statements the backend confirmed, as far as the stream shows.
+    pub fn statements(&self) -> impl Iterator<Item = &str> {
+        self.statements.iter().map(|s| &**s)
+    }
+
+    /// Custom (`prefix.name`) settings the client may have set; the snapshot reads their values.
+    pub fn custom_settings(&self) -> impl Iterator<Item = &str> {
+        self.custom_settings.iter().map(|s| &**s)
+    }
+
+    /// Number of named prepared statements tracked.
+    pub fn statement_count(&self) -> usize {
+        self.statements.len()
+    }
+
+    /// Client messages seen so far: a change means the session may have changed state.
+    pub fn client_messages(&self) -> u64 {
+        self.client_messages
+    }
+
+    /// When bytes last moved in either direction.
+    pub fn last_activity(&self) -> Option<Instant> {
+        self.last_activity
+    }
+
+    /// Records pins found outside the stream (the SQL checks at snapshot time).
+    pub fn add_pins(&mut self, pins: Pins) {
+        self.pins.insert(pins);
+    }
+
+    /// The backend connection was replaced by a fresh one holding these statements (after a
+    /// revival): in-stream state starts over, status idle.
+    pub fn reset_for_new_backend<'a>(&mut self, statements: impl IntoIterator<Item = &'a str>) {
+        self.backend = Reader::default();
+        self.status = TxStatus::Idle;
+        self.ops.clear();
+        self.pending = 0;
+        self.unsynced = false;
+        self.copy = false;
+        self.statements = statements.into_iter().map(Into::into).collect();
+        self.pins.remove(Pins::UNTRACKED_STATEMENTS);
+    }
+}
+
+fn client_capture(tag: u8) -> usize {
+    match tag {
+        b'P' | b'C' | b'Q' => CLIENT_CAPTURE,
+        _ => 0,
+    }
+}
+
+fn backend_capture(tag: u8) -> usize {
+    match tag {
+        b'Z' => 1,
+        b'C' => TAG_CAPTURE,
+        _ => 0,
+    }
+}
+
+/// Names of custom settings (`prefix.name`, folded to lower case) that `SET [SESSION] name` or
+/// `set_config('name'` in a query text assign. Only characters a plain identifier may hold are
+/// accepted, so a name is safe to quote into SQL.
+fn custom_setting_names(text: &[u8]) -> Vec<String> {
+    let lower = text.to_ascii_lowercase();
+    let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'$';
+    let read_name = |mut i: usize| {
+        let start = i;
+        while i < lower.len() && (word(lower[i]) || lower[i] == b'.') {
+            i += 1;
+        }
+        let name = &lower[start..i];
+        let dots = name.iter().filter(|&&b| b == b'.').count();
+        (dots == 1 && name.first().is_some_and(|&b| b != b'.') && name.last() != Some(&b'.'))
+            .then(|| String::from_utf8_lossy(name).into_owned())
+    };
+    let skip_space = |mut i: usize| {
+        while i < lower.len() && lower[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        i
+    };
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < lower.len() {
+        let boundary = i == 0 || !word(lower[i - 1]);
+        if boundary && lower[i..].starts_with(b"set_config(") {
+            let j = skip_space(i + "set_config(".len());
+            if lower.get(j) == Some(&b'\'')
+                && let Some(name) = read_name(j + 1)
+                && lower.get(j + 1 + name.len()) == Some(&b'\'')
+            {
+                out.push(name);
+            }
+            i += 1;
+            continue;
+        }
+        if boundary
+            && lower[i..].starts_with(b"set")
+            && lower.get(i + 3).is_some_and(|b| b.is_ascii_whitespace())
+        {
+            let mut j = skip_space(i + 3);
+            if lower[j..].starts_with(b"session")
+                && lower.get(j + 7).is_some_and(|b| b.is_ascii_whitespace())
+            {
+                j = skip_space(j + 7);
+            }
+            if let Some(name) = read_name(j) {
+                out.push(name);
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+/// The statement a single-statement `PREPARE name ...` or `DEALLOCATE [PREPARE] name` query
+/// names; `None` for anything else (the caller then knows the count may be off).
+fn sql_statement_op(body: &[u8]) -> Option<SqlStatementOp> {
+    let text = std::str::from_utf8(body.split(|&b| b == 0).next()?).ok()?;
+    let text = text.trim().trim_end_matches(';').trim_end();
+    if text.contains(';') {
+        return None;
+    }
+    let mut words = text.split_whitespace();
+    let first = words.next()?.to_ascii_lowercase();
+    let name = match first.as_str() {
+        "prepare" => words.next()?.split('(').next()?,
+        "deallocate" => match words.next()? {
+            w if w.eq_ignore_ascii_case("prepare") => words.next()?,
+            w => w,
+        },
+        _ => return None,
+    };
+    // Quoted identifiers keep their case; others fold to lower case, as the server does.
+    let name: Box<str> = if let Some(quoted) = name.strip_prefix('"') {
+        quoted.strip_suffix('"')?.replace("\"\"", "\"").into()
+    } else {
+        name.to_ascii_lowercase().into()
+    };
+    Some(match first.as_str() {
+        "prepare" => SqlStatementOp::Prepare(name),
+        _ => SqlStatementOp::Deallocate(name),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut v = vec![tag];
+        v.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
+        v.extend_from_slice(body);
+        v
+    }
+
+    fn cstr(s: &str) -> Vec<u8> {
+        let mut v = s.as_bytes().to_vec();
+        v.push(0);
+        v
+    }
+
+    fn parse(name: &str) -> Vec<u8> {
+        let mut b = cstr(name);
+        b.extend(cstr("select 1"));
+        b.extend([0, 0]);
+        msg(b'P', &b)
+    }
+
+    fn close(name: &str) -> Vec<u8> {
+        let mut b = vec![b'S'];
+        b.extend(cstr(name));
+        msg(b'C', &b)
+    }
+
+    fn query(sql: &str) -> Vec<u8> {
+        msg(b'Q', &cstr(sql))
+    }
+
+    fn ready(status: u8) -> Vec<u8> {
+        msg(b'Z', &[status])
+    }
+
+    fn complete(tag: &str) -> Vec<u8> {
+        msg(b'C', &cstr(tag))
+    }
+
+    fn sync() -> Vec<u8> {
+        msg(b'S', &[])
+    }
+
+    fn error() -> Vec<u8> {
+        msg(b'E', b"SERROR\0C42601\0Mboom\0\0")
+    }
+
+    fn now() -> Instant {
+        Instant::now()
+    }
+
+    #[test]
+    fn statements_count_only_once_confirmed() {
+        let mut t = SessionTracker::default();
+        t.observe_client(&[parse("a"), parse("b"), sync()].concat(), now());
+        assert!(t.in_flight());
+        assert_eq!(t.statement_count(), 0, "nothing confirmed yet");
+        t.observe_backend(&msg(b'1', &[]), now());
+        assert_eq!(t.statements().collect::<Vec<_>>(), ["a"]);
+        t.observe_backend(&[error(), ready(b'I')].concat(), now());
+        assert_eq!(t.statements().collect::<Vec<_>>(), ["a"], "b failed");
+        assert!(t.at_safe_point());
+
+        t.observe_client(&[close("a"), sync()].concat(), now());
+        t.observe_backend(&[msg(b'3', &[]), ready(b'I')].concat(), now());
+        assert_eq!(t.statement_count(), 0);
+    }
+
+    #[test]
+    fn sql_prepare_and_deallocate() {
+        let mut t = SessionTracker::default();
+        t.observe_client(&query("PREPARE Foo(int) AS select $1"), now());
+        t.observe_backend(&[complete("PREPARE"), ready(b'I')].concat(), now());
+        t.observe_client(&query("prepare \"Bar\" as select 2;"), now());
+        t.observe_backend(&[complete("PREPARE"), ready(b'I')].concat(), now());
+        assert_eq!(t.statements().collect::<Vec<_>>(), ["Bar", "foo"]);
+        t.observe_client(&query("deallocate prepare foo"), now());
+        t.observe_backend(&[complete("DEALLOCATE"), ready(b'I')].concat(), now());
+        assert_eq!(t.statements().collect::<Vec<_>>(), ["Bar"]);
+        t.observe_client(&query("DEALLOCATE ALL"), now());
+        t.observe_backend(&[complete("DEALLOCATE ALL"), ready(b'I')].concat(), now());
+        assert_eq!(t.statement_count(), 0);
+        assert!(t.at_safe_point());
+    }
+
+    #[test]
+    fn transactions_copy_and_listen_pin() {
+        let mut t = SessionTracker::default();
+        assert!(t.at_safe_point());
+        t.observe_client(&query("begin"), now());
+        assert!(!t.at_rest(), "waiting for the answer");
+        t.observe_backend(&[complete("BEGIN"), ready(b'T')].concat(), now());
+        assert_eq!(t.status(), TxStatus::InTransaction);
+        assert!(t.pins().contains(Pins::TRANSACTION));
+        assert!(!t.at_safe_point());
+        t.observe_client(&query("commit"), now());
+        t.observe_backend(&[complete("COMMIT"), ready(b'I')].concat(), now());
+        assert!(t.at_safe_point());
+
+        t.observe_client(&query("copy t from stdin"), now());
+        t.observe_backend(&msg(b'G', &[0, 0, 0]), now());
+        assert!(t.in_copy());
+        t.observe_client(&[msg(b'd', b"1\n"), msg(b'c', &[])].concat(), now());
+        t.observe_backend(&[complete("COPY 1"), ready(b'I')].concat(), now());
+        assert!(!t.in_copy());
+        assert!(t.at_safe_point());
+
+        t.observe_client(&query("listen x"), now());
+        t.observe_backend(&[complete("LISTEN"), ready(b'I')].concat(), now());
+        assert!(t.at_rest());
+        assert!(!t.at_safe_point());
+        assert_eq!(t.pins().describe(), "LISTEN");
+    }
+
+    #[test]
+    fn a_message_split_in_the_middle_is_not_at_rest() {
+        let mut t = SessionTracker::default();
+        let q = query("select 1");
+        t.observe_client(&q[..3], now());
+        assert!(!t.at_rest());
+        t.observe_client(&q[3..], now());
+        t.observe_backend(&ready(b'I')[..2], now());
+        assert!(!t.at_rest());
+        t.observe_backend(&ready(b'I')[2..], now());
+        assert!(t.at_rest());
+        assert_eq!(t.client_messages(), 1);
+    }
+
+    #[test]
+    fn custom_settings_from_query_texts() {
+        let mut t = SessionTracker::default();
+        t.observe_client(
+            &query(
+                "SET app.x = 'a'; set SESSION My.Y to 1; SET LOCAL tx.z = 1; SET search_path = x",
+            ),
+            now(),
+        );
+        t.observe_client(
+            &query("select set_config('app.w', 'v', false), offset.x"),
+            now(),
+        );
+        t.observe_client(&parse("s"), now());
+        assert_eq!(
+            t.custom_settings().collect::<Vec<_>>(),
+            ["app.w", "app.x", "my.y"]
+        );
+        assert!(custom_setting_names(b"reset app.x; setx a.b; SET a..b = 1").is_empty());
+    }
+
+    #[test]
+    fn bad_length_breaks_tracking_for_good() {
+        let mut t = SessionTracker::default();
+        t.observe_client(&[b'Q', 0, 0, 0, 2], now());
+        assert!(t.pins().contains(Pins::BROKEN));
+        assert!(!t.at_safe_point());
+    }
+
+    #[test]
+    fn truncated_names_pin() {
+        let mut t = SessionTracker::default();
+        let long = "n".repeat(1100);
+        t.observe_client(&[parse(&long), sync()].concat(), now());
+        t.observe_backend(&[msg(b'1', &[]), ready(b'I')].concat(), now());
+        assert!(t.pins().contains(Pins::UNTRACKED_STATEMENTS));
+    }
+
+    #[test]
+    fn statement_limit_pins() {
+        let mut t = SessionTracker::new(TrackerLimits { max_statements: 2 });
+        for n in ["a", "b", "c"] {
+            t.observe_client(&[parse(n), sync()].concat(), now());
+            t.observe_backend(&[msg(b'1', &[]), ready(b'I')].concat(), now());
+        }
+        assert_eq!(t.statement_count(), 2);
+        assert!(!t.at_safe_point());
+    }
+
+    /// One round of a client that prepares and closes statements; the backend refuses a Parse
+    /// of a name that exists (as Postgres does) and everything after it until Sync.
+    #[derive(Clone, Debug)]
+    enum Step {
+        Parse(u8),
+        Close(u8),
+        Sync,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            (0u8..4).prop_map(Step::Parse),
+            (0u8..4).prop_map(Step::Close),
+            Just(Step::Sync),
+        ]
+    }
+
+    /// The client and backend byte streams for `steps`, and the statements that exist after.
+    fn play(steps: &[Step]) -> (Vec<u8>, Vec<u8>, BTreeSet<String>) {
+        let (mut c, mut b) = (Vec::new(), Vec::new());
+        let mut model = BTreeSet::new();
+        let mut failed = false;
+        let mut steps = steps.to_vec();
+        steps.push(Step::Sync);
+        for s in steps {
+            match s {
+                Step::Parse(n) => {
+                    let name = format!("s{n}");
+                    c.extend(parse(&name));
+                    if failed {
+                        continue;
+                    }
+                    if model.contains(&name) {
+                        b.extend(error());
+                        failed = true;
+                    } else {
+                        model.insert(name);
+                        b.extend(msg(b'1', &[]));
+                    }
+                }
+                Step::Close(n) => {
+                    let name = format!("s{n}");
+                    c.extend(close(&name));
+                    if !failed {
+                        model.remove(&name);
+                        b.extend(msg(b'3', &[]));
+                    }
+                }
+                Step::Sync => {
+                    c.extend(sync());
+                    b.extend(ready(b'I'));
+                    failed = false;
+                }
+            }
+        }
+        (c, b, model)
+    }
+
+    proptest! {
+        #[test]
+        fn statements_match_the_server(steps in prop::collection::vec(step(), 0..40),
+                                       cut in any::<prop::sample::Index>()) {
+            let (c, b, model) = play(&steps);
+            let mut t = SessionTracker::default();
+            // All client bytes first (pipelining), then the backend's, each split once.
+            let at = cut.index(c.len() + 1);
+            t.observe_client(&c[..at], now());
+            t.observe_client(&c[at..], now());
+            let at = cut.index(b.len() + 1);
+            t.observe_backend(&b[..at], now());
+            t.observe_backend(&b[at..], now());
+            let seen: BTreeSet<String> = t.statements().map(str::to_owned).collect();
+            prop_assert_eq!(seen, model);
+            prop_assert!(t.at_safe_point());
+        }
+
+        #[test]
+        fn chunking_does_not_matter(steps in prop::collection::vec(step(), 0..20),
+                                    sizes in prop::collection::vec(1usize..9, 1..8)) {
+            let (c, b, _) = play(&steps);
+            let mut whole = SessionTracker::default();
+            whole.observe_client(&c, now());
+            whole.observe_backend(&b, now());
+            let mut pieces = SessionTracker::default();
+            let mut i = 0;
+            for (k, chunk) in c.chunks(sizes[0]).enumerate() {
+                pieces.observe_client(chunk, now());
+                i = k;
+            }
+            for chunk in b.chunks(sizes[i % sizes.len()]) {
+                pieces.observe_backend(chunk, now());
+            }
+            prop_assert_eq!(whole.statements().collect::<Vec<_>>(),
+                            pieces.statements().collect::<Vec<_>>());
+            prop_assert_eq!(whole.at_safe_point(), pieces.at_safe_point());
+        }
+
+        /// Fuzzing by property: arbitrary bytes, arbitrarily split, in both directions, never
+        /// panic, and the state stays queryable.
+        #[test]
+        fn arbitrary_bytes_never_panic(chunks in prop::collection::vec(
+                (any::<bool>(), prop::collection::vec(any::<u8>(), 0..300)), 0..30)) {
+            let mut t = SessionTracker::new(TrackerLimits { max_statements: 3 });
+            for (from_client, bytes) in &chunks {
+                if *from_client {
+                    t.observe_client(bytes, now());
+                } else {
+                    t.observe_backend(bytes, now());
+                }
+                let _ = (t.at_safe_point(), t.pins().describe(), t.statement_count());
+            }
+        }
+
+        /// The same with byte streams made of well-formed headers around random bodies, which
+        /// reach the message handlers far more often than raw noise.
+        #[test]
+        fn framed_noise_never_panics(msgs in prop::collection::vec(
+                (any::<bool>(), prop::sample::select(b"PQCSXZ13EGHWAdcfBDE".to_vec()),
+                 prop::collection::vec(any::<u8>(), 0..80)), 0..60)) {
+            let mut t = SessionTracker::new(TrackerLimits { max_statements: 3 });
+            for (from_client, tag, body) in &msgs {
+                let m = msg(*tag, body);
+                if *from_client {
+                    t.observe_client(&m, now());
+                } else {
+                    t.observe_backend(&m, now());
+                }
+            }
+            let _ = (t.at_safe_point(), t.in_flight(), t.statements().count());
+        }
+    }
+}

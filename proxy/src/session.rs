@@ -1,0 +1,629 @@
+//! A session after login: relayed to its backend connection, and moved off it when that helps —
+//! parked while its tenant sleeps, moved when the backend restarts under it or an operator asks —
+//! then revived on a new backend connection with its revival token.
+//!
+//! The session records its state (one SQL query) once it has been quiet at a safe point for
+//! `revival.snapshot_after`; after the tenant's idle timeout it marks its lease idle, and when
+//! every session of the tenant is idle the idle sleeper asks them to park. A parked session keeps
+//! only the client socket, the tracker, the snapshot and the sealed token; the client's next
+//! message wakes the tenant if needed and revives the session before it is forwarded.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use pgwake_protocol::frontend::{self, TERMINATE};
+use pgwake_protocol::revival::{
+    LoginSecrets, RevivalClaims, RevivalError, RevivalKeys, RevivalToken,
+};
+use pgwake_protocol::scram::ScramSecret;
+use pgwake_protocol::{ErrorMessage, SessionTracker, TrackerLimits, sqlstate};
+use pgwake_routing::{Endpoint, Lease, TenantId, WakeError};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::{Instant, timeout, timeout_at};
+use tracing::{debug, info, warn};
+
+use crate::auth::Credential;
+use crate::auth::backend_login::OnBehalf;
+use crate::auth::client::LoginMaterial;
+use crate::cancel::{CancelRegistration, CancelTarget};
+use crate::config::{PinnedPolicy, RevivalConfig};
+use crate::connect::{connect, login_detached};
+use crate::error::SessionError;
+use crate::listener::Gateway;
+use crate::relay::{RelayEnd, RelaySettings, SessionWatch, relay};
+use crate::revive::{Snapshot, SnapshotLimits, StateError, restore, take_snapshot};
+use crate::stream::Stream;
+
+/// Pause between attempts while a backend restarts (connection refused, `57P03`).
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
+/// How long the rest of an idle backend's last ErrorResponse may take to arrive.
+const HELD_MESSAGE_WAIT: Duration = Duration::from_secs(1);
+/// Client bytes read at once while parked (the rest stays in the socket for the relay).
+const PARKED_READ: usize = 512;
+
+/// The gateway's revival settings and token keys.
+pub struct Revival {
+    /// Token keys.
+    pub keys: RevivalKeys,
+    /// `[revival]`.
+    pub config: RevivalConfig,
+}
+
+/// What a session needs to be logged back in: who it is and its sealed token.
+pub struct Revivable {
+    /// The session's tenant.
+    pub tenant: TenantId,
+    /// The user it logged in as.
+    pub user: String,
+    /// Sealed login material and startup parameters.
+    pub token: RevivalToken,
+}
+
+impl Revivable {
+    /// Seals what a gateway-authenticated login left into a token.
+    pub fn seal(
+        revival: &Revival,
+        tenant: &TenantId,
+        user: &str,
+        params: &[(String, String)],
+        material: &LoginMaterial,
+    ) -> Revivable {
+        let database = params
+            .iter()
+            .find(|(k, _)| k == "database")
+            .map(|(_, v)| v.as_str())
+            .unwrap_or(user);
+        let claims = RevivalClaims::new(
+            tenant.as_str(),
+            user,
+            database,
+            params.to_vec(),
+            LoginSecrets {
+                keys: Some(material.keys.clone()),
+                derived: material.credential.remembered_keys(),
+                password: material.credential.password.clone(),
+            },
+            SystemTime::now(),
+            revival.config.token_ttl,
+        );
+        Revivable {
+            tenant: tenant.clone(),
+            user: user.to_owned(),
+            token: revival.keys.seal(&claims),
+        }
+    }
+}
+
+/// A live backend connection of a session.
+pub struct Attached {
+    /// The connection.
+    pub stream: Stream,
+    /// The session's claim on its tenant.
+    pub lease: Lease,
+    /// Where it goes.
+    pub endpoint: Endpoint,
+}
+
+/// Why a session left its backend connection (metric label).
+#[derive(Clone, Copy, Debug)]
+enum Reason {
+    IdleSleep,
+    BackendEnded,
+    Migrate,
+}
+
+impl Reason {
+    fn as_str(self) -> &'static str {
+        match self {
+            Reason::IdleSleep => "idle_sleep",
+            Reason::BackendEnded => "backend_ended",
+            Reason::Migrate => "migrate",
+        }
+    }
+}
+
+/// Why a revival failed.
+#[derive(Debug, thiserror::Error)]
+enum ReviveError {
+    #[error("revival token refused: {0}")]
+    Token(#[from] RevivalError),
+    #[error("waking the database: {0}")]
+    Wake(WakeError),
+    #[error("{0}")]
+    Connect(SessionError),
+    #[error("login refused: {} {}", .0.code, .0.message)]
+    Login(frontend::ErrorFields),
+    #[error("restoring the session state: {0}")]
+    Restore(StateError),
+    #[error("not finished within {0:?}")]
+    Timeout(Duration),
+}
+
+impl ReviveError {
+    /// True when the backend may just be restarting.
+    fn retryable(&self) -> bool {
+        match self {
+            ReviveError::Connect(SessionError::BackendUnreachable { .. }) => true,
+            ReviveError::Login(f) => f.code == sqlstate::CANNOT_CONNECT_NOW,
+            _ => false,
+        }
+    }
+}
+
+/// What a parked client did.
+enum Parked {
+    /// Sent these bytes (the start of its next message).
+    Message(Vec<u8>),
+    /// Closed its connection or said goodbye.
+    Closed,
+    /// The gateway is shutting down.
+    Terminated,
+}
+
+/// Relays a logged-in session until it ends, moving it between backend connections when it is
+/// `revivable` and revival is enabled; counts and logs how it ended.
+pub async fn run(
+    gw: &Gateway,
+    client: &mut Stream,
+    attached: Attached,
+    cancel: Option<CancelRegistration>,
+    revivable: Option<Revivable>,
+) {
+    let end = drive(gw, client, attached, cancel.as_ref(), revivable).await;
+    drop(cancel);
+    match end {
+        Ok(end) => match end.error_kind() {
+            Some(kind) => {
+                gw.metrics.error(kind);
+                info!(reason = ?end, "session ended");
+            }
+            None => debug!(reason = ?end, "session ended"),
+        },
+        Err((kind, why)) => {
+            gw.metrics.error(kind);
+            info!(reason = %why, kind, "session ended");
+        }
+    }
+}
+
+type Ended = Result<RelayEnd, (&'static str, String)>;
+
+async fn drive(
+    gw: &Gateway,
+    client: &mut Stream,
+    mut current: Attached,
+    cancel: Option<&CancelRegistration>,
+    mut revivable: Option<Revivable>,
+) -> Ended {
+    let settings = RelaySettings {
+        buffer: gw.limits.relay_buffer.as_u64() as usize,
+        max_message: gw.limits.max_message.as_u64() as u32,
+    };
+    let revival = gw.revival.as_deref().filter(|r| r.config.enabled);
+    let can_move = revival.is_some() && revivable.is_some();
+    let max_statements = revival.map_or(1000, |r| r.config.max_statements);
+    let mut tracker = SessionTracker::new(TrackerLimits { max_statements });
+    let mut snap: Option<Snapshot> = None;
+    let mut lease_idle = false;
+    let mut preload = Vec::new();
+    let mut park_rx = current.lease.park_requests();
+    let mut migrate_rx = current.lease.migrate_requests();
+    loop {
+        let snap_valid = snap.as_ref().is_some_and(|s| s.valid_for(&tracker));
+        if !snap_valid && lease_idle {
+            current.lease.set_idle(false);
+            lease_idle = false;
+        }
+        let movable = can_move && snap_valid && snap.as_ref().is_some_and(Snapshot::movable);
+        let force = revival.is_some_and(|r| r.config.pinned == PinnedPolicy::Terminate);
+        let idle_timeout = current.lease.idle_timeout();
+        let snapshot_after = revival
+            .map_or(Duration::MAX, |r| r.config.snapshot_after)
+            .min(idle_timeout);
+        let (quiet_after, quiet_from_start) = if !can_move {
+            (None, true)
+        } else if !snap_valid {
+            (Some(snapshot_after), true)
+        } else if !lease_idle && (movable || force) {
+            (Some(idle_timeout.saturating_sub(snapshot_after)), true)
+        } else {
+            (Some(snapshot_after), false)
+        };
+        let lease = &current.lease;
+        let mut on_activity = || lease.set_idle(false);
+        let watch = SessionWatch {
+            tracker: &mut tracker,
+            quiet_after,
+            quiet_from_start,
+            park: lease_idle.then_some(&mut park_rx),
+            migrate: can_move.then_some(&mut migrate_rx),
+            hold_backend_end: movable,
+            on_client_activity: if lease_idle {
+                Some(&mut on_activity)
+            } else {
+                None
+            },
+            preload: std::mem::take(&mut preload),
+        };
+        let counters = (
+            gw.metrics.bytes_client_to_backend.clone(),
+            gw.metrics.bytes_backend_to_client.clone(),
+        );
+        let end = relay(
+            client,
+            &mut current.stream,
+            settings,
+            counters,
+            &gw.terminate,
+            watch,
+        )
+        .await;
+        let (Some(rv), Some(who)) = (revival, revivable.as_mut()) else {
+            return Ok(end);
+        };
+        // The client may have sent something during the run: the snapshot then no longer
+        // describes the session, and it cannot move on it.
+        let still_movable = movable && snap.as_ref().is_some_and(|s| s.valid_for(&tracker));
+        let reason = match end {
+            RelayEnd::Quiet => {
+                if !snap_valid {
+                    let s = snapshot(gw, rv, client, &mut current, &tracker, who).await?;
+                    snap = Some(s);
+                } else if !lease_idle && (movable || force) {
+                    park_rx.borrow_and_update();
+                    current.lease.set_idle(true);
+                    lease_idle = true;
+                }
+                continue;
+            }
+            RelayEnd::Park if still_movable => Reason::IdleSleep,
+            RelayEnd::Park if force && snap.as_ref().is_some_and(|s| s.valid_for(&tracker)) => {
+                let pins = snap.as_ref().map(|s| s.pins.describe()).unwrap_or_default();
+                let msg = ErrorMessage::fatal(
+                    sqlstate::IDLE_SESSION_TIMEOUT,
+                    format!(
+                        "terminating idle session: its database is going to sleep and the \
+                         session cannot be moved ({pins})"
+                    ),
+                )
+                .with_hint("set revival.pinned = \"keep_awake\" to keep such sessions");
+                end_with(client, Some(&mut current.stream), Some(msg)).await;
+                return Err(("pinned_session_ended", format!("pinned: {pins}")));
+            }
+            RelayEnd::Park => continue,
+            RelayEnd::Migrate => {
+                if !snap_valid {
+                    snap = Some(snapshot(gw, rv, client, &mut current, &tracker, who).await?);
+                }
+                if !snap.as_ref().is_some_and(Snapshot::movable) {
+                    debug!("migrate request: session cannot move");
+                    continue;
+                }
+                Reason::Migrate
+            }
+            RelayEnd::BackendEnded { held } => {
+                match backend_going_away(&mut current.stream, held, gw).await {
+                    Ok(()) if still_movable => Reason::BackendEnded,
+                    Ok(()) => {
+                        let msg = ErrorMessage::fatal(
+                            sqlstate::CONNECTION_FAILURE,
+                            "the connection to the tenant's database was lost",
+                        );
+                        end_with(client, Some(&mut current.stream), Some(msg)).await;
+                        return Ok(RelayEnd::BackendClosed);
+                    }
+                    Err(last) => {
+                        // Not a shutdown: relay what the backend said and end with it.
+                        let _ = client.write_all(&last).await;
+                        end_with(client, Some(&mut current.stream), None).await;
+                        return Ok(RelayEnd::BackendClosed);
+                    }
+                }
+            }
+            other => return Ok(other),
+        };
+        // The session leaves its backend connection.
+        let _ = timeout(Duration::from_millis(200), async {
+            let _ = current.stream.write_all(&TERMINATE).await;
+            let _ = current.stream.shutdown().await;
+        })
+        .await;
+        gw.metrics.parked(reason.as_str());
+        let Some(snapshot) = snap.as_ref() else {
+            return Err(("internal", "parked without a snapshot".into()));
+        };
+        if !matches!(reason, Reason::Migrate) {
+            let Attached { lease, .. } = current;
+            match reason {
+                Reason::IdleSleep => lease.release_parked(),
+                _ => drop(lease),
+            }
+            info!(
+                reason = reason.as_str(),
+                statements = snapshot.statements.len(),
+                settings = snapshot.settings.len(),
+                "session parked"
+            );
+            gw.metrics.sessions_parked.inc();
+            let parked = wait_parked(client, gw).await;
+            gw.metrics.sessions_parked.dec();
+            match parked {
+                Parked::Message(bytes) => preload = bytes,
+                Parked::Closed => return Ok(RelayEnd::ClientClosed),
+                Parked::Terminated => {
+                    let msg = ErrorMessage::fatal(
+                        sqlstate::ADMIN_SHUTDOWN,
+                        "terminating connection because the gateway is shutting down",
+                    );
+                    end_with(client, None, Some(msg)).await;
+                    return Ok(RelayEnd::Terminated);
+                }
+            }
+        } else {
+            drop(current.lease);
+        }
+        let started = Instant::now();
+        match revive(gw, rv, who, snapshot, cancel).await {
+            Ok(new) => {
+                let took = started.elapsed();
+                gw.metrics.revived(reason.as_str(), Some(took));
+                info!(reason = reason.as_str(), ms = took.as_secs_f64() * 1000.0, backend = %new.endpoint, "session revived");
+                current = new;
+                lease_idle = false;
+                park_rx = current.lease.park_requests();
+                migrate_rx = current.lease.migrate_requests();
+                tracker.reset_for_new_backend(snapshot.statements.iter().map(|s| s.name.as_str()));
+            }
+            Err(e) => {
+                gw.metrics.revived(reason.as_str(), None);
+                warn!(error = %e, reason = reason.as_str(), "revival failed");
+                let msg = ErrorMessage::fatal(
+                    sqlstate::CONNECTION_FAILURE,
+                    format!(
+                        "pgwake could not restore this session on a new database connection: {e}"
+                    ),
+                )
+                .with_hint("reconnect: a new connection starts a fresh session");
+                end_with(client, None, Some(msg)).await;
+                return Err(("revival_failed", e.to_string()));
+            }
+        }
+    }
+}
+
+/// Takes the session's snapshot; a failed query leaves a snapshot that keeps the session where
+/// it is until the client sends something.
+async fn snapshot(
+    gw: &Gateway,
+    rv: &Revival,
+    client: &mut Stream,
+    current: &mut Attached,
+    tracker: &SessionTracker,
+    who: &Revivable,
+) -> Result<Snapshot, (&'static str, String)> {
+    let limits = SnapshotLimits {
+        max_statements: rv.config.max_statements,
+        max_bytes: rv.config.max_snapshot.as_u64() as usize,
+        max_message: gw.limits.max_message.as_u64() as usize,
+    };
+    let wait = gw.limits.login_timeout;
+    match take_snapshot(
+        &mut current.stream,
+        client,
+        tracker,
+        &who.user,
+        limits,
+        wait,
+    )
+    .await
+    {
+        Ok(s) => {
+            if !s.pins.is_empty() {
+                info!(pins = %s.pins.describe(), "session pinned to its backend connection");
+            } else {
+                debug!(
+                    settings = s.settings.len(),
+                    statements = s.statements.len(),
+                    bytes = s.size,
+                    "session state recorded"
+                );
+            }
+            Ok(s)
+        }
+        // The backend or client link broke: the session cannot go on.
+        Err(e @ (StateError::Io(_) | StateError::ClientIo(_) | StateError::Timeout(_))) => {
+            end_with(client, Some(&mut current.stream), None).await;
+            Err(("backend_io", format!("snapshot: {e}")))
+        }
+        Err(e) => {
+            info!(error = %e, "session state could not be recorded; it stays on its backend");
+            Ok(Snapshot::unmovable(tracker.client_messages()))
+        }
+    }
+}
+
+/// Reads the rest of what an idle backend sent: `Ok` when it is going away (end of stream,
+/// `57P01` admin shutdown, `57P02` crash shutdown), else `Err` with its message to relay.
+async fn backend_going_away(
+    backend: &mut Stream,
+    mut held: Vec<u8>,
+    gw: &Gateway,
+) -> Result<(), Vec<u8>> {
+    if held.is_empty() {
+        return Ok(());
+    }
+    let complete = timeout(HELD_MESSAGE_WAIT, async {
+        while held.len() < 5 {
+            let mut b = [0u8; 5];
+            let n = backend.read(&mut b[..5 - held.len()]).await.ok()?;
+            if n == 0 {
+                return None;
+            }
+            held.extend_from_slice(&b[..n]);
+        }
+        let len = u32::from_be_bytes([held[1], held[2], held[3], held[4]]) as usize + 1;
+        if len > gw.link.max_message {
+            return None;
+        }
+        if held.len() < len {
+            let have = held.len();
+            held.resize(len, 0);
+            backend.read_exact(&mut held[have..]).await.ok()?;
+        }
+        Some(len)
+    })
+    .await
+    .ok()
+    .flatten();
+    let Some(len) = complete else {
+        // Cut off mid-message: the backend went away all the same.
+        return Ok(());
+    };
+    let fields = frontend::error_fields(&held[5..len]);
+    if fields.code == sqlstate::ADMIN_SHUTDOWN || fields.code == sqlstate::CRASH_SHUTDOWN {
+        info!(code = %fields.code, "backend ended an idle session; it moves on its next message");
+        Ok(())
+    } else {
+        Err(held)
+    }
+}
+
+/// Waits for a parked client's next bytes.
+async fn wait_parked(client: &mut Stream, gw: &Gateway) -> Parked {
+    let mut buf = [0u8; PARKED_READ];
+    tokio::select! {
+        r = client.read(&mut buf) => match r {
+            Ok(0) | Err(_) => Parked::Closed,
+            Ok(_) if buf[0] == b'X' => Parked::Closed,
+            Ok(n) => Parked::Message(buf[..n].to_vec()),
+        },
+        _ = gw.terminate.cancelled() => Parked::Terminated,
+    }
+}
+
+/// The login material a token holds.
+fn material(secrets: &LoginSecrets) -> Option<LoginMaterial> {
+    let keys = secrets.keys.clone()?;
+    let verifier = ScramSecret {
+        iterations: keys.iterations,
+        salt: keys.salt.clone(),
+        stored_key: keys.client_key.stored_key(),
+        server_key: keys.server_key.clone(),
+    };
+    let credential = Credential::new(verifier, secrets.password.clone());
+    for k in &secrets.derived {
+        credential.remember_keys(k.clone());
+    }
+    Some(LoginMaterial {
+        keys,
+        credential: Arc::new(credential),
+    })
+}
+
+/// Logs the session in to its tenant again (waking it if needed, retrying while the backend
+/// restarts), restores its state and points its cancel key at the new backend.
+async fn revive(
+    gw: &Gateway,
+    rv: &Revival,
+    who: &mut Revivable,
+    snap: &Snapshot,
+    cancel: Option<&CancelRegistration>,
+) -> Result<Attached, ReviveError> {
+    let limit = rv.config.revive_timeout;
+    let deadline = Instant::now() + limit;
+    let mut claims = rv
+        .keys
+        .open(&who.token, who.tenant.as_str(), SystemTime::now())?;
+    let material = material(&claims.secrets).ok_or(RevivalError::Malformed)?;
+    loop {
+        let admission = timeout_at(deadline, gw.coordinator.ensure_awake(&who.tenant))
+            .await
+            .map_err(|_| ReviveError::Timeout(limit))?
+            .map_err(ReviveError::Wake)?;
+        let endpoint = admission.endpoint.clone();
+        match attempt(gw, &endpoint, &claims, &material, snap, deadline).await {
+            Ok((stream, (pid, secret))) => {
+                if let Some(reg) = cancel {
+                    gw.cancels.retarget(
+                        reg.pid,
+                        CancelTarget {
+                            endpoint: endpoint.clone(),
+                            pid,
+                            secret,
+                        },
+                    );
+                }
+                // A fresh expiry: the token now proves a login that just worked.
+                let now = SystemTime::now();
+                let ttl = Duration::from_secs(claims.expires_at.saturating_sub(claims.issued_at));
+                let fresh = RevivalClaims::new(
+                    std::mem::take(&mut claims.tenant),
+                    std::mem::take(&mut claims.user),
+                    std::mem::take(&mut claims.database),
+                    std::mem::take(&mut claims.params),
+                    std::mem::take(&mut claims.secrets),
+                    now,
+                    ttl,
+                );
+                who.token = rv.keys.seal(&fresh);
+                return Ok(Attached {
+                    stream,
+                    lease: admission.lease,
+                    endpoint,
+                });
+            }
+            Err(e) if e.retryable() && Instant::now() + RETRY_PAUSE < deadline => {
+                debug!(error = %e, "backend not ready for the revival yet; retrying");
+                drop(admission);
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+async fn attempt(
+    gw: &Gateway,
+    endpoint: &Endpoint,
+    claims: &RevivalClaims,
+    material: &LoginMaterial,
+    snap: &Snapshot,
+    deadline: Instant,
+) -> Result<(Stream, (i32, bytes::Bytes)), ReviveError> {
+    let tenant = TenantId::parse(&claims.tenant).map_err(|_| RevivalError::Malformed)?;
+    let mode = gw.backend_tls.get(&tenant).copied().unwrap_or_default();
+    let connect_deadline = deadline.min(Instant::now() + gw.limits.connect_timeout);
+    let mut stream = connect(&gw.link, endpoint, mode, connect_deadline)
+        .await
+        .map_err(ReviveError::Connect)?;
+    let auth = OnBehalf::new(&claims.user, material, gw.max_backend_iterations);
+    let key = timeout_at(
+        deadline,
+        login_detached(&gw.link, &mut stream, &claims.params, endpoint, auth),
+    )
+    .await
+    .map_err(|_| ReviveError::Timeout(gw.limits.login_timeout))?
+    .map_err(ReviveError::Connect)?
+    .map_err(ReviveError::Login)?;
+    restore(&mut stream, snap, gw.link.max_message, deadline)
+        .await
+        .map_err(ReviveError::Restore)?;
+    Ok((stream, key))
+}
+
+/// Ends a session the relay handed back: an optional message for the client, then both links
+/// closed.
+async fn end_with(client: &mut Stream, backend: Option<&mut Stream>, msg: Option<ErrorMessage>) {
+    let _ = timeout(Duration::from_millis(500), async {
+        if let Some(m) = msg {
+            let _ = client.write_all(&m.to_bytes()).await;
+            let _ = client.flush().await;
+        }
+        let _ = client.shutdown().await;
+        if let Some(b) = backend {
+            let _ = b.write_all(&TERMINATE).await;
+            let _ = b.shutdown().await;
+        }
+    })
+    .await;
+}
