@@ -3,6 +3,7 @@
 
 pub mod backend;
 pub mod directory;
+pub mod lease;
 pub mod probe;
 pub mod resolver;
 pub mod tenant;

@@ -3,6 +3,7 @@
 mod cnpg;
 mod fixed;
 mod local;
+mod pool;
 
 use std::fmt;
 use std::time::Duration;
@@ -15,6 +16,10 @@ pub use cnpg::{
 };
 pub use fixed::FixedBackend;
 pub use local::{LocalBackend, LocalSettings, find_bin_dir};
+pub use pool::{
+    ENDPOINT_ANNOTATION, POOL_LABEL, PoolBackend, PoolClass, Release, STATE_LABEL, TENANT_LABEL,
+    TemplateError, cluster_template,
+};
 
 use crate::TenantId;
 
