@@ -9,11 +9,13 @@
 //! claimants of one cluster the second gets 422 and moves on to the next cluster.
 //!
 //! Across gateway processes one tenant could still claim two clusters (each process runs its
-//! own single-flight wake). After a claim the gateway therefore lists the clusters bound to the
-//! tenant (a consistent read); if any other is bound, it gives its own claim back and uses that
-//! one. Of two claims, the later one's list always sees the earlier, so at most the earlier
-//! claimant keeps its cluster; if both see each other both give back, and the next attempt
-//! starts over.
+//! own single-flight wake), and labels cannot be made unique. The binding itself is therefore
+//! recorded in a per-tenant Lease, `pgwake-bind-<class>-<tenant>` (its `holderIdentity` is the
+//! cluster's name), which the API server lets only one writer create (409 for the others) or
+//! rebind (`resourceVersion` precondition). A gateway that claimed a cluster but lost the
+//! binding gives its claim back and routes to the bound cluster. A gateway that dies between
+//! claim and binding leaves a cluster labelled for the tenant but unbound: a `delete` release
+//! removes such clusters too; under `hibernate` they stay claimed until removed by hand.
 //!
 //! A replenisher per class, run only by the replica holding the Lease `pgwake-pool-<class>`,
 //! creates clusters from the class's template until `min_warm` are warm.
@@ -24,8 +26,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use kube::ResourceExt;
 use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams,
+    PostParams,
 };
 use serde_json::{Value, json};
 use thiserror::Error;
@@ -57,8 +62,8 @@ const CLAIMED: &str = "claimed";
 /// Label keys as JSON-pointer path segments (`/` escaped as `~1`).
 const STATE_PATH: &str = "/metadata/labels/pgwake.io~1state";
 const TENANT_PATH: &str = "/metadata/labels/pgwake.io~1tenant";
-/// Claim-and-check rounds one wake makes when other gateways keep binding the tenant at the
-/// same moment, before it gives up (the wake coordinator retries later).
+/// Rounds one wake makes when bindings keep changing under it (another gateway bound the tenant
+/// first, or the bound cluster vanished), before it gives up (the wake coordinator retries).
 const CLAIM_ROUNDS: usize = 3;
 
 /// What putting a pool tenant to sleep does with its cluster.
@@ -156,12 +161,31 @@ pub struct PoolBackend {
     refill: HashMap<String, Notify>,
 }
 
-/// The outcome of one claim attempt.
-enum Claim {
-    /// This gateway bound the cluster to the tenant.
-    Won(String),
-    /// Another gateway bound the tenant at the same moment; its cluster is to be used.
-    Yielded,
+/// Name of the Lease that records which cluster of `class` the tenant is bound to. Tenant ids
+/// that are not already DNS-safe (upper case, `_`) are replaced by a stable hash.
+fn binding_name(class: &str, tenant: &TenantId) -> String {
+    let id = tenant.as_str();
+    if id
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    {
+        format!("pgwake-bind-{class}-{id}")
+    } else {
+        // FNV-1a: stable across builds, unlike std's hasher.
+        let hash = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+        format!("pgwake-bind-{class}-{hash:016x}")
+    }
+}
+
+/// The cluster a binding Lease names, if it names one.
+fn bound_to(lease: &Lease) -> Option<&str> {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.as_deref())
+        .filter(|h| !h.is_empty())
 }
 
 fn label_selector(class: &str, key: &str, value: &str) -> String {
@@ -253,8 +277,20 @@ impl PoolBackend {
         }
     }
 
-    /// Clusters of the class bound to the tenant, sorted by name (normally none or one).
-    async fn bound_clusters(
+    fn leases(&self, class: &PoolClass) -> Api<Lease> {
+        Api::namespaced(self.client.clone(), &class.namespace)
+    }
+
+    fn patch_params() -> PatchParams {
+        PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..PatchParams::default()
+        }
+    }
+
+    /// Clusters of the class labelled for the tenant, sorted by name: the bound one, plus any
+    /// claimed by a gateway that died before it could bind it.
+    async fn labelled_clusters(
         &self,
         api: &Api<DynamicObject>,
         class: &PoolClass,
@@ -268,13 +304,13 @@ impl PoolBackend {
         Ok(live_names(list.items))
     }
 
-    /// Binds a warm cluster to the tenant, then makes sure no other gateway bound another one.
+    /// Labels a warm cluster as claimed for the tenant; atomic through the patch's `test` op.
     async fn claim(
         &self,
         api: &Api<DynamicObject>,
         class: &PoolClass,
         tenant: &TenantId,
-    ) -> Result<Claim, BackendError> {
+    ) -> Result<String, BackendError> {
         let list = api
             .list(&ListParams::default().labels(&label_selector(&class.name, STATE_LABEL, WARM)))
             .await
@@ -297,13 +333,9 @@ impl PoolBackend {
             { "op": "replace", "path": STATE_PATH, "value": CLAIMED },
             { "op": "add", "path": TENANT_PATH, "value": tenant.as_str() },
         ]))?;
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..PatchParams::default()
-        };
         let mut won = None;
         for name in warm {
-            match api.patch(&name, &params, &patch).await {
+            match api.patch(&name, &Self::patch_params(), &patch).await {
                 Ok(_) => {
                     won = Some(name);
                     break;
@@ -316,36 +348,95 @@ impl PoolBackend {
             }
         }
         self.wake_replenisher(class);
-        let Some(name) = won else {
-            return Err(BackendError::StartFailed(format!(
+        won.ok_or_else(|| {
+            BackendError::StartFailed(format!(
                 "every warm cluster of pool class {} was claimed by someone else",
                 class.name
-            )));
-        };
-        let others: Vec<String> = self
-            .bound_clusters(api, class, tenant)
-            .await?
-            .into_iter()
-            .filter(|n| *n != name)
-            .collect();
-        if others.is_empty() {
-            info!(tenant = %tenant, class = %class.name, cluster = %name, "claimed pool cluster");
-            return Ok(Claim::Won(name));
-        }
-        let give_back = json_patch(json!([
+            ))
+        })
+    }
+
+    /// Returns a claimed cluster to the warm pool (after losing the binding race).
+    async fn give_back(&self, api: &Api<DynamicObject>, tenant: &TenantId, name: &str) {
+        let patch = match json_patch(json!([
             { "op": "test", "path": STATE_PATH, "value": CLAIMED },
             { "op": "test", "path": TENANT_PATH, "value": tenant.as_str() },
             { "op": "replace", "path": STATE_PATH, "value": WARM },
             { "op": "remove", "path": TENANT_PATH },
-        ]))?;
-        if let Err(e) = api.patch(&name, &params, &give_back).await {
-            // The cluster stays bound to the tenant next to the other one; the next wake
-            // uses the first by name, and a `delete` release removes both.
+        ])) {
+            Ok(p) => p,
+            Err(e) => {
+                warn!(tenant = %tenant, cluster = %name, error = %e, "could not give a claimed cluster back");
+                return;
+            }
+        };
+        if let Err(e) = api.patch(name, &Self::patch_params(), &patch).await {
+            // It stays labelled for the tenant but unbound; a `delete` release removes it.
             warn!(tenant = %tenant, cluster = %name, error = %e, "could not give a claimed cluster back");
         }
-        info!(tenant = %tenant, class = %class.name, cluster = %name, bound = ?others,
-            "another gateway bound the tenant at the same time; gave the claimed cluster back");
-        Ok(Claim::Yielded)
+    }
+
+    /// Records `cluster` as the tenant's in its binding Lease: creates the Lease, or rebinds an
+    /// unbound one under its `resourceVersion`. False when another gateway wrote it first.
+    async fn bind(
+        &self,
+        class: &PoolClass,
+        tenant: &TenantId,
+        previous: Option<Lease>,
+        cluster: &str,
+    ) -> Result<bool, BackendError> {
+        let leases = self.leases(class);
+        let name = binding_name(&class.name, tenant);
+        let spec = LeaseSpec {
+            holder_identity: Some(cluster.to_owned()),
+            ..LeaseSpec::default()
+        };
+        let result = match previous {
+            None => {
+                let lease = Lease {
+                    metadata: ObjectMeta {
+                        name: Some(name),
+                        labels: Some(
+                            [
+                                (POOL_LABEL.to_owned(), class.name.clone()),
+                                (TENANT_LABEL.to_owned(), tenant.as_str().to_owned()),
+                            ]
+                            .into_iter()
+                            .collect(),
+                        ),
+                        ..ObjectMeta::default()
+                    },
+                    spec: Some(spec),
+                };
+                leases.create(&PostParams::default(), &lease).await
+            }
+            Some(mut lease) => {
+                lease.spec = Some(spec);
+                leases.replace(&name, &PostParams::default(), &lease).await
+            }
+        };
+        match result {
+            Ok(_) => Ok(true),
+            Err(e) if is_status(&e, &[409]) => Ok(false),
+            Err(e) => Err(api_error(e)),
+        }
+    }
+
+    /// Clears a binding whose cluster is gone, under the Lease's `resourceVersion`.
+    async fn unbind(&self, class: &PoolClass, mut lease: Lease) -> Result<(), BackendError> {
+        let Some(name) = lease.metadata.name.clone() else {
+            return Ok(());
+        };
+        lease.spec = Some(LeaseSpec::default());
+        match self
+            .leases(class)
+            .replace(&name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if is_status(&e, &[404, 409]) => Ok(()),
+            Err(e) => Err(api_error(e)),
+        }
     }
 
     /// Keeps `min_warm` warm clusters in every class while this replica holds the class's
@@ -442,20 +533,45 @@ impl ComputeBackend for PoolBackend {
         let deadline = Instant::now() + self.settings.start_timeout;
         let class = self.class_of(tenant)?;
         let api = self.api(class);
+        let binding = binding_name(&class.name, tenant);
         for _ in 0..CLAIM_ROUNDS {
-            let name = match self.bound_clusters(&api, class, tenant).await?.first() {
+            let lease = self
+                .leases(class)
+                .get_opt(&binding)
+                .await
+                .map_err(api_error)?;
+            let name = match lease.as_ref().and_then(bound_to) {
                 Some(name) => {
-                    let obj = api.get(name).await.map_err(api_error)?;
+                    let name = name.to_owned();
+                    let obj = api.get_opt(&name).await.map_err(api_error)?;
+                    let Some(obj) = obj.filter(|o| {
+                        o.metadata.deletion_timestamp.is_none()
+                            && o.labels().get(TENANT_LABEL).map(String::as_str)
+                                == Some(tenant.as_str())
+                    }) else {
+                        info!(tenant = %tenant, class = %class.name, cluster = %name, "bound cluster is gone; binding anew");
+                        if let Some(l) = lease {
+                            self.unbind(class, l).await?;
+                        }
+                        continue;
+                    };
                     if hibernation_requested(&obj) {
-                        set_hibernation(&api, name, "off").await?;
+                        set_hibernation(&api, &name, "off").await?;
                         info!(tenant = %tenant, class = %class.name, cluster = %name, hibernation = "off", "patched cluster");
                     }
-                    name.clone()
+                    name
                 }
-                None => match self.claim(&api, class, tenant).await? {
-                    Claim::Won(name) => name,
-                    Claim::Yielded => continue,
-                },
+                None => {
+                    let name = self.claim(&api, class, tenant).await?;
+                    if !self.bind(class, tenant, lease, &name).await? {
+                        info!(tenant = %tenant, class = %class.name, cluster = %name,
+                            "another gateway bound the tenant first; giving the claimed cluster back");
+                        self.give_back(&api, tenant, &name).await;
+                        continue;
+                    }
+                    info!(tenant = %tenant, class = %class.name, cluster = %name, "claimed pool cluster");
+                    name
+                }
             };
             let obj = wait_awake(api.clone(), &name, tenant, &self.settings, deadline).await?;
             let endpoint = endpoint_of(&obj, &class.namespace)?;
@@ -467,16 +583,30 @@ impl ComputeBackend for PoolBackend {
             return Ok(endpoint);
         }
         Err(BackendError::StartFailed(format!(
-            "other gateways kept binding tenant {tenant} at the same moment"
+            "the binding of tenant {tenant} kept changing under this gateway"
         )))
     }
 
     async fn sleep(&self, tenant: &TenantId) -> Result<(), BackendError> {
         let class = self.class_of(tenant)?;
         let api = self.api(class);
-        for name in self.bound_clusters(&api, class, tenant).await? {
-            match class.release {
-                Release::Delete => {
+        let lease = self
+            .leases(class)
+            .get_opt(&binding_name(&class.name, tenant))
+            .await
+            .map_err(api_error)?;
+        let bound = lease.as_ref().and_then(bound_to).map(str::to_owned);
+        match class.release {
+            Release::Hibernate => {
+                if let Some(name) = bound {
+                    set_hibernation(&api, &name, "on").await?;
+                    info!(tenant = %tenant, class = %class.name, cluster = %name, hibernation = "on", "patched cluster");
+                }
+            }
+            Release::Delete => {
+                let mut doomed = self.labelled_clusters(&api, class, tenant).await?;
+                doomed.extend(bound.filter(|b| !doomed.contains(b)));
+                for name in doomed {
                     match api.delete(&name, &DeleteParams::default()).await {
                         Ok(_) => {}
                         Err(e) if is_status(&e, &[404]) => {}
@@ -484,18 +614,15 @@ impl ComputeBackend for PoolBackend {
                     }
                     info!(tenant = %tenant, class = %class.name, cluster = %name, "deleted pool cluster");
                 }
-                Release::Hibernate => {
-                    set_hibernation(&api, &name, "on").await?;
-                    info!(tenant = %tenant, class = %class.name, cluster = %name, hibernation = "on", "patched cluster");
+                if let Some(l) = lease {
+                    self.unbind(class, l).await?;
                 }
+                self.bound
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(tenant);
+                self.wake_replenisher(class);
             }
-        }
-        if class.release == Release::Delete {
-            self.bound
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(tenant);
-            self.wake_replenisher(class);
         }
         Ok(())
     }
@@ -511,10 +638,17 @@ impl ComputeBackend for PoolBackend {
             .cloned();
         let name = match cached {
             Some(n) => n,
-            None => match self.bound_clusters(&api, class, tenant).await?.first() {
-                Some(n) => n.clone(),
-                None => return Ok(ComputeState::Asleep),
-            },
+            None => {
+                let lease = self
+                    .leases(class)
+                    .get_opt(&binding_name(&class.name, tenant))
+                    .await
+                    .map_err(api_error)?;
+                match lease.as_ref().and_then(bound_to) {
+                    Some(n) => n.to_owned(),
+                    None => return Ok(ComputeState::Asleep),
+                }
+            }
         };
         let Some(obj) = api.get_opt(&name).await.map_err(api_error)? else {
             return Ok(ComputeState::Asleep);
@@ -561,6 +695,19 @@ mod tests {
         assert!(err.to_string().contains("Cluster"), "{err}");
         assert!(cluster_template(json!({ "metadata": {} })).is_err());
         assert!(cluster_template(json!("text")).is_err());
+    }
+
+    #[test]
+    fn binding_names_are_dns_safe_and_stable() {
+        let t = |s: &str| TenantId::parse(s).unwrap();
+        assert_eq!(
+            binding_name("small", &t("acme-1")),
+            "pgwake-bind-small-acme-1"
+        );
+        let odd = binding_name("small", &t("Acme_1"));
+        assert_eq!(odd, binding_name("small", &t("Acme_1")));
+        assert_ne!(odd, binding_name("small", &t("acme_1")));
+        assert_eq!(odd.len(), "pgwake-bind-small-".len() + 16);
     }
 
     #[test]
