@@ -305,12 +305,13 @@ impl PoolBackend {
     }
 
     /// Labels a warm cluster as claimed for the tenant; atomic through the patch's `test` op.
+    /// Returns the cluster as the patch left it.
     async fn claim(
         &self,
         api: &Api<DynamicObject>,
         class: &PoolClass,
         tenant: &TenantId,
-    ) -> Result<String, BackendError> {
+    ) -> Result<DynamicObject, BackendError> {
         let list = api
             .list(&ListParams::default().labels(&label_selector(&class.name, STATE_LABEL, WARM)))
             .await
@@ -336,8 +337,8 @@ impl PoolBackend {
         let mut won = None;
         for name in warm {
             match api.patch(&name, &Self::patch_params(), &patch).await {
-                Ok(_) => {
-                    won = Some(name);
+                Ok(obj) => {
+                    won = Some(obj);
                     break;
                 }
                 // 422: the test failed, someone claimed it first; 404: deleted meanwhile.
@@ -540,7 +541,7 @@ impl ComputeBackend for PoolBackend {
                 .get_opt(&binding)
                 .await
                 .map_err(api_error)?;
-            let name = match lease.as_ref().and_then(bound_to) {
+            let (name, seen) = match lease.as_ref().and_then(bound_to) {
                 Some(name) => {
                     let name = name.to_owned();
                     let obj = api.get_opt(&name).await.map_err(api_error)?;
@@ -558,11 +559,14 @@ impl ComputeBackend for PoolBackend {
                     if hibernation_requested(&obj) {
                         set_hibernation(&api, &name, "off").await?;
                         info!(tenant = %tenant, class = %class.name, cluster = %name, hibernation = "off", "patched cluster");
+                        (name, None)
+                    } else {
+                        (name, Some(obj))
                     }
-                    name
                 }
                 None => {
-                    let name = self.claim(&api, class, tenant).await?;
+                    let obj = self.claim(&api, class, tenant).await?;
+                    let name = obj.name_any();
                     if !self.bind(class, tenant, lease, &name).await? {
                         info!(tenant = %tenant, class = %class.name, cluster = %name,
                             "another gateway bound the tenant first; giving the claimed cluster back");
@@ -570,10 +574,14 @@ impl ComputeBackend for PoolBackend {
                         continue;
                     }
                     info!(tenant = %tenant, class = %class.name, cluster = %name, "claimed pool cluster");
-                    name
+                    (name, Some(obj))
                 }
             };
-            let obj = wait_awake(api.clone(), &name, tenant, &self.settings, deadline).await?;
+            // A warm cluster is normally running already: no watch needed then.
+            let obj = match seen.filter(cluster_awake) {
+                Some(obj) => obj,
+                None => wait_awake(api.clone(), &name, tenant, &self.settings, deadline).await?,
+            };
             let endpoint = endpoint_of(&obj, &class.namespace)?;
             probe_until_ready(&endpoint, &self.settings, deadline).await?;
             self.bound
