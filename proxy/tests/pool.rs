@@ -1,7 +1,7 @@
 //! The `pool` backend against a real kube-apiserver: tenants claim pre-warmed Clusters on their
 //! first connection, two gateways racing never bind one cluster twice nor one tenant to two
-//! clusters, the Lease-elected replenisher keeps `min_warm`, and sleep releases by the class's
-//! policy.
+//! clusters, the Lease-elected replenisher keeps `min_warm` (another replica takes over when the
+//! holder stops), and sleep releases by the class's policy.
 //!
 //! No CloudNativePG operator runs here: testkit's fake operator (named as such) writes Cluster
 //! status and gives every cluster its own loopback address on one shared, real Postgres, so a
@@ -260,15 +260,6 @@ async fn two_gateways_claim_twenty_distinct_clusters_and_the_pool_refills() {
             .success_json()
             .unwrap();
         let holder = lease["spec"]["holderIdentity"].as_str().unwrap().to_owned();
-        let (holder_gw, other) = if holder.ends_with(&format!("-{}", a.pid())) {
-            (&a, &b)
-        } else {
-            assert!(
-                holder.ends_with(&format!("-{}", b.pid())),
-                "holder {holder}"
-            );
-            (&b, &a)
-        };
         let lost = a
             .log()
             .matches("another gateway bound the tenant first")
@@ -277,11 +268,43 @@ async fn two_gateways_claim_twenty_distinct_clusters_and_the_pool_refills() {
                 .matches("another gateway bound the tenant first")
                 .count();
         eprintln!("binding races lost and claims given back: {lost}");
+        let (holder_gw, other) = if holder.ends_with(&format!("-{}", a.pid())) {
+            (a, b)
+        } else {
+            assert!(
+                holder.ends_with(&format!("-{}", b.pid())),
+                "holder {holder}"
+            );
+            (b, a)
+        };
         let created = holder_gw.log().matches("created warm pool cluster").count();
         assert_eq!(created, all - 25, "{}", holder_gw.log());
         assert_eq!(other.log().matches("created warm pool cluster").count(), 0);
-        drop(a);
-        drop(b);
+
+        // The holder stops (SIGTERM gives the Lease up); the other replica takes over
+        // replenishing when warm clusters are used up.
+        drop(holder_gw);
+        // Leave two fewer than min_warm (give-backs may have left a surplus).
+        let warm = clusters(lab, NS, "pgwake.io/pool=race,pgwake.io/state=warm");
+        for c in warm.iter().take(warm.len() + 2 - MIN_WARM) {
+            let name = c["metadata"]["name"].as_str().unwrap();
+            let path = format!("{}/{name}", clusters_path(NS));
+            lab.request("DELETE", &path, None)
+                .unwrap()
+                .success_json()
+                .unwrap();
+        }
+        wait_for(
+            "the other replica replenishes",
+            Duration::from_secs(30),
+            || {
+                let warm = clusters(lab, NS, "pgwake.io/pool=race,pgwake.io/state=warm").len();
+                (warm < MIN_WARM).then(|| format!("{warm} warm\n{}", other.log()))
+            },
+        );
+        assert!(other.log().contains("took over lease"), "{}", other.log());
+        assert!(other.log().contains("created warm pool cluster"));
+        drop(other);
         drop(operator);
     })
     .await

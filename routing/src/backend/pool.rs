@@ -2,10 +2,11 @@
 //! waiting for a cluster of their own to start.
 //!
 //! Warm clusters carry the labels `pgwake.io/pool=<class>` and `pgwake.io/state=warm`. A wake for
-//! a tenant first looks for a cluster already bound to it (`pgwake.io/tenant=<id>`, e.g. one the
-//! `hibernate` release policy put to sleep) and wakes it by annotation like the `cnpg` backend.
-//! Otherwise it claims a warm one with a JSON patch whose `test` op requires
-//! `pgwake.io/state == warm`: the API server applies test and change atomically, so of two
+//! a tenant first looks for a cluster already bound to it (see the binding Lease below; e.g. one
+//! the `hibernate` release policy put to sleep) and wakes it by annotation like the `cnpg`
+//! backend. Otherwise it claims a warm one with a JSON patch whose `test` op requires
+//! `pgwake.io/state == warm` and that sets `pgwake.io/state=claimed` and
+//! `pgwake.io/tenant=<id>`: the API server applies test and change atomically, so of two
 //! claimants of one cluster the second gets 422 and moves on to the next cluster.
 //!
 //! Across gateway processes one tenant could still claim two clusters (each process runs its
