@@ -252,7 +252,7 @@ impl Drop for LocalGateway {
     }
 }
 
-fn parse_status(body: &str, tenant: &str) -> Result<TenantStatus> {
+pub(crate) fn parse_status(body: &str, tenant: &str) -> Result<TenantStatus> {
     let all: serde_json::Value = serde_json::from_str(body).context("parse /v1/tenants")?;
     let t = all
         .as_array()

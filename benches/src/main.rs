@@ -12,6 +12,7 @@
 mod client;
 mod gateway;
 mod http;
+mod kube_wake;
 mod pgbench;
 mod process;
 mod queued;
@@ -30,11 +31,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand};
 
+use crate::kube_wake::KubeOptions;
 use crate::process::{ProcSample, clock_ticks_per_second, command_output};
 use crate::queued::QueuedOptions;
 use crate::report::{
-    Facts, HTTP_SECTION, Measurement, PGBENCH_SECTION, QUEUED_SECTION, REVIVE_SECTION, ReportInput,
-    Results, Section, WAKE_SECTION,
+    Facts, HTTP_SECTION, KUBE_SECTION, Measurement, PGBENCH_SECTION, QUEUED_SECTION,
+    REVIVE_SECTION, ReportInput, Results, Section, WAKE_SECTION,
 };
 use crate::revive::ReviveOptions;
 use crate::scenarios::{Durations, Metric, Scenario};
@@ -65,6 +67,10 @@ enum Cmd {
     /// Parked sessions: revival latency over the wake, memory per parked session, and
     /// awake-seconds per idle tenant-hour (time-scaled).
     Revive(ReviveArgs),
+    /// Kubernetes wake latency: a cnpg tenant woken by annotation vs a pool tenant claiming a
+    /// warm cluster, through a real kube-apiserver and testkit's fake CNPG operator (not part of
+    /// `all`: the first run builds kube-apiserver).
+    Kube(KubeArgs),
 }
 
 #[derive(Args)]
@@ -184,6 +190,15 @@ impl ReviveArgs {
 }
 
 #[derive(Args)]
+struct KubeArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Sleep/wake cycles per backend (default 20, or 5 with --quick).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    cycles: Option<u32>,
+}
+
+#[derive(Args)]
 struct QueuedArgs {
     #[command(flatten)]
     common: Common,
@@ -278,6 +293,16 @@ fn main() -> Result<()> {
             let section = revive::render(&local_facts(), opts, &outcome);
             (args.common, vec![(REVIVE_SECTION, section)])
         }
+        Cmd::Kube(args) => {
+            let binary = locate(&args.common);
+            let opts = KubeOptions {
+                cycles: args
+                    .cycles
+                    .unwrap_or(if args.common.quick { 5 } else { 20 }),
+            };
+            let section = run_kube(binary.as_deref().map_err(String::as_str), opts);
+            (args.common, vec![(KUBE_SECTION, section)])
+        }
     };
     for (_, text) in &sections {
         println!("{text}");
@@ -324,6 +349,21 @@ fn run_wake(binary: Result<&Path, &str>, opts: WakeOptions) -> String {
         progress(format_args!("wake latency failed: {e}"));
     }
     wake::render(&local_facts(), opts, &outcome)
+}
+
+fn run_kube(binary: Result<&Path, &str>, opts: KubeOptions) -> String {
+    progress(format_args!(
+        "kube wake latency: {} cycles per backend ...",
+        opts.cycles
+    ));
+    let outcome = binary
+        .map_err(|e| anyhow!("{e}"))
+        .and_then(|b| kube_wake::run(b, opts))
+        .map_err(|e| format!("{e:#}"));
+    if let Err(e) = &outcome {
+        progress(format_args!("kube wake latency failed: {e}"));
+    }
+    kube_wake::render(&local_facts(), opts, &outcome)
 }
 
 fn run_queued(binary: Result<&Path, &str>, opts: QueuedOptions) -> String {

@@ -30,6 +30,11 @@ pub const WAKE_SECTION: Section = Section {
     begin: "<!-- harness:wake:begin -->",
     end: "<!-- harness:wake:end -->",
 };
+/// Kubernetes wake latency, cnpg annotation vs pool claim (`kube`).
+pub const KUBE_SECTION: Section = Section {
+    begin: "<!-- harness:kube:begin -->",
+    end: "<!-- harness:kube:end -->",
+};
 /// Memory per queued connection (`queued`, and `all`).
 pub const QUEUED_SECTION: Section = Section {
     begin: "<!-- harness:queued:begin -->",

@@ -76,7 +76,7 @@ pub struct Config {
     /// Client authentication at the gateway.
     #[serde(default)]
     pub auth: AuthConfig,
-    /// The Kubernetes API, for `cnpg` tenants.
+    /// The Kubernetes API, for `cnpg` and `pool` tenants.
     #[serde(default)]
     pub kubernetes: KubernetesConfig,
     /// SQL over HTTP and Postgres over WebSocket (the `listen.http` listener).
@@ -85,6 +85,9 @@ pub struct Config {
     /// Parking, reviving and migrating sessions.
     #[serde(default)]
     pub revival: RevivalConfig,
+    /// Pools of pre-warmed clusters for `pool` tenants.
+    #[serde(default, rename = "pool_class")]
+    pub pool_classes: Vec<PoolClassConfig>,
     /// The tenants served.
     #[serde(default, rename = "tenant")]
     pub tenants: Vec<TenantConfig>,
@@ -371,6 +374,71 @@ impl Default for HttpConfig {
     }
 }
 
+/// What putting a `pool` tenant to sleep does with its cluster.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolRelease {
+    /// Delete the Cluster (ephemeral tenants); the next wake claims a fresh one.
+    Delete,
+    /// Hibernate it and keep it bound to the tenant; the next wake wakes the same cluster.
+    #[default]
+    Hibernate,
+}
+
+/// `[[pool_class]]`: pre-warmed CloudNativePG clusters that `pool` tenants claim on their first
+/// wake.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolClassConfig {
+    /// Class name: the `pgwake.io/pool` label value and the prefix of generated cluster names.
+    pub name: String,
+    /// Namespace of the class's clusters and of its Lease (default `[kubernetes] namespace`).
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// Warm (unclaimed) clusters to keep.
+    #[serde(default = "default_min_warm")]
+    pub min_warm: usize,
+    /// What sleep does: `hibernate` (default, keeps the data) or `delete`.
+    #[serde(default)]
+    pub release: PoolRelease,
+    /// A CloudNativePG `Cluster` manifest (YAML or JSON) new warm clusters are made from.
+    pub template: PathBuf,
+    /// How often the replenisher checks the warm count (it also runs after each claim).
+    #[serde(default = "default_replenish_interval", with = "humantime_serde")]
+    pub replenish_interval: Duration,
+    /// How long the replenisher's Lease (`pgwake-pool-<name>`) is valid without renewal; another
+    /// replica takes over replenishing this long after the holder stops renewing.
+    #[serde(default = "default_lease_duration", with = "humantime_serde")]
+    pub lease_duration: Duration,
+}
+
+fn default_min_warm() -> usize {
+    1
+}
+
+fn default_replenish_interval() -> Duration {
+    Duration::from_secs(5)
+}
+
+fn default_lease_duration() -> Duration {
+    Duration::from_secs(15)
+}
+
+/// Longest pool class name: generated cluster names (`<class>-xxxxx`) and their `-rw` Service
+/// names must stay DNS labels.
+const MAX_POOL_CLASS_NAME: usize = 40;
+
+/// True for a value Kubernetes accepts as a label value that starts and ends alphanumeric.
+fn label_value_ok(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
 /// `[auth]`: settings shared by every tenant the gateway authenticates.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -653,6 +721,11 @@ pub enum TenantBackend {
         #[serde(default)]
         endpoint: Option<String>,
     },
+    /// A cluster claimed from a `[[pool_class]]` on the first wake and bound to the tenant.
+    Pool {
+        /// The pool class's name.
+        class: String,
+    },
 }
 
 impl Config {
@@ -716,6 +789,9 @@ impl Config {
                 fix(f);
             }
         }
+        for c in &mut self.pool_classes {
+            fix(&mut c.template);
+        }
         if let Some(local) = &mut self.local {
             fix(&mut local.data_dir);
             if let Some(bin) = &mut local.bin_dir {
@@ -745,6 +821,45 @@ impl Config {
                 return Err(invalid(
                     "routing.sni_suffix",
                     "the only routing rule is \"sni\" but no sni_suffix is set",
+                ));
+            }
+        }
+        let mut classes = std::collections::HashSet::new();
+        for (i, c) in self.pool_classes.iter().enumerate() {
+            let name_ok = (1..=MAX_POOL_CLASS_NAME).contains(&c.name.len())
+                && c.name.starts_with(|ch: char| ch.is_ascii_lowercase())
+                && c.name
+                    .ends_with(|ch: char| ch.is_ascii_lowercase() || ch.is_ascii_digit())
+                && c.name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+            if !name_ok {
+                return Err(invalid(
+                    format!("pool_class[{i}].name"),
+                    format!(
+                        "{:?}: use 1 to {MAX_POOL_CLASS_NAME} lower-case letters, digits or '-', \
+                         starting with a letter",
+                        c.name
+                    ),
+                ));
+            }
+            if !classes.insert(c.name.as_str()) {
+                return Err(invalid(
+                    format!("pool_class[{i}].name"),
+                    format!("pool class \"{}\" is configured twice", c.name),
+                ));
+            }
+            if c.lease_duration < Duration::from_secs(1) {
+                return Err(invalid(
+                    format!("pool_class[{i}].lease_duration"),
+                    "must be at least 1s",
+                ));
+            }
+            if c.replenish_interval.is_zero() || c.replenish_interval > c.lease_duration / 3 {
+                return Err(invalid(
+                    format!("pool_class[{i}].replenish_interval"),
+                    "must be greater than zero and at most a third of lease_duration, so the \
+                     replenisher renews its lease in time",
                 ));
             }
         }
@@ -779,6 +894,21 @@ impl Config {
                         return Err(invalid(
                             format!("tenant[{i}].backend.endpoint"),
                             format!("{e:?} is not host:port"),
+                        ));
+                    }
+                }
+                TenantBackend::Pool { class } => {
+                    if !classes.contains(class.as_str()) {
+                        return Err(invalid(
+                            format!("tenant[{i}].backend.class"),
+                            format!("no [[pool_class]] is named {class:?}"),
+                        ));
+                    }
+                    if !label_value_ok(t.id.as_str()) {
+                        return Err(invalid(
+                            format!("tenant[{i}].id"),
+                            "a pool tenant's id is a Kubernetes label value: it must start and \
+                             end with a letter or digit",
                         ));
                     }
                 }
@@ -1007,6 +1137,37 @@ backend = { kind = "fixed", address = "127.0.0.1:5433" }
         .unwrap_err()
         .to_string();
         assert!(err.contains("revival.keys[0]"), "{err}");
+    }
+
+    #[test]
+    fn pool_classes_are_checked() {
+        let pool = EXAMPLE.replace(
+            "backend = { kind = \"fixed\", address = \"127.0.0.1:5433\" }",
+            "backend = { kind = \"pool\", class = \"small\" }",
+        );
+        let class = "[[pool_class]]\nname = \"small\"\nmin_warm = 3\nrelease = \"delete\"\ntemplate = \"cluster.yaml\"\n";
+        let c = load(&format!("{pool}{class}")).unwrap();
+        let p = &c.pool_classes[0];
+        assert_eq!((p.min_warm, p.release), (3, PoolRelease::Delete));
+        assert!(p.template.is_absolute());
+        assert_eq!(p.lease_duration, Duration::from_secs(15));
+        let err = load(&pool).unwrap_err().to_string();
+        assert!(err.contains("tenant[0].backend.class"), "{err}");
+        let err = load(&format!("{pool}{}", class.replace("small", "Small")))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("pool_class[0].name"), "{err}");
+        let err = load(&format!("{pool}{class}replenish_interval = \"10s\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("replenish_interval"), "{err}");
+        let err = load(&format!(
+            "{}{class}",
+            pool.replace("\"alpha\"", "\"alpha_\"")
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("label value"), "{err}");
     }
 
     #[test]

@@ -67,6 +67,9 @@ pub struct Gateway {
     pub wake_notice: bool,
     /// The local backend, when any tenant uses it (stopped with the gateway).
     pub local: Option<Arc<LocalBackend>>,
+    /// The pool backend, when any pool class is configured (its replenisher runs with the
+    /// gateway).
+    pub pool: Option<Arc<pgwake_routing::backend::PoolBackend>>,
     /// TLS mode towards each tenant's backend, where it differs from `default_backend_tls`.
     pub backend_tls: HashMap<TenantId, BackendTls>,
     /// TLS mode towards backends of tenants not in `backend_tls` (`[backend] tls`).

@@ -6,7 +6,8 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use pgwake_routing::backend::{
-    CnpgBackend, CnpgCluster, CnpgSettings, FixedBackend, LocalBackend, LocalSettings,
+    CnpgBackend, CnpgCluster, CnpgSettings, FixedBackend, LocalBackend, LocalSettings, PoolBackend,
+    PoolClass, Release, cluster_template,
 };
 use pgwake_routing::discovery::{
     ClusterDiscovery, DiscoveryEvent, DiscoverySettings, TENANT_LABEL,
@@ -31,7 +32,8 @@ use crate::auth::{
 };
 use crate::cancel::CancelMap;
 use crate::config::{
-    AuthMode, Config, CredentialsConfig, KubernetesConfig, LocalConfig, TenantBackend,
+    AuthMode, Config, CredentialsConfig, KubernetesConfig, LocalConfig, PoolClassConfig,
+    PoolRelease, TenantBackend,
 };
 use crate::connect::BackendLink;
 use crate::http;
@@ -59,6 +61,14 @@ pub enum BuildError {
     /// The revival keys are unusable.
     #[error("{0}")]
     Revival(String),
+    /// A pool class's template is unusable.
+    #[error("pool_class {class}: {problem}")]
+    Pool {
+        /// The class.
+        class: String,
+        /// What is wrong.
+        problem: String,
+    },
     /// A credential source is unusable.
     #[error("tenant {tenant}: credentials: {source}")]
     Credentials {
@@ -110,6 +120,45 @@ async fn kube_client(k: &KubernetesConfig) -> Result<kube::Client, BuildError> {
     kube::Client::try_from(config).map_err(|e| kube_error(&e))
 }
 
+/// Reads a pool class's Cluster template (YAML or JSON).
+fn pool_class(c: &PoolClassConfig, namespace: &str) -> Result<PoolClass, BuildError> {
+    let problem = |problem: String| BuildError::Pool {
+        class: c.name.clone(),
+        problem,
+    };
+    let text = std::fs::read_to_string(&c.template).map_err(|e| {
+        problem(format!(
+            "cannot read template {}: {e}",
+            c.template.display()
+        ))
+    })?;
+    let manifest: serde_json::Value = serde_saphyr::from_str(&text)
+        .map_err(|e| problem(format!("template {}: {e}", c.template.display())))?;
+    Ok(PoolClass {
+        name: c.name.clone(),
+        namespace: c.namespace.clone().unwrap_or_else(|| namespace.to_owned()),
+        min_warm: c.min_warm,
+        release: match c.release {
+            PoolRelease::Delete => Release::Delete,
+            PoolRelease::Hibernate => Release::Hibernate,
+        },
+        template: cluster_template(manifest).map_err(|e| problem(e.to_string()))?,
+        replenish_interval: c.replenish_interval,
+        lease_duration: c.lease_duration,
+    })
+}
+
+/// This process's name in Leases: host name (the pod's, in Kubernetes) and process id.
+fn lease_identity() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "pgwake".into());
+    format!("{host}-{}", std::process::id())
+}
+
 /// Builds the shared gateway state; fails on unusable certificates, a local backend that cannot
 /// run here, or an unreachable Kubernetes configuration.
 pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gateway, BuildError> {
@@ -134,8 +183,17 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
         }
         _ => None,
     };
+    let pool_tenants: HashMap<_, _> = config
+        .tenants
+        .iter()
+        .filter_map(|t| match &t.backend {
+            TenantBackend::Pool { class } => Some((t.id.clone(), class.clone())),
+            _ => None,
+        })
+        .collect();
     let k = &config.kubernetes;
     let needs_kube = k.discover
+        || !config.pool_classes.is_empty()
         || config.tenants.iter().any(|t| {
             matches!(t.backend, TenantBackend::Cnpg { .. })
                 || matches!(
@@ -146,6 +204,11 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
     let kube = match needs_kube {
         true => Some(kube_client(k).await?),
         false => None,
+    };
+    let cnpg_settings = CnpgSettings {
+        start_timeout: config.wake.wake_timeout,
+        probe_interval: Duration::from_millis(10),
+        probe_user: k.probe_user.clone().unwrap_or_else(|| "postgres".into()),
     };
     let default_ns = kube.as_ref().map(|c| {
         k.namespace
@@ -183,11 +246,25 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
             Some(Arc::new(CnpgBackend::new(
                 client.clone(),
                 clusters,
-                CnpgSettings {
-                    start_timeout: config.wake.wake_timeout,
-                    probe_interval: Duration::from_millis(10),
-                    probe_user: k.probe_user.clone().unwrap_or_else(|| "postgres".into()),
-                },
+                cnpg_settings.clone(),
+            )))
+        }
+        _ => None,
+    };
+    let pool = match &kube {
+        Some(client) if !config.pool_classes.is_empty() => {
+            let default_ns = default_ns.as_deref().unwrap_or("default");
+            let classes = config
+                .pool_classes
+                .iter()
+                .map(|c| pool_class(c, default_ns))
+                .collect::<Result<Vec<_>, _>>()?;
+            Some(Arc::new(PoolBackend::new(
+                client.clone(),
+                classes,
+                pool_tenants,
+                cnpg_settings,
+                lease_identity(),
             )))
         }
         _ => None,
@@ -227,6 +304,13 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
             TenantBackend::Cnpg { .. } => match &cnpg {
                 Some(c) => c.clone(),
                 None => unreachable!("cnpg tenants built the cnpg backend above"),
+            },
+            TenantBackend::Pool { .. } => match &pool {
+                Some(p) => {
+                    backend_tls.insert(t.id.clone(), config.backend.tls);
+                    p.clone()
+                }
+                None => unreachable!("validated: pool tenants name a configured pool class"),
             },
         };
         tenants.push(Tenant {
@@ -395,6 +479,7 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
         directory,
         coordinator,
         local,
+        pool,
         wake_notice: w.wake_notice,
         backend_tls,
         default_backend_tls: config.backend.tls,
@@ -461,6 +546,10 @@ pub async fn run(
             .clone()
             .run_idle_sleeper(sleeper_stop.clone()),
     );
+    let replenisher = gateway
+        .pool
+        .clone()
+        .map(|pool| tokio::spawn(pool.run_replenisher(sleeper_stop.clone())));
     if let Some(addr) = config.listen.admin {
         let admin_listener = TcpListener::bind(addr)
             .await
@@ -518,6 +607,10 @@ pub async fn run(
         let _ = tokio::time::timeout(TERMINATE_DRAIN, tasks.wait()).await;
     }
     sleeper_stop.cancel();
+    if let Some(r) = replenisher {
+        // It gives its Leases up, so another replica replenishes without waiting them out.
+        let _ = tokio::time::timeout(TERMINATE_DRAIN, r).await;
+    }
     if let Some(local) = &gateway.local {
         // Servers this gateway started never outlive it, including one still starting (its
         // wake has not recorded it yet, but its postmaster.pid is there).

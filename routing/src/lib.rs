@@ -4,6 +4,7 @@
 pub mod backend;
 pub mod directory;
 pub mod discovery;
+pub mod lease;
 pub mod probe;
 pub mod resolver;
 pub mod tenant;

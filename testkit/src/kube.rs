@@ -493,6 +493,45 @@ impl KubeLab {
         Ok(ApiResponse { status, body })
     }
 
+    /// Streams a watch as admin: `path` must ask for one (`?watch=1&resourceVersion=…`, with
+    /// `timeoutSeconds` well under 30 s, the lab's bound on one call). Calls `on_event` with each
+    /// event (`{"type": …, "object": …}`) until the server ends the watch or `on_event` returns
+    /// false.
+    pub fn watch(&self, path: &str, mut on_event: impl FnMut(Value) -> bool) -> io::Result<()> {
+        use std::io::BufRead;
+        let url = format!("{}{path}", self.api_url());
+        let req = ureq::http::Request::builder()
+            .method("GET")
+            .uri(&url)
+            .header("Authorization", format!("Bearer {}", self.admin_token))
+            .header("Accept", "application/json")
+            .body(Vec::new())
+            .map_err(|e| io::Error::other(format!("GET {url}: {e}")))?;
+        let resp = self
+            .agent
+            .run(req)
+            .map_err(|e| io::Error::other(format!("GET {url}: {e}")))?;
+        if resp.status() != 200 {
+            return Err(io::Error::other(format!(
+                "watch {url}: API server answered {}",
+                resp.status()
+            )));
+        }
+        let reader = io::BufReader::new(resp.into_body().into_reader());
+        for line in reader.lines() {
+            let line = line?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let event: Value = serde_json::from_str(&line)
+                .map_err(|e| io::Error::other(format!("watch event is not JSON ({e}): {line}")))?;
+            if !on_event(event) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     /// `GET path` as admin.
     pub fn get(&self, path: &str) -> io::Result<ApiResponse> {
         self.request("GET", path, None)

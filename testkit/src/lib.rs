@@ -12,6 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
+pub mod fake_operator;
 pub mod kube;
 
 /// Where the PostgreSQL server binaries live: `PGWAKE_PG_BIN`, else where the gateway's local

@@ -27,7 +27,7 @@ pub const ENDPOINT_ANNOTATION: &str = "pgwake.io/endpoint";
 /// The annotation CloudNativePG hibernates a cluster by.
 pub const HIBERNATION_ANNOTATION: &str = "cnpg.io/hibernation";
 /// Field manager name for the gateway's patches.
-const FIELD_MANAGER: &str = "pgwake";
+pub(super) const FIELD_MANAGER: &str = "pgwake";
 
 /// Where a tenant's Cluster is and how to reach its primary.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -126,7 +126,8 @@ pub fn cluster_hibernated(obj: &DynamicObject) -> bool {
         })
 }
 
-fn hibernation_requested(obj: &DynamicObject) -> bool {
+/// True when the Cluster's hibernation annotation asks for `on`.
+pub(super) fn hibernation_requested(obj: &DynamicObject) -> bool {
     obj.metadata
         .annotations
         .as_ref()
@@ -134,8 +135,85 @@ fn hibernation_requested(obj: &DynamicObject) -> bool {
         .is_some_and(|v| v == "on")
 }
 
-fn api_error(e: kube::Error) -> BackendError {
+pub(super) fn api_error(e: kube::Error) -> BackendError {
     BackendError::Api(e.to_string())
+}
+
+/// Merge-patches the `cnpg.io/hibernation` annotation of Cluster `name` to `value`.
+pub(super) async fn set_hibernation(
+    api: &Api<DynamicObject>,
+    name: &str,
+    value: &str,
+) -> Result<(), BackendError> {
+    let patch = json!({ "metadata": { "annotations": { HIBERNATION_ANNOTATION: value } } });
+    api.patch(
+        name,
+        &PatchParams::apply(FIELD_MANAGER),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .map_err(api_error)?;
+    Ok(())
+}
+
+/// Watches (not polls) Cluster `name` until the operator reports it awake and returns the
+/// object as then seen; a [`BackendError::Timeout`] of `settings.start_timeout` at `deadline`.
+pub(super) async fn wait_awake(
+    api: Api<DynamicObject>,
+    name: &str,
+    settings: &CnpgSettings,
+    deadline: Instant,
+) -> Result<DynamicObject, BackendError> {
+    watch_until(api, name, settings, deadline, cluster_awake).await
+}
+
+/// Watches (not polls) Cluster `name` until `done` holds for it and returns the object as then
+/// seen; a [`BackendError::Timeout`] of `settings.start_timeout` at `deadline`.
+pub(super) async fn watch_until(
+    api: Api<DynamicObject>,
+    name: &str,
+    settings: &CnpgSettings,
+    deadline: Instant,
+    done: fn(&DynamicObject) -> bool,
+) -> Result<DynamicObject, BackendError> {
+    // The watch starts with a listing, so a cluster already there ends it at once.
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut objects = watcher(api, config)
+        .default_backoff()
+        .applied_objects()
+        .boxed();
+    timeout_at(deadline, async {
+        while let Some(event) = objects.next().await {
+            match event {
+                Ok(obj) if done(&obj) => return Ok(obj),
+                Ok(_) => {}
+                // The watcher re-lists and resumes by itself after errors; keep waiting.
+                Err(e) => tracing::debug!(cluster = %name, error = %e, "cluster watch error"),
+            }
+        }
+        Err(BackendError::Api("the cluster watch ended".into()))
+    })
+    .await
+    .map_err(|_| BackendError::Timeout(settings.start_timeout))?
+}
+
+/// Probes logins on `endpoint` until one succeeds or `deadline` passes: a Cluster can look
+/// healthy before Postgres accepts logins.
+pub(super) async fn probe_until_ready(
+    endpoint: &Endpoint,
+    settings: &CnpgSettings,
+    deadline: Instant,
+) -> Result<(), BackendError> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(BackendError::Timeout(settings.start_timeout));
+        }
+        match probe(endpoint, &settings.probe_user, "postgres", left).await {
+            Probe::Ready => return Ok(()),
+            Probe::NotYet(_) => sleep(settings.probe_interval.min(left)).await,
+        }
+    }
 }
 
 impl CnpgBackend {
@@ -186,45 +264,9 @@ impl CnpgBackend {
         Ok((c, api))
     }
 
-    /// Watches (not polls) the named Cluster until `done` holds for it.
-    async fn watch_until(
-        &self,
-        api: Api<DynamicObject>,
-        name: &str,
-        deadline: Instant,
-        done: fn(&DynamicObject) -> bool,
-    ) -> Result<(), BackendError> {
-        // The watch starts with a listing, so a cluster already there ends it at once.
-        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-        let mut objects = watcher(api, config)
-            .default_backoff()
-            .applied_objects()
-            .boxed();
-        timeout_at(deadline, async {
-            while let Some(event) = objects.next().await {
-                match event {
-                    Ok(obj) if done(&obj) => return Ok(()),
-                    Ok(_) => {}
-                    // The watcher re-lists and resumes by itself after errors; keep waiting.
-                    Err(e) => tracing::debug!(cluster = %name, error = %e, "cluster watch error"),
-                }
-            }
-            Err(BackendError::Api("the cluster watch ended".into()))
-        })
-        .await
-        .map_err(|_| BackendError::Timeout(self.settings.start_timeout))?
-    }
-
     async fn set_hibernation(&self, tenant: &TenantId, value: &str) -> Result<(), BackendError> {
         let (c, api) = self.cluster(tenant)?;
-        let patch = json!({ "metadata": { "annotations": { HIBERNATION_ANNOTATION: value } } });
-        api.patch(
-            &c.name,
-            &PatchParams::apply(FIELD_MANAGER),
-            &Patch::Merge(&patch),
-        )
-        .await
-        .map_err(api_error)?;
+        set_hibernation(&api, &c.name, value).await?;
         info!(tenant = %tenant, cluster = %c.name, namespace = %c.namespace, hibernation = value, "patched cluster");
         Ok(())
     }
@@ -240,18 +282,9 @@ impl ComputeBackend for CnpgBackend {
         let deadline = Instant::now() + self.settings.start_timeout;
         let (c, api) = self.cluster(tenant)?;
         self.set_hibernation(tenant, "off").await?;
-        self.watch_until(api, &c.name, deadline, cluster_awake)
-            .await?;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(BackendError::Timeout(self.settings.start_timeout));
-            }
-            match probe(&c.endpoint, &self.settings.probe_user, "postgres", left).await {
-                Probe::Ready => return Ok(c.endpoint.clone()),
-                Probe::NotYet(_) => sleep(self.settings.probe_interval.min(left)).await,
-            }
-        }
+        wait_awake(api, &c.name, &self.settings, deadline).await?;
+        probe_until_ready(&c.endpoint, &self.settings, deadline).await?;
+        Ok(c.endpoint.clone())
     }
 
     /// Returns once the operator reports the cluster hibernated, so a wake that follows starts
@@ -260,8 +293,9 @@ impl ComputeBackend for CnpgBackend {
         let deadline = Instant::now() + self.settings.start_timeout;
         let (c, api) = self.cluster(tenant)?;
         self.set_hibernation(tenant, "on").await?;
-        self.watch_until(api, &c.name, deadline, cluster_hibernated)
+        watch_until(api, &c.name, &self.settings, deadline, cluster_hibernated)
             .await
+            .map(drop)
     }
 
     async fn state(&self, tenant: &TenantId) -> Result<ComputeState, BackendError> {

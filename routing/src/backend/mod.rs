@@ -3,6 +3,7 @@
 mod cnpg;
 mod fixed;
 mod local;
+mod pool;
 
 use std::fmt;
 use std::time::Duration;
@@ -12,10 +13,13 @@ use thiserror::Error;
 
 pub use cnpg::{
     CnpgBackend, CnpgCluster, CnpgSettings, ENDPOINT_ANNOTATION, HIBERNATION_ANNOTATION,
-    cluster_awake, cluster_resource,
+    cluster_awake, cluster_hibernated, cluster_resource,
 };
 pub use fixed::FixedBackend;
 pub use local::{LocalBackend, LocalSettings, find_bin_dir};
+pub use pool::{
+    POOL_LABEL, PoolBackend, PoolClass, Release, STATE_LABEL, TemplateError, cluster_template,
+};
 
 use crate::TenantId;
 
