@@ -147,41 +147,6 @@ fn discovering_gateway(lab: &KubeLab, extra: &str) -> Gateway {
     Gateway::launch(&format!("allow_plaintext = true\n{extra}"), &kube, &[])
 }
 
-fn lists_tenant(gw: &Gateway, tenant: &str) -> bool {
-    let (_, body) = gw.http_get("/v1/tenants").expect("tenants");
-    let list: serde_json::Value = serde_json::from_str(&body).unwrap();
-    list.as_array().unwrap().iter().any(|t| t["id"] == tenant)
-}
-
-fn wait_listed(gw: &Gateway, tenant: &str, listed: bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while lists_tenant(gw, tenant) != listed {
-        assert!(
-            Instant::now() < deadline,
-            "tenant {tenant} listed: {}, wanted {listed}\n{}",
-            !listed,
-            gw.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-async fn query_as(
-    gw: &Gateway,
-    tenant: &str,
-    user: &str,
-    password: &str,
-) -> Result<i32, tokio_postgres::Error> {
-    let conninfo = format!(
-        "host=127.0.0.1 port={} user={user} password={password} dbname={tenant}.postgres sslmode=disable connect_timeout=30",
-        gw.port
-    );
-    let (client, conn) = tokio_postgres::connect(&conninfo, NoTls).await?;
-    tokio::spawn(conn);
-    let row = client.query_one("select 1::int4", &[]).await?;
-    Ok(row.get(0))
-}
-
 fn sqlstate(e: &tokio_postgres::Error) -> String {
     e.as_db_error()
         .map(|d| d.code().code().to_owned())
@@ -212,16 +177,17 @@ async fn labelled_clusters_become_tenants_with_their_app_secret() {
         .await
         .unwrap();
     }
-    tokio::task::block_in_place(|| wait_listed(&gw, "disco", true));
+    tokio::task::block_in_place(|| gw.wait_listed("disco", true));
 
     // Checked against the Secret before anything wakes: a wrong password leaves it hibernated.
-    let wrong = query_as(&gw, "disco", &user, "not-the-password")
+    let wrong = gw
+        .select_one("disco", &user, "not-the-password")
         .await
         .unwrap_err();
     assert_eq!(sqlstate(&wrong), "28P01", "{wrong}");
     assert_eq!(hibernation(lab, NAMESPACE, "disco"), "on");
 
-    assert_eq!(query_as(&gw, "disco", &user, &password).await.unwrap(), 1);
+    assert_eq!(gw.select_one("disco", &user, &password).await.unwrap(), 1);
     assert_eq!(hibernation(lab, NAMESPACE, "disco"), "off");
 
     // Rotation: the role's password and the Secret change; the gateway follows the Secret.
@@ -240,7 +206,7 @@ async fn labelled_clusters_become_tenants_with_their_app_secret() {
     }
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        match query_as(&gw, "disco", &user, rotated).await {
+        match gw.select_one("disco", &user, rotated).await {
             Ok(v) => {
                 assert_eq!(v, 1);
                 break;
@@ -252,7 +218,7 @@ async fn labelled_clusters_become_tenants_with_their_app_secret() {
             }
         }
     }
-    let old = query_as(&gw, "disco", &user, &password).await.unwrap_err();
+    let old = gw.select_one("disco", &user, &password).await.unwrap_err();
     assert_eq!(sqlstate(&old), "28P01", "{old}");
 
     // Taking the label off removes the tenant; it is then refused like an unknown one.
@@ -267,8 +233,8 @@ async fn labelled_clusters_become_tenants_with_their_app_secret() {
     })
     .await
     .unwrap();
-    tokio::task::block_in_place(|| wait_listed(&gw, "disco", false));
-    let gone = query_as(&gw, "disco", &user, rotated).await.unwrap_err();
+    tokio::task::block_in_place(|| gw.wait_listed("disco", false));
+    let gone = gw.select_one("disco", &user, rotated).await.unwrap_err();
     assert_eq!(sqlstate(&gone), "08004", "{gone}");
     tokio::task::spawn_blocking(move || gw.wait_idle())
         .await

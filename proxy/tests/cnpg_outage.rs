@@ -11,42 +11,8 @@ use std::time::{Duration, Instant};
 use common::Gateway;
 use common::cnpg_operator::{hibernated_cluster, hibernation, write_app_secret};
 use pgwake_testkit::kube::KubeLab;
-use tokio_postgres::NoTls;
 
 const NAMESPACE: &str = "tenants";
-
-async fn query_as(
-    gw: &Gateway,
-    tenant: &str,
-    user: &str,
-    password: &str,
-) -> Result<i32, tokio_postgres::Error> {
-    let conninfo = format!(
-        "host=127.0.0.1 port={} user={user} password={password} dbname={tenant}.postgres sslmode=disable connect_timeout=30",
-        gw.port
-    );
-    let (client, conn) = tokio_postgres::connect(&conninfo, NoTls).await?;
-    tokio::spawn(conn);
-    let row = client.query_one("select 1::int4", &[]).await?;
-    Ok(row.get(0))
-}
-
-fn listed(gw: &Gateway, tenant: &str) -> bool {
-    let (_, body) = gw.http_get("/v1/tenants").expect("tenants");
-    body.contains(&format!("\"id\":\"{tenant}\""))
-}
-
-fn wait_listed(gw: &Gateway, tenant: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !listed(gw, tenant) {
-        assert!(
-            Instant::now() < deadline,
-            "{tenant} not discovered\n{}",
-            gw.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn awake_tenants_ride_out_an_api_outage_and_wakes_recover() {
@@ -83,13 +49,13 @@ async fn awake_tenants_ride_out_an_api_outage_and_wakes_recover() {
     .await
     .unwrap();
     tokio::task::block_in_place(|| {
-        wait_listed(&gw, "steady");
-        wait_listed(&gw, "sleepy");
+        gw.wait_listed("steady", true);
+        gw.wait_listed("sleepy", true);
     });
     let (steady_user, steady_pw) = (&clusters[0].2, &clusters[0].3);
     let (sleepy_user, sleepy_pw) = (&clusters[1].2, &clusters[1].3);
     assert_eq!(
-        query_as(&gw, "steady", steady_user, steady_pw)
+        gw.select_one("steady", steady_user, steady_pw)
             .await
             .unwrap(),
         1
@@ -102,7 +68,7 @@ async fn awake_tenants_ride_out_an_api_outage_and_wakes_recover() {
     // The awake tenant serves new logins from cached credentials and state.
     for _ in 0..3 {
         assert_eq!(
-            query_as(&gw, "steady", steady_user, steady_pw)
+            gw.select_one("steady", steady_user, steady_pw)
                 .await
                 .unwrap(),
             1
@@ -110,7 +76,8 @@ async fn awake_tenants_ride_out_an_api_outage_and_wakes_recover() {
     }
     // The sleeping one cannot be woken: a clear "cannot connect now", not a hang.
     let started = Instant::now();
-    let err = query_as(&gw, "sleepy", sleepy_user, sleepy_pw)
+    let err = gw
+        .select_one("sleepy", sleepy_user, sleepy_pw)
         .await
         .unwrap_err();
     let db = err.as_db_error().expect("an ErrorResponse");
@@ -125,7 +92,7 @@ async fn awake_tenants_ride_out_an_api_outage_and_wakes_recover() {
     // Wakes work again once the retry delay has passed.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        match query_as(&gw, "sleepy", sleepy_user, sleepy_pw).await {
+        match gw.select_one("sleepy", sleepy_user, sleepy_pw).await {
             Ok(v) => {
                 assert_eq!(v, 1);
                 break;
@@ -156,9 +123,9 @@ async fn awake_tenants_ride_out_an_api_outage_and_wakes_recover() {
             .await
             .unwrap();
     }
-    tokio::task::block_in_place(|| wait_listed(&gw, "late"));
+    tokio::task::block_in_place(|| gw.wait_listed("late", true));
     assert_eq!(
-        query_as(&gw, "late", &late_user, &late_pw).await.unwrap(),
+        gw.select_one("late", &late_user, &late_pw).await.unwrap(),
         1
     );
     tokio::task::spawn_blocking(move || gw.wait_idle())

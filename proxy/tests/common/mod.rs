@@ -206,6 +206,48 @@ rules = ["sni", "options", "database", "user"]
             .unwrap_or(0.0)
     }
 
+    /// `select 1` as `user` on database `<tenant>.postgres`, over plaintext: the answer, or the
+    /// error (with its SQLSTATE) the client got.
+    pub async fn select_one(
+        &self,
+        tenant: &str,
+        user: &str,
+        password: &str,
+    ) -> Result<i32, tokio_postgres::Error> {
+        let conninfo = format!(
+            "host=127.0.0.1 port={} user={user} password={password} dbname={tenant}.postgres sslmode=disable connect_timeout=30",
+            self.port
+        );
+        let (client, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls).await?;
+        tokio::spawn(conn);
+        let row = client.query_one("select 1::int4", &[]).await?;
+        Ok(row.get(0))
+    }
+
+    /// Whether the admin API lists the tenant.
+    pub fn lists_tenant(&self, tenant: &str) -> bool {
+        let (_, body) = self.http_get("/v1/tenants").expect("tenants");
+        let list: serde_json::Value = serde_json::from_str(&body).expect("tenant list");
+        list.as_array()
+            .expect("tenant list")
+            .iter()
+            .any(|t| t["id"] == tenant)
+    }
+
+    /// Waits until the admin API lists the tenant (`listed`) or no longer does.
+    pub fn wait_listed(&self, tenant: &str, listed: bool) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.lists_tenant(tenant) != listed {
+            assert!(
+                Instant::now() < deadline,
+                "tenant {tenant} listed: {}, wanted {listed}\n{}",
+                !listed,
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Waits until no client connection is open at the gateway.
     pub fn wait_idle(&self) {
         let deadline = Instant::now() + Duration::from_secs(10);
