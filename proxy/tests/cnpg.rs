@@ -111,13 +111,34 @@ async fn idle_sleep_hibernates_and_the_next_connection_wakes_again() {
         gw.port
     );
     for round in 0..2 {
-        let (client, conn) = tokio_postgres::connect(&conninfo, NoTls)
-            .await
-            .expect("wake");
-        tokio::spawn(conn);
-        let row = client.query_one("select 1::int4", &[]).await.unwrap();
-        assert_eq!(row.get::<_, i32>(0), 1);
-        drop(client);
+        if round == 0 {
+            // psql, as a person would: it waits through the wake like any slow login.
+            // The fake operator needs the Postgres handle to start it: do not hold its lock.
+            let out = tokio::task::block_in_place(|| {
+                std::process::Command::new(pgwake_testkit::pg_bin_dir().unwrap().join("psql"))
+                .args(["-X", "-A", "-t", "-w", "-c", "select 'woken'"])
+                .arg(format!(
+                    "host=127.0.0.1 port={} user={user} dbname=nap.postgres sslmode=disable connect_timeout=30",
+                    gw.port
+                ))
+                .env("PGPASSWORD", &password)
+                .output()
+                .expect("run psql")
+            });
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout).trim(),
+                "woken",
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        } else {
+            let (client, conn) = tokio_postgres::connect(&conninfo, NoTls)
+                .await
+                .expect("wake");
+            tokio::spawn(conn);
+            let row = client.query_one("select 1::int4", &[]).await.unwrap();
+            assert_eq!(row.get::<_, i32>(0), 1);
+        }
         assert_eq!(hibernation(lab, NAMESPACE, "nap"), "off", "round {round}");
         let gw_ref = &gw;
         tokio::task::block_in_place(|| {
