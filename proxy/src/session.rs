@@ -209,7 +209,8 @@ async fn drive(
     let mut park_rx = current.lease.park_requests();
     let mut migrate_rx = current.lease.migrate_requests();
     loop {
-        let snap_valid = snap.as_ref().is_some_and(|s| s.valid_for(&tracker));
+        // Bytes a parked client sent are relayed first and may change the session's state.
+        let snap_valid = preload.is_empty() && snap.as_ref().is_some_and(|s| s.valid_for(&tracker));
         if !snap_valid && lease_idle {
             current.lease.set_idle(false);
             lease_idle = false;
