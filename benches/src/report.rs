@@ -396,7 +396,8 @@ pub fn write_results_file(path: &Path, sections: &[(Section, &str)]) -> Result<(
 const RESULTS_HEADER: &str = "# pgwake benchmark results\n\n\
 Numbers from the load harness and notes about them. The sections between the harness markers are \
 rewritten by `cargo run -p pgwake-bench --release -- all --write` (or `wake --write`, \
-`queued --write`); everything outside them is kept, so add notes above or below.\n";
+`queued --write`, `revive --write`); everything outside them is kept, so add notes above or \
+below.\n";
 
 /// `text` with the marked section replaced by `body` (or appended when there is none).
 pub fn replace_section(text: &str, section: Section, body: &str) -> String {

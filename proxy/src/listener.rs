@@ -199,7 +199,9 @@ pub(crate) async fn run_session(
     accepted_at: Instant,
 ) {
     let session = tokio::select! {
-        r = open_session(gw, &mut client, peer, startup, accepted_at) => r,
+        // Boxed: the login's state is freed once it is done instead of sizing every session's
+        // task (parked sessions should cost little).
+        r = Box::pin(open_session(gw, &mut client, peer, startup, accepted_at)) => r,
         _ = gw.terminate.cancelled() => Err(SessionError::ShuttingDown),
     };
     let backend = match session {

@@ -209,7 +209,8 @@ async fn drive(
     let mut park_rx = current.lease.park_requests();
     let mut migrate_rx = current.lease.migrate_requests();
     loop {
-        let snap_valid = snap.as_ref().is_some_and(|s| s.valid_for(&tracker));
+        // Bytes a parked client sent are relayed first and may change the session's state.
+        let snap_valid = preload.is_empty() && snap.as_ref().is_some_and(|s| s.valid_for(&tracker));
         if !snap_valid && lease_idle {
             current.lease.set_idle(false);
             lease_idle = false;
@@ -263,10 +264,11 @@ async fn drive(
         };
         // The client may have sent something during the run: the snapshot then no longer
         // describes the session, and it cannot move on it.
-        let still_movable = movable && snap.as_ref().is_some_and(|s| s.valid_for(&tracker));
+        let valid_now = snap.as_ref().is_some_and(|s| s.valid_for(&tracker));
+        let still_movable = movable && valid_now;
         let reason = match end {
             RelayEnd::Quiet => {
-                if !snap_valid {
+                if !valid_now {
                     let s = snapshot(gw, rv, client, &mut current, &tracker, who).await?;
                     snap = Some(s);
                 } else if !lease_idle && (movable || force) {
@@ -277,7 +279,7 @@ async fn drive(
                 continue;
             }
             RelayEnd::Park if still_movable => Reason::IdleSleep,
-            RelayEnd::Park if force && snap.as_ref().is_some_and(|s| s.valid_for(&tracker)) => {
+            RelayEnd::Park if force && valid_now => {
                 let pins = snap.as_ref().map(|s| s.pins.describe()).unwrap_or_default();
                 let msg = ErrorMessage::fatal(
                     sqlstate::IDLE_SESSION_TIMEOUT,
@@ -292,7 +294,7 @@ async fn drive(
             }
             RelayEnd::Park => continue,
             RelayEnd::Migrate => {
-                if !snap_valid {
+                if !valid_now {
                     snap = Some(snapshot(gw, rv, client, &mut current, &tracker, who).await?);
                 }
                 if !snap.as_ref().is_some_and(Snapshot::movable) {

@@ -365,3 +365,70 @@ async fn backend_restart_under_an_idle_session() {
     .await
     .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_busy_session_keeps_every_session_on_its_backend() {
+    let gw = blocking(|| Gateway::start_local(&["busy"], FAST, "", &[]))
+        .await
+        .unwrap();
+    let info = conninfo(&gw, "busy");
+    let (idle, _c1) = connect(&info).await;
+    idle.batch_execute("SET app.x = 'idle'").await.unwrap();
+    let idle_pid: i32 = idle
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let (busy, _c2) = connect(&info).await;
+    // Three idle timeouts of queries, one every 200 ms: the tenant is never idle.
+    for _ in 0..15 {
+        busy.simple_query("SELECT 1").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(gw.tenant_state("busy").0, "awake");
+    assert_eq!(gw.metric("pgwake_sessions_parked"), 0.0);
+    let still: i32 = idle
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        still, idle_pid,
+        "the idle session kept its backend connection"
+    );
+    drop((idle, busy));
+    blocking(move || gw.wait_idle()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_revival_ends_with_a_clear_fatal() {
+    let extra = format!("{FAST}token_ttl = \"1s\"\n");
+    let gw = blocking(move || Gateway::start_local(&["late"], &extra, "", &[]))
+        .await
+        .unwrap();
+    let (client, conn) = connect(&conninfo(&gw, "late")).await;
+    client.batch_execute("SET app.x = 'late'").await.unwrap();
+    let gw = blocking(move || {
+        gw.wait_state("late", "asleep", Duration::from_secs(15));
+        // Parked past the token's expiry.
+        std::thread::sleep(Duration::from_millis(1500));
+        gw
+    })
+    .await
+    .unwrap();
+    // The message that found the session parked gets the FATAL.
+    let err = client
+        .simple_query("SELECT 1")
+        .await
+        .expect_err("the revival fails");
+    let _ = conn.await;
+    let db = err.as_db_error().expect("a FATAL from the gateway");
+    assert_eq!(db.code().code(), "08006");
+    assert!(
+        db.message().contains("revival token expired"),
+        "{}",
+        db.message()
+    );
+    assert_eq!(revivals(&gw, "idle_sleep", "error"), 1.0);
+    blocking(move || gw.wait_idle()).await.unwrap();
+}
