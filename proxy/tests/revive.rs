@@ -308,13 +308,11 @@ async fn backend_restart_under_an_idle_session() {
         .await
         .unwrap()
         .get(0);
-    // The same signal as `pg_ctl restart -m fast`: SIGINT (fast shutdown), then a new postmaster.
     let (gw, pg) = blocking(move || {
         // Quiet for three times snapshot_after: the session's state is recorded.
         std::thread::sleep(Duration::from_millis(600));
         wait_log(&gw, "session state recorded", 1);
-        pg.stop();
-        pg.resume().unwrap();
+        pg.pg_ctl_restart_fast().unwrap();
         (gw, pg)
     })
     .await

@@ -122,6 +122,8 @@ pub struct TestPostgres {
     pub socket_dir: PathBuf,
     data_dir: PathBuf,
     child: Option<Child>,
+    /// A postmaster `pg_ctl` started (not our child), by PID.
+    daemon: Option<u32>,
     _root: tempfile::TempDir,
 }
 
@@ -196,6 +198,7 @@ impl TestPostgres {
             socket_dir,
             data_dir,
             child: Some(child),
+            daemon: None,
             _root: root,
         };
         pg.wait_ready(Duration::from_secs(30))?;
@@ -238,7 +241,7 @@ impl TestPostgres {
 
     /// Starts the server again after [`TestPostgres::stop`], on the same port and data.
     pub fn resume(&mut self) -> io::Result<()> {
-        if self.child.is_none() {
+        if !self.is_running() {
             self.child = Some(spawn_postgres(&self.data_dir, self._root.path())?);
             self.wait_ready(Duration::from_secs(30))?;
         }
@@ -247,7 +250,42 @@ impl TestPostgres {
 
     /// True while the server process runs.
     pub fn is_running(&self) -> bool {
-        self.child.is_some()
+        self.child.is_some() || self.daemon.is_some_and(pid_alive)
+    }
+
+    /// Restarts the server the way an operator would, `pg_ctl restart -m fast` (SIGINT, a
+    /// clean checkpoint, a new postmaster on the same port); returns once it accepts
+    /// connections again. The new postmaster is `pg_ctl`'s, tracked by PID from then on.
+    pub fn pg_ctl_restart_fast(&mut self) -> io::Result<()> {
+        let log = fs::OpenOptions::new()
+            .append(true)
+            .open(self._root.path().join("server.log"))?;
+        let out = pg_command(pg_bin_dir()?.join("pg_ctl"))
+            .arg("-D")
+            .arg(&self.data_dir)
+            .args(["-m", "fast", "-w", "-t", "60", "restart"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::piped())
+            .output()?;
+        if !out.status.success() {
+            return Err(io::Error::other(format!(
+                "pg_ctl restart failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        if let Some(mut old) = self.child.take() {
+            let _ = old.wait();
+        }
+        let pidfile = fs::read_to_string(self.data_dir.join("postmaster.pid"))?;
+        let pid = pidfile
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .ok_or_else(|| io::Error::other("postmaster.pid has no PID"))?;
+        self.daemon = Some(pid);
+        self.wait_ready(Duration::from_secs(30))
     }
 
     /// The server log so far, for failure messages.
@@ -262,7 +300,10 @@ impl TestPostgres {
 
     /// The postmaster's process id.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.child
+            .as_ref()
+            .map(Child::id)
+            .or(self.daemon.filter(|p| pid_alive(*p)))
     }
 
     /// A libpq-style connection string to this server over TCP.
@@ -301,6 +342,20 @@ impl TestPostgres {
 
     /// Stops the server with a fast shutdown and waits for it.
     pub fn stop(&mut self) {
+        if let Some(pid) = self.daemon.take() {
+            let _ = Command::new("kill")
+                .args(["-INT", &pid.to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while pid_alive(pid) && Instant::now() < deadline {
+                sleep(Duration::from_millis(10));
+            }
+            if pid_alive(pid) {
+                let _ = Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .status();
+            }
+        }
         if let Some(mut child) = self.child.take() {
             let _ = Command::new("kill")
                 .args(["-INT", &child.id().to_string()])
@@ -322,6 +377,12 @@ impl Drop for TestPostgres {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// True while a process with this PID exists (and is not a zombie we could reap: `pg_ctl`'s
+/// postmaster is not our child, so init reaps it).
+fn pid_alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
 }
 
 /// Starts `postgres` on a data directory, logging (appended) to `server.log` beside it.
