@@ -279,11 +279,19 @@ async fn open_session(
             .map_err(SessionError::ClientIo)?;
         client.flush().await.map_err(SessionError::ClientIo)?;
     }
-    let admission = gw
-        .coordinator
-        .ensure_awake(&tenant.id)
-        .await
-        .map_err(|e| SessionError::Wake(tenant.id.clone(), e))?;
+    // A client that hangs up while its tenant wakes leaves the queue at once, instead of
+    // holding a place and getting a backend connection nobody reads.
+    let admission = tokio::select! {
+        a = gw.coordinator.ensure_awake(&tenant.id) => {
+            a.map_err(|e| SessionError::Wake(tenant.id.clone(), e))?
+        }
+        _ = client.hung_up() => {
+            return Err(SessionError::ClientIo(std::io::Error::new(
+                std::io::ErrorKind::ConnectionAborted,
+                "the client closed the connection while its database was waking",
+            )));
+        }
+    };
     let endpoint = admission.endpoint;
     let mode = gw.backend_tls_for(&tenant.id);
     let connect_deadline = Instant::now() + gw.limits.connect_timeout;

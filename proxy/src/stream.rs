@@ -53,6 +53,31 @@ impl Stream {
         }
     }
 
+    /// Resolves once the client has closed its side of the TCP connection (a FIN or a reset),
+    /// without consuming anything: waiting clients send nothing, so an end of stream means
+    /// the client gave up. Pending forever once bytes arrive (they may be a pipelined query,
+    /// or TLS records that must not be read here; so a TLS client that sends close_notify
+    /// before closing is noticed only when the wait ends) and for tunnels, which have no
+    /// socket of their own.
+    pub fn hung_up(&self) -> impl Future<Output = ()> + Send + '_ {
+        // Only the socket is borrowed: a tunnel's stream is not Sync.
+        let tcp = match self {
+            Stream::Plain(s) => Some(s),
+            Stream::ServerTls(s) => Some(s.get_ref().0),
+            Stream::ClientTls(_) | Stream::Tunnel { .. } => None,
+        };
+        async move {
+            let Some(tcp) = tcp else {
+                return std::future::pending().await;
+            };
+            let mut byte = [0u8; 1];
+            match tcp.peek(&mut byte).await {
+                Ok(0) | Err(_) => {}
+                Ok(_) => std::future::pending().await,
+            }
+        }
+    }
+
     /// True for a tunnelled stream, whose client authenticates with a cleartext password.
     pub fn is_tunnel(&self) -> bool {
         matches!(self, Stream::Tunnel { .. })

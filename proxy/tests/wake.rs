@@ -129,6 +129,58 @@ async fn full_queue_gets_53300_at_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_hang_up_while_queued_leave_the_queue() {
+    // pre_auth_delay makes the wake take seconds: long enough to hang up in the middle of it.
+    let gw = Arc::new(
+        blocking(|| Gateway::start_local(&["slow"], PLAINTEXT, "pre_auth_delay = '3s'", &[]))
+            .await
+            .unwrap(),
+    );
+    let conninfo = conninfo(&gw, "slow");
+    let waiting: Vec<_> = (0..3)
+        .map(|_| {
+            let c = conninfo.clone();
+            tokio::spawn(async move { select_one(&c).await })
+        })
+        .collect();
+    let g = gw.clone();
+    blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while g.tenant_state("slow").2 < 3 {
+            assert!(Instant::now() < deadline, "waiters never reached 3");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    })
+    .await
+    .unwrap();
+    // Dropping the clients closes their sockets, as a killed application would.
+    for w in &waiting {
+        w.abort();
+    }
+    let g = gw.clone();
+    blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (state, connections, waiters) = g.tenant_state("slow");
+            if waiters == 0 && g.metric("pgwake_connections_active") == 0.0 {
+                // Gone from the queue while the wake still runs, not when it ends.
+                assert_eq!(state, "waking");
+                assert_eq!(connections, 0);
+                break;
+            }
+            assert!(Instant::now() < deadline, "waiters stayed queued");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        g.wait_state("slow", "awake", Duration::from_secs(30));
+    })
+    .await
+    .unwrap();
+    // The wake went on for the tenant, and the next client is served.
+    assert_eq!(select_one(&conninfo).await.unwrap(), 1);
+    blocking(move || gw.wait_idle()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wake_timeout_gets_57p03() {
     let gw = blocking(|| {
         Gateway::start_local(
