@@ -125,6 +125,29 @@ impl Drop for ActiveGuard {
     }
 }
 
+/// The next accepted connection of `listener` (named `what` in logs), or `None` once `stop`
+/// fires; failed accepts are logged and retried after a pause.
+pub(crate) async fn accept_next(
+    listener: &TcpListener,
+    stop: &CancellationToken,
+    what: &str,
+) -> Option<(TcpStream, SocketAddr)> {
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => return None,
+            a = listener.accept() => a,
+        };
+        match accepted {
+            Ok(a) => return Some(a),
+            Err(e) => {
+                // Out of file descriptors or similar: back off instead of spinning.
+                warn!(listener = what, error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
 /// Accepts connections until `stop` fires; each runs as a task in `tasks`.
 pub async fn serve(
     listener: TcpListener,
@@ -132,20 +155,7 @@ pub async fn serve(
     tasks: TaskTracker,
     stop: CancellationToken,
 ) {
-    loop {
-        let accepted = tokio::select! {
-            _ = stop.cancelled() => break,
-            a = listener.accept() => a,
-        };
-        let (tcp, peer) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                // Out of file descriptors or similar: back off instead of spinning.
-                warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+    while let Some((tcp, peer)) = accept_next(&listener, &stop, "postgres").await {
         let gw = gateway.clone();
         let guard = ActiveGuard::new(&gw.metrics);
         let span = info_span!("conn", %peer, tenant = tracing::field::Empty);

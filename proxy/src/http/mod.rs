@@ -25,7 +25,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, debug, info, info_span};
 
 use crate::config::HttpConfig;
 use crate::listener::Gateway;
@@ -111,19 +111,7 @@ pub async fn serve(
             }
         })
     };
-    loop {
-        let accepted = tokio::select! {
-            _ = stop.cancelled() => break,
-            a = listener.accept() => a,
-        };
-        let (tcp, peer) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                warn!(error = %e, "http accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+    while let Some((tcp, peer)) = crate::listener::accept_next(&listener, &stop, "http").await {
         let state = state.clone();
         let conn_tasks = tasks.clone();
         let stop = stop.clone();
