@@ -1113,6 +1113,19 @@ backend = { kind = "fixed", address = "127.0.0.1:5433" }
     }
 
     #[test]
+    fn reuse_defaults_and_bounds() {
+        let c = load(EXAMPLE).unwrap();
+        assert!(c.reuse.enabled);
+        assert_eq!(c.reuse.max_idle_per_key, 16);
+        let c = load(&format!("{EXAMPLE}[reuse]\nenabled = false\n")).unwrap();
+        assert!(!c.reuse.enabled);
+        let err = load(&format!("{EXAMPLE}[reuse]\nmax_idle_total = 0\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("reuse.max_idle_per_key"), "{err}");
+    }
+
+    #[test]
     fn kubernetes_secrets_need_a_name_outside_cnpg() {
         let fixed = EXAMPLE.replace(
             "backend = { kind = \"fixed\", address = \"127.0.0.1:5433\" }",

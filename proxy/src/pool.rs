@@ -653,6 +653,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn adopted_connections_count_only_while_idle() {
+        let p = pool(1, 2);
+        let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let conn = |id| FakeConn {
+            id,
+            alive: alive.clone(),
+        };
+        assert!(p.adopt("a", conn(1)).is_ok());
+        // The key's bound is reached: handed back.
+        assert_eq!(p.adopt("a", conn(2)).err().map(|c| c.id), Some(2));
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        assert!(p.adopt("b", conn(3)).is_ok());
+        // The total bound is reached: the oldest idle connection (a's) gives way.
+        assert!(p.adopt("c", conn(4)).is_ok());
+        assert_eq!(p.detach(&"a").0.map(|c| c.id), None);
+        assert_eq!(p.detach(&"b").0.map(|c| c.id), Some(3));
+        // A detached connection no longer counts.
+        assert_eq!(p.stats(), PoolStats { open: 1, idle: 1 });
+        alive.store(false, std::sync::atomic::Ordering::Relaxed);
+        let (found, stale) = p.detach(&"c");
+        assert!(found.is_none());
+        assert_eq!(stale, 1);
+        assert_eq!(p.stats(), PoolStats { open: 0, idle: 0 });
+    }
+
+    #[tokio::test]
     async fn stale_and_expired_connections_are_not_reused() {
         let p = Pool::new(PoolSettings {
             max_per_key: 4,
