@@ -9,6 +9,7 @@
 //! generate the load, reads the proxies' CPU and memory from /proc, and prints a Markdown report.
 //! See `benches/README.md` for the scenarios and how to read the tables.
 
+mod churn;
 mod client;
 mod gateway;
 mod http;
@@ -35,7 +36,7 @@ use crate::kube_wake::KubeOptions;
 use crate::process::{ProcSample, clock_ticks_per_second, command_output};
 use crate::queued::QueuedOptions;
 use crate::report::{
-    Facts, HTTP_SECTION, KUBE_SECTION, Measurement, PGBENCH_SECTION, QUEUED_SECTION,
+    CHURN_SECTION, Facts, HTTP_SECTION, KUBE_SECTION, Measurement, PGBENCH_SECTION, QUEUED_SECTION,
     REVIVE_SECTION, ReportInput, Results, Section, WAKE_SECTION,
 };
 use crate::revive::ReviveOptions;
@@ -71,6 +72,24 @@ enum Cmd {
     /// warm cluster, through a real kube-apiserver and testkit's fake CNPG operator (not part of
     /// `all`: the first run builds kube-apiserver).
     Kube(KubeArgs),
+    /// Connection churn (`pgbench -C -S`, SCRAM) through pgwake with backend connection reuse on
+    /// and off, beside PgBouncer in session mode and direct Postgres.
+    Churn(ChurnArgs),
+}
+
+#[derive(Args)]
+struct ChurnArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Interleaved repetitions (default 3, or 1 with --quick).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    reps: Option<u32>,
+    /// Seconds per pgbench run (default 20, or 5 with --quick).
+    #[arg(long, value_name = "S", value_parser = clap::value_parser!(u32).range(1..))]
+    seconds: Option<u32>,
+    /// pgbench scale factor of the test data.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    scale: u32,
 }
 
 #[derive(Args)]
@@ -292,6 +311,29 @@ fn main() -> Result<()> {
             }
             let section = revive::render(&local_facts(), opts, &outcome);
             (args.common, vec![(REVIVE_SECTION, section)])
+        }
+        Cmd::Churn(args) => {
+            let binary = locate(&args.common);
+            let quick = args.common.quick;
+            let opts = churn::ChurnOptions {
+                reps: args.reps.unwrap_or(if quick { 1 } else { 3 }),
+                secs: args.seconds.unwrap_or(if quick { 5 } else { 20 }),
+                scale: args.scale,
+            };
+            progress(format_args!(
+                "churn: {} repetitions of {} s per target ...",
+                opts.reps, opts.secs
+            ));
+            let outcome = binary
+                .as_deref()
+                .map_err(|e| anyhow!("{e}"))
+                .and_then(|b| churn::run(b, opts))
+                .map_err(|e| format!("{e:#}"));
+            if let Err(e) = &outcome {
+                progress(format_args!("churn failed: {e}"));
+            }
+            let section = churn::render(&command_line(), opts, &outcome);
+            (args.common, vec![(CHURN_SECTION, section)])
         }
         Cmd::Kube(args) => {
             let binary = locate(&args.common);

@@ -53,6 +53,12 @@ pub const REVIVE_SECTION: Section = Section {
     end: "<!-- harness:revive:end -->",
 };
 
+/// Connection churn with backend connection reuse (`churn`).
+pub const CHURN_SECTION: Section = Section {
+    begin: "<!-- harness:churn:begin -->",
+    end: "<!-- harness:churn:end -->",
+};
+
 /// What one pgbench run against one target measured.
 #[derive(Clone, Debug)]
 pub struct Measurement {

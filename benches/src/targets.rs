@@ -93,6 +93,8 @@ pub struct PgwakeSource {
 /// Postgres they talk to, and the config directory goes last.
 pub struct Environment {
     pgwake: Option<Guarded>,
+    /// Further pgwake instances with their own config (see [`Environment::start_pgwake_variant`]).
+    variants: Vec<Guarded>,
     pgbouncer: Option<Guarded>,
     postgres: TestPostgres,
     dir: tempfile::TempDir,
@@ -106,6 +108,17 @@ pub struct Environment {
     pub postgres_version: String,
     /// `pgbouncer --version` (first line), when installed.
     pub pgbouncer_version: Option<String>,
+    /// The certificate and key files the proxies serve.
+    tls_files: (PathBuf, PathBuf),
+}
+
+/// A pgwake instance started beside the environment's own.
+#[derive(Clone, Debug)]
+pub struct Variant {
+    /// Where pgbench connects, and the process to sample.
+    pub target: Target,
+    /// Its admin port (metrics).
+    pub admin: u16,
 }
 
 impl Environment {
@@ -157,6 +170,8 @@ impl Environment {
 
         let mut env = Environment {
             pgwake: None,
+            variants: Vec::new(),
+            tls_files: (cert_path.clone(), key_path.clone()),
             pgbouncer: None,
             postgres,
             dir,
@@ -250,6 +265,44 @@ impl Environment {
             Err(e) => env.skipped.push((TargetKind::Pgwake, format!("{e:#}"))),
         }
         Ok(env)
+    }
+
+    /// Starts one more pgwake in front of the same Postgres, named `name` (its config and log
+    /// files), with `extra` TOML appended to the config the environment's own pgwake gets
+    /// (gateway SCRAM authentication when the environment uses `scram`).
+    pub fn start_pgwake_variant(
+        &mut self,
+        binary: &Path,
+        name: &str,
+        extra: &str,
+    ) -> Result<Variant> {
+        let direct = self
+            .targets
+            .iter()
+            .find(|t| t.kind == TargetKind::Direct)
+            .map(|t| t.endpoint.clone())
+            .ok_or_else(|| anyhow!("no direct target"))?;
+        let credentials = self.dir.path().join("pgwake-users.txt");
+        let (guard, port, admin) = start_pgwake_named(
+            binary,
+            self.dir.path(),
+            name,
+            &direct,
+            &self.tls_files.0,
+            &self.tls_files.1,
+            credentials.exists().then_some(credentials.as_path()),
+            extra,
+        )?;
+        let variant = Variant {
+            target: Target {
+                kind: TargetKind::Pgwake,
+                endpoint: Endpoint { port, ..direct },
+                proxy_pid: Some(guard.pid()),
+            },
+            admin,
+        };
+        self.variants.push(guard);
+        Ok(variant)
     }
 
     /// Takes a target out of the measured set, e.g. when its warm-up run fails.
@@ -394,9 +447,27 @@ fn start_pgwake(
     key: &Path,
     credentials: Option<&Path>,
 ) -> Result<(Guarded, u16)> {
+    let (guard, port, _) =
+        start_pgwake_named(binary, dir, "pgwake", backend, cert, key, credentials, "")?;
+    Ok((guard, port))
+}
+
+/// [`start_pgwake`] with config and log named `name`, `extra` TOML appended; also returns the
+/// admin port.
+#[allow(clippy::too_many_arguments)]
+fn start_pgwake_named(
+    binary: &Path,
+    dir: &Path,
+    name: &str,
+    backend: &Endpoint,
+    cert: &Path,
+    key: &Path,
+    credentials: Option<&Path>,
+    extra: &str,
+) -> Result<(Guarded, u16, u16)> {
     let port = free_port();
     let admin = free_port();
-    let config = dir.join("pgwake.toml");
+    let config = dir.join(format!("{name}.toml"));
     let credentials = credentials
         .map(|f| {
             format!(
@@ -424,14 +495,21 @@ fn start_pgwake(
              [[tenant]]\n\
              id = \"bench\"\n\
              backend = {{ kind = \"fixed\", address = \"127.0.0.1:{backend_port}\" }}\n\
-             {credentials}",
+             {credentials}\
+             {extra}",
             cert = cert.display(),
             key = key.display(),
             backend_port = backend.port,
         ),
     )?;
-    let guard = serve_pgwake(binary, &config, &dir.join("pgwake.log"), port, admin)?;
-    Ok((guard, port))
+    let guard = serve_pgwake(
+        binary,
+        &config,
+        &dir.join(format!("{name}.log")),
+        port,
+        admin,
+    )?;
+    Ok((guard, port, admin))
 }
 
 /// Starts `pgwake serve --config CONFIG` with its output in `log`, and returns it once its

@@ -24,6 +24,7 @@ const SECTIONS: &[&str] = &[
     "kubernetes",
     "http",
     "revival",
+    "reuse",
 ];
 
 /// A configuration problem, naming the key and what to do.
@@ -85,6 +86,9 @@ pub struct Config {
     /// Parking, reviving and migrating sessions.
     #[serde(default)]
     pub revival: RevivalConfig,
+    /// Keeping the backend connections of departed clients for the next client.
+    #[serde(default)]
+    pub reuse: ReuseConfig,
     /// Pools of pre-warmed clusters for `pool` tenants.
     #[serde(default, rename = "pool_class")]
     pub pool_classes: Vec<PoolClassConfig>,
@@ -520,6 +524,37 @@ impl Default for RevivalConfig {
             revive_timeout: Duration::from_secs(30),
             max_statements: 1000,
             max_snapshot: ByteSize::kib(256),
+        }
+    }
+}
+
+/// `[reuse]`: backend connections of clients that left at a safe point, reset with
+/// `DISCARD ALL` and kept for the next client with the same tenant and startup parameters.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReuseConfig {
+    /// Keep connections for reuse; only sessions the gateway authenticated take part.
+    pub enabled: bool,
+    /// Idle connections kept for one tenant and set of startup parameters.
+    pub max_idle_per_key: usize,
+    /// Idle connections kept in all (the oldest of another key gives way when full).
+    pub max_idle_total: usize,
+    /// An idle connection kept longer than this is closed.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Time the reset (`DISCARD ALL`) of a returned connection may take.
+    #[serde(with = "humantime_serde")]
+    pub reset_timeout: Duration,
+}
+
+impl Default for ReuseConfig {
+    fn default() -> Self {
+        ReuseConfig {
+            enabled: true,
+            max_idle_per_key: 16,
+            max_idle_total: 256,
+            idle_timeout: Duration::from_secs(60),
+            reset_timeout: Duration::from_secs(2),
         }
     }
 }
@@ -967,6 +1002,19 @@ impl Config {
             ));
         }
         self.revival.key_ring()?;
+        let u = &self.reuse;
+        if u.enabled && (u.max_idle_per_key == 0 || u.max_idle_total == 0) {
+            return Err(invalid(
+                "reuse.max_idle_per_key",
+                "max_idle_per_key and max_idle_total must be at least 1 (or set reuse.enabled = false)",
+            ));
+        }
+        if u.idle_timeout.is_zero() || u.reset_timeout.is_zero() {
+            return Err(invalid(
+                "reuse.idle_timeout",
+                "idle_timeout and reset_timeout must be greater than zero",
+            ));
+        }
         let l = &self.limits;
         for (key, v) in [
             ("limits.startup_timeout", l.startup_timeout),
@@ -1062,6 +1110,19 @@ backend = { kind = "fixed", address = "127.0.0.1:5433" }
         let c = load(include_str!("../../deploy/local/pgwake.toml")).unwrap();
         assert_eq!(c.tenants.len(), 2);
         assert_eq!(c.tenants[1].idle_timeout, Some(Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn reuse_defaults_and_bounds() {
+        let c = load(EXAMPLE).unwrap();
+        assert!(c.reuse.enabled);
+        assert_eq!(c.reuse.max_idle_per_key, 16);
+        let c = load(&format!("{EXAMPLE}[reuse]\nenabled = false\n")).unwrap();
+        assert!(!c.reuse.enabled);
+        let err = load(&format!("{EXAMPLE}[reuse]\nmax_idle_total = 0\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("reuse.max_idle_per_key"), "{err}");
     }
 
     #[test]

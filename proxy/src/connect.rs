@@ -131,7 +131,8 @@ pub enum BackendAuth<'a> {
 
 /// Logs in to `backend` and carries the login to the client until the backend's first
 /// ReadyForQuery has reached it. Returns the cancel registration backing the key the client
-/// was given.
+/// was given. With `parameters`, the backend's ParameterStatus messages are also copied there
+/// (a connection kept for reuse hands them to its next client).
 #[allow(clippy::too_many_arguments)]
 pub async fn login(
     link: &BackendLink,
@@ -142,15 +143,19 @@ pub async fn login(
     cancels: &Arc<CancelMap>,
     auth: BackendAuth<'_>,
     deadline: Instant,
+    parameters: Option<&mut Vec<u8>>,
 ) -> Result<Option<CancelRegistration>, SessionError> {
     timeout_at(
         deadline,
-        login_exchange(link, client, backend, params, endpoint, cancels, auth),
+        login_exchange(
+            link, client, backend, params, endpoint, cancels, auth, parameters,
+        ),
     )
     .await
     .unwrap_or(Err(SessionError::LoginTimeout))
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn login_exchange(
     link: &BackendLink,
     client: &mut Stream,
@@ -159,6 +164,7 @@ async fn login_exchange(
     endpoint: &Endpoint,
     cancels: &Arc<CancelMap>,
     mut auth: BackendAuth<'_>,
+    mut parameters: Option<&mut Vec<u8>>,
 ) -> Result<Option<CancelRegistration>, SessionError> {
     let backend_io = |e: std::io::Error| SessionError::BackendUnreachable {
         endpoint: endpoint.to_string(),
@@ -249,7 +255,13 @@ async fn login_exchange(
                     _ => Err(SessionError::LoginRefused),
                 };
             }
-            b'S' | b'N' => to_client.extend_from_slice(&msg.bytes),
+            b'S' => {
+                if let Some(p) = parameters.as_deref_mut() {
+                    p.extend_from_slice(&msg.bytes);
+                }
+                to_client.extend_from_slice(&msg.bytes)
+            }
+            b'N' => to_client.extend_from_slice(&msg.bytes),
             // The gateway asks the backend for plain 3.0 without extensions, so a negotiation
             // answer carries nothing the client needs (it got the gateway's own).
             b'v' => {}

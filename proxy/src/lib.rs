@@ -16,6 +16,7 @@ pub mod negotiate;
 pub mod pool;
 pub mod quickstart;
 pub mod relay;
+pub mod reuse;
 pub mod revive;
 pub mod server;
 pub mod session;

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use pgwake_protocol::backend::backend_key_data;
 use pgwake_routing::backend::LocalBackend;
 use pgwake_routing::{Lease, TenantDirectory, TenantId, TenantResolver, WakeCoordinator};
 use tokio::io::AsyncWriteExt;
@@ -27,8 +28,12 @@ use crate::connect::{BackendAuth, BackendLink, connect, login};
 use crate::error::SessionError;
 use crate::metrics::Metrics;
 use crate::negotiate::{NegotiateSettings, Negotiated, negotiate};
+use crate::reuse::{Returnable, ReuseKey};
 use crate::stream::Stream;
 use crate::tls::ServerTls;
+
+/// ReadyForQuery, idle: a kept backend connection is reset and outside any transaction.
+const READY_IDLE: [u8; 6] = [b'Z', 0, 0, 0, 5, b'I'];
 
 /// How one tenant's connections are admitted and authenticated.
 pub struct TenantPolicy {
@@ -88,6 +93,8 @@ pub struct Gateway {
     pub passwords: PasswordChecker,
     /// Parking and reviving sessions (token keys and `[revival]`).
     pub revival: Option<Arc<crate::session::Revival>>,
+    /// Backend connections kept for reuse (`[reuse]`), when enabled.
+    pub reuse: Option<Arc<crate::reuse::Reuse>>,
 }
 
 impl Gateway {
@@ -227,7 +234,15 @@ pub(crate) async fn run_session(
         lease: backend.lease,
         endpoint: backend.endpoint,
     };
-    crate::session::run(gw, &mut client, attached, backend.cancel, backend.revivable).await;
+    crate::session::run(
+        gw,
+        &mut client,
+        attached,
+        backend.cancel,
+        backend.revivable,
+        backend.returnable,
+    )
+    .await;
 }
 
 /// A backend connection that finished login, and the cancel key the client holds for it.
@@ -238,6 +253,8 @@ struct BackendSession {
     endpoint: pgwake_routing::Endpoint,
     /// Set for sessions the gateway can log back in (it authenticated the client).
     revivable: Option<crate::session::Revivable>,
+    /// Set for sessions whose backend connection may be kept for reuse when the client leaves.
+    returnable: Option<Returnable>,
 }
 
 async fn open_session(
@@ -303,15 +320,49 @@ async fn open_session(
         }
     };
     let endpoint = admission.endpoint;
+    let params: Vec<(String, String)> = startup.forwardable_params().cloned().collect();
+    let revivable = match (&gw.revival, &material, &user) {
+        (Some(rv), Some(m), Some(u)) if rv.config.enabled => Some(crate::session::Revivable::seal(
+            rv, &tenant.id, u, &params, m,
+        )),
+        _ => None,
+    };
+    // Only clients the gateway authenticated share backend connections: the gateway logged the
+    // connection in itself, as the same user with the same startup parameters.
+    let reuse = gw.reuse.as_ref().filter(|_| material.is_some());
+    let key = reuse.map(|_| ReuseKey::new(&tenant.id, &params));
+    if let (Some(reuse), Some(key)) = (reuse, &key)
+        && let Some(taken) = reuse.take(key, &endpoint, &gw.metrics)
+    {
+        let cancel = gw.cancels.register(taken.returnable.target.clone());
+        let mut hello = Vec::with_capacity(taken.returnable.parameters.len() + 32);
+        hello.extend_from_slice(&taken.returnable.parameters);
+        hello.extend_from_slice(&backend_key_data(cancel.pid, cancel.secret));
+        hello.extend_from_slice(&READY_IDLE);
+        client
+            .write_all(&hello)
+            .await
+            .map_err(SessionError::ClientIo)?;
+        client.flush().await.map_err(SessionError::ClientIo)?;
+        debug!(elapsed_ms = accepted_at.elapsed().as_millis() as u64, backend = %endpoint, "kept backend connection reused");
+        return Ok(BackendSession {
+            stream: taken.stream,
+            cancel: Some(cancel),
+            lease: admission.lease,
+            endpoint,
+            revivable,
+            returnable: Some(taken.returnable),
+        });
+    }
     let mode = gw.backend_tls_for(&tenant.id);
     let connect_deadline = Instant::now() + gw.limits.connect_timeout;
     let mut stream = connect(&gw.link, &endpoint, mode, connect_deadline).await?;
-    let params: Vec<(String, String)> = startup.forwardable_params().cloned().collect();
     let login_deadline = Instant::now() + gw.limits.login_timeout;
     let backend_auth = match (&material, &user) {
         (Some(m), Some(u)) => BackendAuth::OnBehalf(OnBehalf::new(u, m, gw.max_backend_iterations)),
         _ => BackendAuth::Relay,
     };
+    let mut parameters = key.as_ref().map(|_| Vec::new());
     let cancel = login(
         &gw.link,
         client,
@@ -321,13 +372,23 @@ async fn open_session(
         &gw.cancels,
         backend_auth,
         login_deadline,
+        parameters.as_mut(),
     )
     .await?;
     debug!(elapsed_ms = accepted_at.elapsed().as_millis() as u64, backend = %endpoint, "login relayed");
-    let revivable = match (&gw.revival, &material, &user) {
-        (Some(rv), Some(m), Some(u)) if rv.config.enabled => Some(crate::session::Revivable::seal(
-            rv, &tenant.id, u, &params, m,
-        )),
+    // The backend's real cancel key, kept with the connection for whoever takes it next.
+    let target = cancel.as_ref().and_then(|reg| {
+        gw.cancels.lookup(&pgwake_protocol::CancelKey {
+            pid: reg.pid,
+            secret: bytes::Bytes::copy_from_slice(&reg.secret.to_be_bytes()),
+        })
+    });
+    let returnable = match (key, parameters, target) {
+        (Some(key), Some(parameters), Some(target)) => Some(Returnable {
+            key,
+            parameters: parameters.into(),
+            target,
+        }),
         _ => None,
     };
     Ok(BackendSession {
@@ -336,6 +397,7 @@ async fn open_session(
         lease: admission.lease,
         endpoint,
         revivable,
+        returnable,
     })
 }
 

@@ -39,6 +39,10 @@ pub struct Metrics {
     parks: IntCounterVec,
     revivals: IntCounterVec,
     revival_duration: Histogram,
+    reuse: IntCounterVec,
+    reuse_returns: IntCounterVec,
+    /// Backend connections kept idle for reuse by the next client.
+    pub reuse_idle: IntGauge,
 }
 
 impl Metrics {
@@ -224,7 +228,39 @@ impl Metrics {
         registry
             .register(Box::new(revival_duration.clone()))
             .expect("unique metric");
+        let reuse = IntCounterVec::new(
+            Opts::new(
+                "pgwake_backend_reuse_total",
+                "Gateway-authenticated logins by how they got a backend connection: hit (a kept \
+                 connection), miss (a new login), stale (a kept connection found closed or on an \
+                 old address and dropped).",
+            ),
+            &["outcome"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(reuse.clone()))
+            .expect("unique metric");
+        let reuse_returns = IntCounterVec::new(
+            Opts::new(
+                "pgwake_backend_reuse_returns_total",
+                "Backend connections of departed clients, by what became of them: kept, \
+                 not_safe (in a transaction, busy or pinned), reset_failed, full.",
+            ),
+            &["outcome"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(reuse_returns.clone()))
+            .expect("unique metric");
+        let reuse_idle = gauge(
+            "pgwake_backend_reuse_idle_connections",
+            "Backend connections kept idle for reuse by the next client.",
+        );
         Metrics {
+            reuse,
+            reuse_returns,
+            reuse_idle,
             http_requests,
             http_pool_open,
             http_pool_idle,
@@ -289,6 +325,17 @@ impl Metrics {
         if let Some(d) = took {
             self.revival_duration.observe(d.as_secs_f64());
         }
+    }
+
+    /// Counts how a gateway-authenticated login got its backend connection (`hit`, `miss`,
+    /// `stale`).
+    pub fn reuse(&self, outcome: &'static str) {
+        self.reuse.with_label_values(&[outcome]).inc();
+    }
+
+    /// Counts what became of a departed client's backend connection.
+    pub fn reuse_return(&self, outcome: &'static str) {
+        self.reuse_returns.with_label_values(&[outcome]).inc();
     }
 
     /// Sets the tenant gauges from a snapshot of the coordinator.

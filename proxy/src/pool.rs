@@ -3,13 +3,13 @@
 //! The pool itself is generic: any key (HTTP `/sql` uses [`PoolKey`], tenant + user + database)
 //! and any connection type that can say whether it is still usable ([`PoolConnection`]).
 //! [`BackendConn`] is the connection kind the gateway pools: a backend login made with the
-//! gateway's kept login material, reset before it is reused. It is meant to be shared by every
-//! part of the gateway that wants warm backend connections (HTTP `/sql` today; reusing backend
-//! connections for parked client sessions later).
+//! gateway's kept login material, reset before it is reused (HTTP `/sql`). Client-session reuse
+//! (`crate::reuse`) keeps only idle connections here, with [`Pool::detach`] and [`Pool::adopt`].
 //!
 //! Each open connection holds one permit of its key's semaphore and one of the total semaphore,
 //! idle or not, so the bounds cannot be exceeded. A connection is put back only by
-//! [`Pooled::release`]; dropping a [`Pooled`] closes it, so every error path discards.
+//! [`Pooled::release`] (or [`Pool::adopt`]); dropping a [`Pooled`] closes it, so every error path
+//! discards.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -219,6 +219,66 @@ impl<K: Hash + Eq + Clone + Send + 'static, C: PoolConnection> Pool<K, C> {
         self.freed.notify_waiters();
     }
 
+    /// Takes a usable idle connection for `key` out of the pool for good (it stops counting
+    /// against the bounds), for callers that keep only idle connections here. Also returns how
+    /// many stale or expired connections were closed on the way.
+    pub fn detach(&self, key: &K) -> (Option<C>, usize) {
+        let timeout = self.settings.idle_timeout;
+        let mut stale = Vec::new();
+        let mut found = None;
+        {
+            let mut keys = self.lock();
+            if let Some(slots) = keys.get_mut(key) {
+                while let Some(mut idle) = slots.idle.pop() {
+                    if idle.since.elapsed() < timeout && idle.conn.usable() {
+                        found = Some(idle.conn);
+                        break;
+                    }
+                    stale.push(idle);
+                }
+            }
+        }
+        let closed = stale.len();
+        drop(stale);
+        if found.is_some() || closed > 0 {
+            self.freed.notify_waiters();
+        }
+        (found, closed)
+    }
+
+    /// Keeps `conn`, opened outside the pool, idle for `key` if the bounds allow (closing
+    /// another key's oldest idle connection at the total bound); hands it back otherwise.
+    pub fn adopt(&self, key: K, conn: C) -> Result<(), C> {
+        let key_permits = self
+            .lock()
+            .entry(key.clone())
+            .or_insert_with(|| KeySlots {
+                permits: Arc::new(Semaphore::new(self.settings.max_per_key)),
+                idle: Vec::new(),
+            })
+            .permits
+            .clone();
+        let Ok(key_permit) = key_permits.try_acquire_owned() else {
+            return Err(conn);
+        };
+        let total_permit = match self.total.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                drop(self.evict_oldest_idle());
+                match self.total.clone().try_acquire_owned() {
+                    Ok(p) => p,
+                    Err(_) => return Err(conn),
+                }
+            }
+        };
+        let permits = Permits {
+            _key: key_permit,
+            _total: total_permit,
+        };
+        self.put_back(key, conn, permits);
+        Ok(())
+    }
+
     /// Closes idle connections past the idle timeout and forgets keys with nothing open.
     pub fn reap(&self) {
         let timeout = self.settings.idle_timeout;
@@ -373,6 +433,7 @@ impl BackendConn {
             o.cancels,
             o.auth,
             Instant::now() + o.login_timeout,
+            None,
         )
         .await;
         let cancel = match login {
@@ -493,19 +554,18 @@ fn simple_query(out: &mut Vec<u8>, sql: &str) {
 
 impl PoolConnection for BackendConn {
     fn usable(&mut self) -> bool {
-        if !self.stream.buffer().is_empty() {
-            return false;
-        }
-        // An idle backend has nothing to say: readable means it closed (a fast shutdown on
-        // sleep, an administrator's terminate) or sent a FATAL error.
-        let mut byte = [0u8; 1];
-        let mut buf = ReadBuf::new(&mut byte);
-        let mut cx = Context::from_waker(Waker::noop());
-        matches!(
-            Pin::new(self.stream.get_mut()).poll_read(&mut cx, &mut buf),
-            Poll::Pending
-        )
+        self.stream.buffer().is_empty() && silent(self.stream.get_mut())
     }
+}
+
+/// True when an idle backend connection has nothing to say, checked without waiting: readable
+/// means it closed (a fast shutdown on sleep, an administrator's terminate) or sent a FATAL
+/// error.
+pub(crate) fn silent<S: AsyncRead + Unpin>(stream: &mut S) -> bool {
+    let mut byte = [0u8; 1];
+    let mut buf = ReadBuf::new(&mut byte);
+    let mut cx = Context::from_waker(Waker::noop());
+    matches!(Pin::new(stream).poll_read(&mut cx, &mut buf), Poll::Pending)
 }
 
 #[cfg(test)]
@@ -590,6 +650,32 @@ mod tests {
         a.release();
         assert_eq!(waiter.await.unwrap(), Some(1));
         drop(c);
+    }
+
+    #[tokio::test]
+    async fn adopted_connections_count_only_while_idle() {
+        let p = pool(1, 2);
+        let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let conn = |id| FakeConn {
+            id,
+            alive: alive.clone(),
+        };
+        assert!(p.adopt("a", conn(1)).is_ok());
+        // The key's bound is reached: handed back.
+        assert_eq!(p.adopt("a", conn(2)).err().map(|c| c.id), Some(2));
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        assert!(p.adopt("b", conn(3)).is_ok());
+        // The total bound is reached: the oldest idle connection (a's) gives way.
+        assert!(p.adopt("c", conn(4)).is_ok());
+        assert_eq!(p.detach(&"a").0.map(|c| c.id), None);
+        assert_eq!(p.detach(&"b").0.map(|c| c.id), Some(3));
+        // A detached connection no longer counts.
+        assert_eq!(p.stats(), PoolStats { open: 1, idle: 1 });
+        alive.store(false, std::sync::atomic::Ordering::Relaxed);
+        let (found, stale) = p.detach(&"c");
+        assert!(found.is_none());
+        assert_eq!(stale, 1);
+        assert_eq!(p.stats(), PoolStats { open: 0, idle: 0 });
     }
 
     #[tokio::test]

@@ -14,6 +14,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
+use pgwake_protocol::frontend::TERMINATE;
 use pgwake_protocol::{ErrorMessage, FrameError, FrameScanner, SessionTracker, sqlstate};
 use prometheus::IntCounter;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
@@ -48,6 +49,9 @@ pub enum RelayEnd {
     Park,
     /// A migrate request arrived and the session is at a safe point.
     Migrate,
+    /// The client left (Terminate or end of stream) while the watch asked to keep the backend:
+    /// the client side is closed, the backend connection untouched (its Terminate withheld).
+    ClientLeft,
     /// The backend began an ErrorResponse (its bytes so far in `held`, not forwarded) or closed
     /// (`held` empty) while the session was at rest: usually a shutdown or restart.
     BackendEnded {
@@ -61,6 +65,7 @@ impl RelayEnd {
     pub fn error_kind(&self) -> Option<&'static str> {
         match self {
             RelayEnd::ClientClosed
+            | RelayEnd::ClientLeft
             | RelayEnd::BackendClosed
             | RelayEnd::Quiet
             | RelayEnd::Park
@@ -100,6 +105,9 @@ struct Pump {
     moved: bool,
     /// Length of held bytes at the start of the buffer after [`PumpError::Held`].
     held: usize,
+    /// Withhold a Terminate that ends a chunk at a message boundary and end the direction
+    /// there, as at end of stream (the backend connection may then be kept).
+    withhold_terminate: bool,
 }
 
 impl Pump {
@@ -116,6 +124,7 @@ impl Pump {
             on_eof: None,
             moved: false,
             held: 0,
+            withhold_terminate: false,
         }
     }
 
@@ -196,11 +205,20 @@ impl Pump {
                             self.scanner
                                 .feed(&self.buf[..n], |_, _| {})
                                 .map_err(PumpError::Frame)?;
-                            observe(&self.buf[..n]);
+                            let mut keep = n;
+                            if self.withhold_terminate
+                                && self.scanner.at_boundary()
+                                && self.scanner.last_tag() == Some(b'X')
+                                && self.buf[..n].ends_with(&TERMINATE)
+                            {
+                                keep = n - TERMINATE.len();
+                                self.eof = true;
+                            }
+                            observe(&self.buf[..keep]);
                             self.moved = true;
-                            self.counter.inc_by(n as u64);
+                            self.counter.inc_by(keep as u64);
                             self.pos = 0;
-                            self.cap = n;
+                            self.cap = keep;
                         }
                     }
                 }
@@ -251,6 +269,9 @@ pub struct SessionWatch<'a> {
     pub on_client_activity: Option<&'a mut (dyn FnMut() + Send)>,
     /// Client bytes read before this run (while parked), relayed first.
     pub preload: Vec<u8>,
+    /// When the client leaves at a message boundary, withhold its Terminate, close only the
+    /// client and return [`RelayEnd::ClientLeft`], so the backend connection can be kept.
+    pub keep_backend: bool,
 }
 
 impl<'a> SessionWatch<'a> {
@@ -265,6 +286,7 @@ impl<'a> SessionWatch<'a> {
             hold_backend_end: false,
             on_client_activity: None,
             preload: Vec::new(),
+            keep_backend: false,
         }
     }
 }
@@ -299,8 +321,10 @@ pub async fn relay(
         hold_backend_end,
         mut on_client_activity,
         preload,
+        keep_backend,
     } = watch;
     let mut c2b = Pump::new(settings.buffer, settings.max_message, counters.0);
+    c2b.withhold_terminate = keep_backend;
     let mut b2c = Pump::new(settings.buffer, settings.max_message, counters.1);
     if !preload.is_empty()
         && let Err(e) = c2b.preload(&preload, &mut |d| {
@@ -432,6 +456,10 @@ pub async fn relay(
         RelayEnd::Quiet | RelayEnd::Park | RelayEnd::Migrate | RelayEnd::BackendEnded { .. }
     ) {
         return end;
+    }
+    if keep_backend && matches!(end, RelayEnd::ClientClosed) && c2b.scanner.at_boundary() {
+        let _ = tokio::time::timeout(Duration::from_millis(500), client.shutdown()).await;
+        return RelayEnd::ClientLeft;
     }
 
     // A client that vanished without Terminate leaves the backend mid-protocol; tell it we are

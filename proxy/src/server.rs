@@ -500,6 +500,7 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
                 .map_err(|e| BuildError::Revival(e.to_string()))?,
             config: config.revival.clone(),
         })),
+        reuse: crate::reuse::Reuse::new(&config.reuse),
     })
 }
 
@@ -546,6 +547,13 @@ pub async fn run(
             .clone()
             .run_idle_sleeper(sleeper_stop.clone()),
     );
+    if let Some(reuse) = &gateway.reuse {
+        tokio::spawn(
+            reuse
+                .clone()
+                .run_reaper(gateway.metrics.clone(), sleeper_stop.clone()),
+        );
+    }
     let replenisher = gateway
         .pool
         .clone()

@@ -16,7 +16,7 @@ use pgwake_protocol::revival::{
     LoginSecrets, RevivalClaims, RevivalError, RevivalKeys, RevivalToken,
 };
 use pgwake_protocol::scram::ScramSecret;
-use pgwake_protocol::{ErrorMessage, SessionTracker, TrackerLimits, sqlstate};
+use pgwake_protocol::{ErrorMessage, Pins, SessionTracker, TrackerLimits, sqlstate};
 use pgwake_routing::{Endpoint, Lease, TenantId, WakeError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::{Instant, timeout, timeout_at};
@@ -31,6 +31,7 @@ use crate::connect::{connect, login_detached};
 use crate::error::SessionError;
 use crate::listener::Gateway;
 use crate::relay::{RelayEnd, RelaySettings, SessionWatch, relay};
+use crate::reuse::Returnable;
 use crate::revive::{Snapshot, SnapshotLimits, StateError, restore, take_snapshot};
 use crate::stream::Stream;
 
@@ -161,15 +162,17 @@ enum Parked {
 }
 
 /// Relays a logged-in session until it ends, moving it between backend connections when it is
-/// `revivable` and revival is enabled; counts and logs how it ended.
+/// `revivable` and revival is enabled, and handing its backend connection back for reuse when
+/// it is `returnable` and its client leaves at a safe point; counts and logs how it ended.
 pub async fn run(
     gw: &Gateway,
     client: &mut Stream,
     attached: Attached,
     cancel: Option<CancelRegistration>,
     revivable: Option<Revivable>,
+    returnable: Option<Returnable>,
 ) {
-    let end = drive(gw, client, attached, cancel.as_ref(), revivable).await;
+    let end = drive(gw, client, attached, cancel.as_ref(), revivable, returnable).await;
     drop(cancel);
     match end {
         Ok(end) => match end.error_kind() {
@@ -194,7 +197,11 @@ async fn drive(
     mut current: Attached,
     cancel: Option<&CancelRegistration>,
     mut revivable: Option<Revivable>,
+    returnable: Option<Returnable>,
 ) -> Ended {
+    // Only the connection the session logged in with can be handed back: its login's
+    // ParameterStatus messages are what the next client is told.
+    let mut returnable = returnable.filter(|_| gw.reuse.is_some());
     let settings = RelaySettings {
         buffer: gw.limits.relay_buffer.as_u64() as usize,
         max_message: gw.limits.max_message.as_u64() as u32,
@@ -245,6 +252,7 @@ async fn drive(
                 None
             },
             preload: std::mem::take(&mut preload),
+            keep_backend: returnable.is_some(),
         };
         let counters = (
             gw.metrics.bytes_client_to_backend.clone(),
@@ -259,6 +267,32 @@ async fn drive(
             watch,
         )
         .await;
+        if let RelayEnd::ClientLeft = end {
+            // The client said goodbye or vanished; its backend connection was left alone.
+            let Attached {
+                stream, endpoint, ..
+            } = current;
+            // Prepared statements do not matter here (the reset drops them); the rest of the
+            // pins are checked with SQL before the reset.
+            let pins = tracker.pins();
+            let safe = tracker.at_rest()
+                && !pins.contains(Pins::LISTEN)
+                && !pins.contains(Pins::HELD_CURSOR);
+            match (returnable, gw.reuse.as_deref()) {
+                (Some(back), Some(reuse)) if safe => {
+                    let max = gw.link.max_message;
+                    reuse
+                        .give_back(stream, endpoint, back, max, &gw.metrics)
+                        .await;
+                }
+                _ => {
+                    debug!(pins = %tracker.pins().describe(), "backend connection not kept: not at a safe point");
+                    gw.metrics.reuse_return("not_safe");
+                    crate::reuse::close(stream).await;
+                }
+            }
+            return Ok(RelayEnd::ClientClosed);
+        }
         let (Some(rv), Some(who)) = (revival, revivable.as_mut()) else {
             return Ok(end);
         };
@@ -371,6 +405,7 @@ async fn drive(
                 gw.metrics.revived(reason.as_str(), Some(took));
                 info!(reason = reason.as_str(), ms = took.as_secs_f64() * 1000.0, backend = %new.endpoint, "session revived");
                 current = new;
+                returnable = None;
                 lease_idle = false;
                 park_rx = current.lease.park_requests();
                 migrate_rx = current.lease.migrate_requests();

@@ -1,0 +1,216 @@
+//! Backend connection reuse: a gateway-authenticated client that leaves at a safe point hands
+//! its backend connection, reset, to the next client with the same startup parameters. Real
+//! Postgres (a local-backend tenant), real tokio-postgres clients.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Gateway, LOCAL_PASSWORD};
+use tokio_postgres::{Client, NoTls};
+
+const PLAINTEXT: &str = "allow_plaintext = true\n";
+
+fn conninfo(gw: &Gateway, tenant: &str) -> String {
+    format!(
+        "host=127.0.0.1 port={} user=pgwake password={LOCAL_PASSWORD} dbname={tenant}.postgres \
+         sslmode=disable connect_timeout=60",
+        gw.port
+    )
+}
+
+async fn connect(info: &str) -> Client {
+    let (client, conn) = tokio_postgres::connect(info, NoTls).await.unwrap();
+    tokio::spawn(conn);
+    client
+}
+
+fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> tokio::task::JoinHandle<T> {
+    tokio::task::spawn_blocking(f)
+}
+
+async fn pid(client: &Client) -> i32 {
+    client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+async fn show(client: &Client, name: &str) -> String {
+    let rows = client.simple_query(&format!("SHOW {name}")).await.unwrap();
+    rows.iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .unwrap()
+}
+
+/// A labelled counter's value (0 when never counted).
+fn counted(gw: &Gateway, name: &str, outcome: &str) -> f64 {
+    let (_, body) = gw.http_get("/metrics").unwrap();
+    body.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter(|l| l.contains(&format!("outcome=\"{outcome}\"")))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Waits until `pgwake_backend_reuse_returns_total{outcome}` reaches `n` (the hand-back runs
+/// after the client is gone).
+async fn wait_returns(gw: &Gateway, outcome: &str, n: f64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while counted(gw, "pgwake_backend_reuse_returns_total", outcome) < n {
+        assert!(Instant::now() < deadline, "no {n} returns {outcome:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn departed_clients_hand_their_reset_backend_to_the_next() {
+    let gw = blocking(|| Gateway::start_local(&["re"], PLAINTEXT, "", &[]))
+        .await
+        .unwrap();
+    let info = conninfo(&gw, "re");
+
+    // A session that changes settings and prepares statements, then says goodbye.
+    let a = connect(&info).await;
+    let first = pid(&a).await;
+    a.batch_execute(
+        "SET statement_timeout = '7s'; SET search_path = pg_catalog; \
+         PREPARE by_sql AS SELECT 1",
+    )
+    .await
+    .unwrap();
+    a.prepare("SELECT $1::int4 + 1").await.unwrap();
+    let default_path = {
+        let b = connect(&info).await;
+        let p = show(&b, "search_path").await;
+        drop(b);
+        wait_returns(&gw, "kept", 1.0).await;
+        p
+    };
+    drop(a);
+    wait_returns(&gw, "kept", 2.0).await;
+    assert_eq!(gw.metric("pgwake_backend_reuse_idle_connections"), 2.0);
+
+    // The next client gets the newest kept connection: the first session's, reset.
+    let c = connect(&info).await;
+    assert_eq!(pid(&c).await, first, "the same backend process");
+    assert_eq!(show(&c, "statement_timeout").await, "0");
+    assert_eq!(show(&c, "search_path").await, default_path);
+    // Over the simple protocol: tokio-postgres prepares a named statement for `query`.
+    let rows = c
+        .simple_query("SELECT count(*) FROM pg_prepared_statements")
+        .await
+        .unwrap();
+    let statements = rows.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+        _ => None,
+    });
+    assert_eq!(
+        statements.as_deref(),
+        Some("0"),
+        "prepared statements discarded"
+    );
+    assert_eq!(counted(&gw, "pgwake_backend_reuse_total", "hit"), 1.0);
+
+    // A temp table pins the session: its connection is closed, not kept.
+    c.batch_execute("CREATE TEMP TABLE scratch (x int)")
+        .await
+        .unwrap();
+    drop(c);
+    wait_returns(&gw, "not_safe", 1.0).await;
+    // So is one left inside a transaction.
+    let d = connect(&info).await;
+    let in_tx = pid(&d).await;
+    assert_ne!(in_tx, first);
+    d.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    drop(d);
+    wait_returns(&gw, "not_safe", 2.0).await;
+    let e = connect(&info).await;
+    let e_pid = pid(&e).await;
+    assert!(e_pid != first && e_pid != in_tx, "neither was kept");
+    let temp: i64 = e
+        .query_one(
+            "SELECT count(*) FROM pg_class WHERE relname = 'scratch' AND relpersistence = 't'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(temp, 0);
+    let e_cancel = e.cancel_token();
+    drop(e);
+    wait_returns(&gw, "kept", 3.0).await;
+
+    // Cancel on a reused connection: the new client's own key works, the old client's does not.
+    let f = connect(&info).await;
+    assert_eq!(pid(&f).await, e_pid);
+    let f_cancel = f.cancel_token();
+    let stale_cancel = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let _ = e_cancel.cancel_query(NoTls).await;
+    });
+    f.batch_execute("SELECT pg_sleep(0.6)")
+        .await
+        .expect("the old client's key cancels nothing");
+    stale_cancel.await.unwrap();
+    let canceller = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        f_cancel.cancel_query(NoTls).await.unwrap();
+    });
+    let err = f
+        .batch_execute("SELECT pg_sleep(30)")
+        .await
+        .expect_err("cancelled");
+    assert_eq!(err.code().map(|c| c.code()), Some("57014"), "{err}");
+    canceller.await.unwrap();
+    drop(f);
+    wait_returns(&gw, "kept", 4.0).await;
+
+    // A kept backend that dies is not handed out: the next client gets a fresh login.
+    std::process::Command::new("kill")
+        .args(["-TERM", &e_pid.to_string()])
+        .status()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stale_before = counted(&gw, "pgwake_backend_reuse_total", "stale");
+    let g = connect(&info).await;
+    let g_pid = pid(&g).await;
+    assert_ne!(g_pid, e_pid);
+    assert_eq!(
+        g.query_one("SELECT 1", &[]).await.unwrap().get::<_, i32>(0),
+        1
+    );
+    assert!(counted(&gw, "pgwake_backend_reuse_total", "stale") > stale_before);
+    drop(g);
+    blocking(move || gw.wait_idle()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reuse_off_means_a_new_backend_each_time() {
+    let gw = blocking(|| {
+        Gateway::start_local(
+            &["fresh"],
+            &format!("{PLAINTEXT}[reuse]\nenabled = false\n"),
+            "",
+            &[],
+        )
+    })
+    .await
+    .unwrap();
+    let info = conninfo(&gw, "fresh");
+    let a = connect(&info).await;
+    let first = pid(&a).await;
+    drop(a);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let b = connect(&info).await;
+    assert_ne!(pid(&b).await, first);
+    drop(b);
+    assert_eq!(counted(&gw, "pgwake_backend_reuse_total", "hit"), 0.0);
+    blocking(move || gw.wait_idle()).await.unwrap();
+}
