@@ -214,3 +214,29 @@ async fn reuse_off_means_a_new_backend_each_time() {
     assert_eq!(counted(&gw, "pgwake_backend_reuse_total", "hit"), 0.0);
     blocking(move || gw.wait_idle()).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_connections_do_not_keep_a_tenant_awake() {
+    let config =
+        format!("{PLAINTEXT}[wake]\nidle_timeout = \"1s\"\nidle_check_interval = \"100ms\"\n");
+    let gw = blocking(move || Gateway::start_local(&["nap"], &config, "", &[]))
+        .await
+        .unwrap();
+    let info = conninfo(&gw, "nap");
+    let a = connect(&info).await;
+    let first = pid(&a).await;
+    drop(a);
+    wait_returns(&gw, "kept", 1.0).await;
+    // Nothing but the kept connection: the tenant sleeps, which closes it.
+    let gw = blocking(move || {
+        gw.wait_state("nap", "asleep", Duration::from_secs(15));
+        gw
+    })
+    .await
+    .unwrap();
+    let b = connect(&info).await;
+    assert_ne!(pid(&b).await, first, "a fresh login after the wake");
+    assert_eq!(counted(&gw, "pgwake_backend_reuse_total", "stale"), 1.0);
+    drop(b);
+    blocking(move || gw.wait_idle()).await.unwrap();
+}
