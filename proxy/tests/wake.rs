@@ -39,6 +39,32 @@ fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
 }
 
+/// Starts `n` clients of `tenant` and returns once all of them wait in its accept queue.
+async fn queue_clients(
+    gw: &Arc<Gateway>,
+    tenant: &'static str,
+    n: u64,
+) -> Vec<tokio::task::JoinHandle<Result<i32, tokio_postgres::Error>>> {
+    let conninfo = conninfo(gw, tenant);
+    let waiting = (0..n)
+        .map(|_| {
+            let c = conninfo.clone();
+            tokio::spawn(async move { select_one(&c).await })
+        })
+        .collect();
+    let g = gw.clone();
+    blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while g.tenant_state(tenant).2 < n {
+            assert!(Instant::now() < deadline, "waiters never reached {n}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    })
+    .await
+    .unwrap();
+    waiting
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wake_storm_starts_postgres_once() {
     let gw = Arc::new(
@@ -94,22 +120,7 @@ async fn full_queue_gets_53300_at_once() {
         .unwrap(),
     );
     let conninfo = conninfo(&gw, "slow");
-    let waiting: Vec<_> = (0..10)
-        .map(|_| {
-            let c = conninfo.clone();
-            tokio::spawn(async move { select_one(&c).await })
-        })
-        .collect();
-    let g = gw.clone();
-    blocking(move || {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while g.tenant_state("slow").2 < 10 {
-            assert!(Instant::now() < deadline, "waiters never reached 10");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    })
-    .await
-    .unwrap();
+    let waiting = queue_clients(&gw, "slow", 10).await;
     let started = Instant::now();
     let err = select_one(&conninfo).await.expect_err("queue is full");
     assert_eq!(err.code().map(|c| c.code()), Some("53300"), "{err}");
@@ -137,22 +148,7 @@ async fn clients_that_hang_up_while_queued_leave_the_queue() {
             .unwrap(),
     );
     let conninfo = conninfo(&gw, "slow");
-    let waiting: Vec<_> = (0..3)
-        .map(|_| {
-            let c = conninfo.clone();
-            tokio::spawn(async move { select_one(&c).await })
-        })
-        .collect();
-    let g = gw.clone();
-    blocking(move || {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while g.tenant_state("slow").2 < 3 {
-            assert!(Instant::now() < deadline, "waiters never reached 3");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    })
-    .await
-    .unwrap();
+    let waiting = queue_clients(&gw, "slow", 3).await;
     // Dropping the clients closes their sockets, as a killed application would.
     for w in &waiting {
         w.abort();
