@@ -9,6 +9,7 @@ use std::os::unix::fs::{PermissionsExt, chown};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -77,12 +78,30 @@ pub fn hand_over(dir: &Path) -> io::Result<()> {
     fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
+/// A TCP port on 127.0.0.1 that was free a moment ago, for a server a test starts.
+///
+/// Ports come from below Linux's ephemeral range (32768-60999), never twice in one process:
+/// an ephemeral port that was free when checked can be taken by any outgoing connection
+/// before the server binds it, which made gateways fail with "address already in use" while
+/// other tests opened hundreds of client connections.
 pub fn free_port() -> u16 {
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    // Different test processes start at different places, so concurrent ones rarely meet.
+    let start = std::process::id().wrapping_mul(7_919) % SPAN;
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        // 13 shares no factor with SPAN, so the walk visits every port once.
+        let port = (LOW + (start + n.wrapping_mul(13)) % SPAN) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
-        .expect("bind an ephemeral port on loopback")
+        .expect("bind a port on loopback")
 }
 
 /// How to set up a throwaway server.
