@@ -277,14 +277,14 @@ async fn login_exchange(
 
 /// Logs in to `backend` on the user's behalf with no client attached (a revival, a pooled
 /// connection): the backend's ParameterStatus and notices are dropped. Returns the backend's
-/// cancel key, or the fields of the ErrorResponse it refused the login with.
+/// cancel key, or the body of the ErrorResponse it refused the login with.
 pub async fn login_detached(
     link: &BackendLink,
     backend: &mut Stream,
     params: &[(String, String)],
     endpoint: &Endpoint,
     mut auth: OnBehalf<'_>,
-) -> Result<Result<(i32, bytes::Bytes), pgwake_protocol::frontend::ErrorFields>, SessionError> {
+) -> Result<Result<(i32, bytes::Bytes), Vec<u8>>, SessionError> {
     let backend_io = |e: std::io::Error| SessionError::BackendUnreachable {
         endpoint: endpoint.to_string(),
         source: e,
@@ -318,7 +318,7 @@ pub async fn login_detached(
                     .map(Ok)
                     .ok_or_else(|| SessionError::BackendProtocol("no BackendKeyData".into()));
             }
-            b'E' => return Ok(Err(pgwake_protocol::frontend::error_fields(msg.body()))),
+            b'E' => return Ok(Err(msg.body().to_vec())),
             b'S' | b'N' | b'v' => {}
             other => {
                 return Err(SessionError::BackendProtocol(format!(

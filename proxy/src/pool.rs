@@ -23,11 +23,12 @@ use bytes::BufMut;
 use pgwake_routing::{Endpoint, TenantId};
 use tokio::io::{AsyncRead, AsyncWriteExt, BufReader, ReadBuf};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
-use tokio::time::Instant;
+use tokio::time::{Instant, timeout_at};
 
-use crate::cancel::{CancelMap, CancelRegistration};
+use crate::auth::backend_login::OnBehalf;
+use crate::cancel::{CancelMap, CancelRegistration, CancelTarget};
 use crate::config::BackendTls;
-use crate::connect::{BackendAuth, BackendLink, connect, login, read_message};
+use crate::connect::{BackendLink, connect, login_detached, read_message};
 use crate::error::SessionError;
 use crate::stream::Stream;
 
@@ -395,8 +396,8 @@ pub struct OpenBackend<'a> {
     pub tls: BackendTls,
     /// Startup parameters (`user`, `database`, ...).
     pub params: &'a [(String, String)],
-    /// Who answers the backend's authentication requests.
-    pub auth: BackendAuth<'a>,
+    /// Logs in for the user (pooled connections are only for users the gateway checked).
+    pub auth: OnBehalf<'a>,
     /// Where the backend's cancel key is registered.
     pub cancels: &'a Arc<CancelMap>,
     /// Time for TCP (and TLS).
@@ -416,34 +417,19 @@ impl BackendConn {
         )
         .await
         .map_err(OpenError::Session)?;
-        // The login writes what a client would see (parameters, key, ReadyForQuery, or the
-        // backend's refusal) to `nobody`: there is no client yet. Kept to report a refusal.
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let mut nobody = Stream::Tunnel {
-            io: Box::new(tokio::io::join(tokio::io::empty(), Capture(seen.clone()))),
-            tls: false,
-            server_name: None,
-        };
-        let login = login(
-            o.link,
-            &mut nobody,
-            &mut stream,
-            o.params,
-            o.endpoint,
-            o.cancels,
-            o.auth,
+        let key = timeout_at(
             Instant::now() + o.login_timeout,
-            None,
+            login_detached(o.link, &mut stream, o.params, o.endpoint, o.auth),
         )
-        .await;
-        let cancel = match login {
-            Ok(c) => c,
-            Err(SessionError::LoginRefused) => {
-                let seen = seen.lock().unwrap_or_else(|p| p.into_inner());
-                return Err(OpenError::Refused(last_error_body(&seen)));
-            }
-            Err(e) => return Err(OpenError::Session(e)),
-        };
+        .await
+        .map_err(|_| OpenError::Session(SessionError::LoginTimeout))?
+        .map_err(OpenError::Session)?
+        .map_err(OpenError::Refused)?;
+        let cancel = Some(o.cancels.register(CancelTarget {
+            endpoint: o.endpoint.clone(),
+            pid: key.0,
+            secret: key.1,
+        }));
         Ok(BackendConn {
             stream: BufReader::new(stream),
             endpoint: o.endpoint.clone(),
@@ -503,45 +489,6 @@ pub enum OpenError {
     /// The backend refused the login with this ErrorResponse body (e.g. an unknown database).
     #[error("the backend refused the login")]
     Refused(Vec<u8>),
-}
-
-/// Collects what is written to it.
-struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl tokio::io::AsyncWrite for Capture {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend_from_slice(buf);
-        Poll::Ready(Ok(buf.len()))
-    }
-    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-}
-
-/// The body of the last ErrorResponse in a stream of backend messages (empty if none).
-fn last_error_body(mut stream: &[u8]) -> Vec<u8> {
-    let mut found = Vec::new();
-    while stream.len() >= 5 {
-        let len = u32::from_be_bytes([stream[1], stream[2], stream[3], stream[4]]) as usize;
-        if len < 4 || stream.len() < len + 1 {
-            break;
-        }
-        if stream[0] == b'E' {
-            found = stream[5..len + 1].to_vec();
-        }
-        stream = &stream[len + 1..];
-    }
-    found
 }
 
 /// Appends a simple Query message.

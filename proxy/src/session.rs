@@ -641,7 +641,7 @@ async fn attempt(
     .await
     .map_err(|_| ReviveError::Timeout(gw.limits.login_timeout))?
     .map_err(ReviveError::Connect)?
-    .map_err(ReviveError::Login)?;
+    .map_err(|body| ReviveError::Login(frontend::error_fields(&body)))?;
     restore(&mut stream, snap, gw.link.max_message, deadline)
         .await
         .map_err(ReviveError::Restore)?;

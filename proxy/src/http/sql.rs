@@ -20,7 +20,6 @@ use super::query::{self, QueryError, Shape, Statement, client_error};
 use super::{Body, HttpState, json, plain};
 use crate::auth::backend_login::OnBehalf;
 use crate::config::AuthMode;
-use crate::connect::BackendAuth;
 use crate::error::SessionError;
 use crate::listener::check_password;
 use crate::pool::{BackendConn, OpenBackend, OpenError, PoolError, PoolKey};
@@ -337,7 +336,7 @@ async fn execute(
             endpoint: &endpoint,
             tls,
             params: &login_params,
-            auth: BackendAuth::OnBehalf(OnBehalf::new(&user, &material, gw.max_backend_iterations)),
+            auth: OnBehalf::new(&user, &material, gw.max_backend_iterations),
             cancels: &gw.cancels,
             connect_timeout: gw.limits.connect_timeout,
             login_timeout: gw.limits.login_timeout,
