@@ -628,7 +628,7 @@ async fn attempt(
     deadline: Instant,
 ) -> Result<(Stream, (i32, bytes::Bytes)), ReviveError> {
     let tenant = TenantId::parse(&claims.tenant).map_err(|_| RevivalError::Malformed)?;
-    let mode = gw.backend_tls.get(&tenant).copied().unwrap_or_default();
+    let mode = gw.backend_tls_for(&tenant);
     let connect_deadline = deadline.min(Instant::now() + gw.limits.connect_timeout);
     let mut stream = connect(&gw.link, endpoint, mode, connect_deadline)
         .await
