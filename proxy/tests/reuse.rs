@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Gateway, LOCAL_PASSWORD};
+use common::{Gateway, LOCAL_PASSWORD, show};
 use tokio_postgres::{Client, NoTls};
 
 const PLAINTEXT: &str = "allow_plaintext = true\n";
@@ -39,24 +39,9 @@ async fn pid(client: &Client) -> i32 {
         .get(0)
 }
 
-async fn show(client: &Client, name: &str) -> String {
-    let rows = client.simple_query(&format!("SHOW {name}")).await.unwrap();
-    rows.iter()
-        .find_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
-            _ => None,
-        })
-        .unwrap()
-}
-
 /// A labelled counter's value (0 when never counted).
 fn counted(gw: &Gateway, name: &str, outcome: &str) -> f64 {
-    let (_, body) = gw.http_get("/metrics").unwrap();
-    body.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")))
-        .filter(|l| l.contains(&format!("outcome=\"{outcome}\"")))
-        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or(0.0)
+    gw.labelled_metric(name, &[("outcome", outcome)])
 }
 
 /// Waits until `pgwake_backend_reuse_returns_total{outcome}` reaches `n` (the hand-back runs

@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Gateway, LOCAL_PASSWORD, backend};
+use common::{Gateway, LOCAL_PASSWORD, backend, show};
 use pgwake_testkit::pg_bin_dir;
 use tokio_postgres::{Client, NoTls};
 
@@ -46,25 +46,12 @@ fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
 }
 
-async fn show(client: &Client, name: &str) -> String {
-    let rows = client.simple_query(&format!("SHOW {name}")).await.unwrap();
-    rows.iter()
-        .find_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
-            _ => None,
-        })
-        .unwrap()
-}
-
 /// `pgwake_revivals_total` for one reason and outcome.
 fn revivals(gw: &Gateway, reason: &str, outcome: &str) -> f64 {
-    let (_, body) = gw.http_get("/metrics").unwrap();
-    body.lines()
-        .filter(|l| l.starts_with("pgwake_revivals_total{"))
-        .filter(|l| l.contains(&format!("reason=\"{reason}\"")))
-        .filter(|l| l.contains(&format!("outcome=\"{outcome}\"")))
-        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or(0.0)
+    gw.labelled_metric(
+        "pgwake_revivals_total",
+        &[("reason", reason), ("outcome", outcome)],
+    )
 }
 
 /// Waits until the gateway's log has `needle` at least `count` times.

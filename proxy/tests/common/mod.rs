@@ -248,6 +248,21 @@ rules = ["sni", "options", "database", "user"]
         }
     }
 
+    /// The value of a labelled metric's line carrying every given `label="value"` pair (0 when
+    /// never counted).
+    pub fn labelled_metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let (_, body) = self.http_get("/metrics").expect("metrics");
+        body.lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")))
+            .filter(|l| {
+                labels
+                    .iter()
+                    .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+            })
+            .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0.0)
+    }
+
     /// Waits until no client connection is open at the gateway.
     pub fn wait_idle(&self) {
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -341,4 +356,15 @@ impl Drop for Gateway {
             let _ = c.wait();
         }
     }
+}
+
+/// `SHOW name` over the simple protocol.
+pub async fn show(client: &tokio_postgres::Client, name: &str) -> String {
+    let rows = client.simple_query(&format!("SHOW {name}")).await.unwrap();
+    rows.iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .unwrap()
 }
