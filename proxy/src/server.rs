@@ -192,14 +192,19 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
         })
         .collect();
     let k = &config.kubernetes;
-    let needs_kube = k.discover
+    // Discovered tenants are cnpg tenants too.
+    let has_cnpg = k.discover
+        || config
+            .tenants
+            .iter()
+            .any(|t| matches!(t.backend, TenantBackend::Cnpg { .. }));
+    let needs_kube = has_cnpg
         || !config.pool_classes.is_empty()
         || config.tenants.iter().any(|t| {
-            matches!(t.backend, TenantBackend::Cnpg { .. })
-                || matches!(
-                    t.credentials,
-                    Some(CredentialsConfig::KubernetesSecret { .. })
-                )
+            matches!(
+                t.credentials,
+                Some(CredentialsConfig::KubernetesSecret { .. })
+            )
         });
     let kube = match needs_kube {
         true => Some(kube_client(k).await?),
@@ -216,13 +221,7 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
             .unwrap_or_else(|| c.default_namespace().to_owned())
     });
     let cnpg = match &kube {
-        Some(client)
-            if k.discover
-                || config
-                    .tenants
-                    .iter()
-                    .any(|t| matches!(t.backend, TenantBackend::Cnpg { .. })) =>
-        {
+        Some(client) if has_cnpg => {
             let default_ns = default_ns.as_deref().unwrap_or("default");
             let clusters = config
                 .tenants
