@@ -332,6 +332,9 @@ impl SessionTracker {
             b'X' => self.terminating = true,
             // COPY data from the client belongs to a request already counted.
             b'd' | b'c' | b'f' => {}
+            // Flush asks the backend to send what it has; it is never answered itself, so it
+            // leaves the batch as it was (psycopg ends every pipeline with Sync then Flush).
+            b'H' => {}
             _ => self.unsynced = true,
         }
     }
@@ -882,6 +885,250 @@ mod tests {
         (c, b, model)
     }
 
+    /// What a client of either protocol may do, as drivers do it (psycopg pipelines, pgjdbc's
+    /// extended protocol, psql's simple queries, COPY, function calls).
+    #[derive(Clone, Debug)]
+    enum Act {
+        /// Parse of statement `s{n}`, or of the unnamed statement for `n == 4`.
+        Parse(u8),
+        Bind,
+        DescribeStatement(u8),
+        DescribePortal,
+        Execute {
+            fail: bool,
+        },
+        CloseStatement(u8),
+        ClosePortal,
+        Sync,
+        Flush,
+        Query(SimpleQuery),
+        FunctionCall,
+        CopyIn {
+            fail: bool,
+        },
+    }
+
+    #[derive(Clone, Debug)]
+    enum SimpleQuery {
+        Rows,
+        Fails,
+        Empty,
+        Prepare(u8),
+        Deallocate(u8),
+    }
+
+    fn act() -> impl Strategy<Value = Act> {
+        let query = prop_oneof![
+            Just(SimpleQuery::Rows),
+            Just(SimpleQuery::Fails),
+            Just(SimpleQuery::Empty),
+            (0u8..4).prop_map(SimpleQuery::Prepare),
+            (0u8..4).prop_map(SimpleQuery::Deallocate),
+        ];
+        prop_oneof![
+            (0u8..5).prop_map(Act::Parse),
+            Just(Act::Bind),
+            (0u8..4).prop_map(Act::DescribeStatement),
+            Just(Act::DescribePortal),
+            any::<bool>().prop_map(|fail| Act::Execute { fail }),
+            (0u8..4).prop_map(Act::CloseStatement),
+            Just(Act::ClosePortal),
+            Just(Act::Sync),
+            Just(Act::Flush),
+            query.prop_map(Act::Query),
+            Just(Act::FunctionCall),
+            any::<bool>().prop_map(|fail| Act::CopyIn { fail }),
+        ]
+    }
+
+    /// A model of the backend answering `acts` as Postgres does: a Parse of an existing name or
+    /// a Describe of a missing one fails, an error skips the batch up to its Sync, Flush gets no
+    /// answer. Before going back to the simple protocol the client syncs an open batch, as
+    /// drivers do. Returns both byte streams, the statements that exist after, and whether the
+    /// session ends settled (nothing sent that is still unanswered or unsynced).
+    fn play_acts(acts: &[Act]) -> (Vec<u8>, Vec<u8>, BTreeSet<String>, bool) {
+        let (mut c, mut b) = (Vec::new(), Vec::new());
+        let mut model = BTreeSet::new();
+        let (mut open, mut failed) = (false, false);
+        let name = |n: u8| {
+            if n == 4 {
+                String::new()
+            } else {
+                format!("s{n}")
+            }
+        };
+        for a in acts {
+            let simple = matches!(a, Act::Query(_) | Act::FunctionCall | Act::CopyIn { .. });
+            if simple && open {
+                c.extend(sync());
+                b.extend(ready(b'I'));
+                (open, failed) = (false, false);
+            }
+            match a {
+                Act::Parse(n) => {
+                    let name = name(*n);
+                    c.extend(parse(&name));
+                    open = true;
+                    if failed {
+                        continue;
+                    }
+                    if !name.is_empty() && model.contains(&name) {
+                        b.extend(error());
+                        failed = true;
+                    } else {
+                        if !name.is_empty() {
+                            model.insert(name);
+                        }
+                        b.extend(msg(b'1', &[]));
+                    }
+                }
+                Act::Bind => {
+                    c.extend(msg(b'B', &[0, 0, 0, 0, 0, 0, 0, 0]));
+                    open = true;
+                    if !failed {
+                        b.extend(msg(b'2', &[]));
+                    }
+                }
+                Act::DescribeStatement(n) => {
+                    let name = name(*n);
+                    c.extend(msg(b'D', &[&[b'S'][..], &cstr(&name)].concat()));
+                    open = true;
+                    if failed {
+                        continue;
+                    }
+                    if model.contains(&name) {
+                        b.extend([msg(b't', &[0, 0]), msg(b'n', &[])].concat());
+                    } else {
+                        b.extend(error());
+                        failed = true;
+                    }
+                }
+                Act::DescribePortal => {
+                    c.extend(msg(b'D', &[b'P', 0]));
+                    open = true;
+                    if !failed {
+                        b.extend(msg(b'n', &[]));
+                    }
+                }
+                Act::Execute { fail } => {
+                    c.extend(msg(b'E', &[0, 0, 0, 0, 0]));
+                    open = true;
+                    if failed {
+                        continue;
+                    }
+                    if *fail {
+                        b.extend(error());
+                        failed = true;
+                    } else {
+                        b.extend(complete("SELECT 1"));
+                    }
+                }
+                Act::CloseStatement(n) => {
+                    let name = name(*n);
+                    c.extend(close(&name));
+                    open = true;
+                    if !failed {
+                        model.remove(&name);
+                        b.extend(msg(b'3', &[]));
+                    }
+                }
+                Act::ClosePortal => {
+                    c.extend(msg(b'C', &[b'P', 0]));
+                    open = true;
+                    if !failed {
+                        b.extend(msg(b'3', &[]));
+                    }
+                }
+                Act::Sync => {
+                    c.extend(sync());
+                    b.extend(ready(b'I'));
+                    (open, failed) = (false, false);
+                }
+                Act::Flush => c.extend(msg(b'H', &[])),
+                Act::Query(q) => {
+                    let (sql, answer) = match q {
+                        SimpleQuery::Rows => ("select 1".to_owned(), complete("SELECT 1")),
+                        SimpleQuery::Fails => ("select nope".to_owned(), error()),
+                        SimpleQuery::Empty => (String::new(), msg(b'I', &[])),
+                        SimpleQuery::Prepare(n) => {
+                            let name = name(*n);
+                            let answer = if model.insert(name.clone()) {
+                                complete("PREPARE")
+                            } else {
+                                error()
+                            };
+                            (format!("prepare {name} as select 1"), answer)
+                        }
+                        SimpleQuery::Deallocate(n) => {
+                            let name = name(*n);
+                            let answer = if model.remove(&name) {
+                                complete("DEALLOCATE")
+                            } else {
+                                error()
+                            };
+                            (format!("deallocate {name}"), answer)
+                        }
+                    };
+                    c.extend(query(&sql));
+                    b.extend([answer, ready(b'I')].concat());
+                }
+                Act::FunctionCall => {
+                    c.extend(msg(b'F', &[0, 0, 0, 1]));
+                    b.extend([msg(b'V', &[255, 255, 255, 255]), ready(b'I')].concat());
+                }
+                Act::CopyIn { fail } => {
+                    c.extend(query("copy t from stdin"));
+                    b.extend(msg(b'G', &[0, 0, 0]));
+                    c.extend(msg(b'd', b"1\n"));
+                    if *fail {
+                        c.extend(msg(b'f', &cstr("client gave up")));
+                        b.extend([error(), ready(b'I')].concat());
+                    } else {
+                        c.extend(msg(b'c', &[]));
+                        b.extend([complete("COPY 1"), ready(b'I')].concat());
+                    }
+                }
+            }
+        }
+        (c, b, model, !open)
+    }
+
+    #[test]
+    fn flush_after_sync_leaves_the_session_at_rest() {
+        // psycopg's pipeline(): Parse/Bind/Describe/Execute, Sync, then Flush.
+        let mut t = SessionTracker::default();
+        let (c, b, _, settled) = play_acts(&[
+            Act::Parse(4),
+            Act::Bind,
+            Act::DescribePortal,
+            Act::Execute { fail: false },
+            Act::Sync,
+            Act::Flush,
+        ]);
+        assert!(settled);
+        t.observe_client(&c, now());
+        t.observe_backend(&b, now());
+        assert!(t.at_safe_point());
+        // An empty pipeline block sends only Flush.
+        let mut t = SessionTracker::default();
+        t.observe_client(&msg(b'H', &[]), now());
+        assert!(t.at_safe_point());
+        t.observe_client(&query("select 1"), now());
+        t.observe_backend(&[complete("SELECT 1"), ready(b'I')].concat(), now());
+        assert!(t.at_safe_point());
+    }
+
+    #[test]
+    fn a_batch_without_its_sync_is_in_flight_even_after_flush() {
+        let mut t = SessionTracker::default();
+        let (c, b, _, settled) = play_acts(&[Act::Parse(0), Act::Flush]);
+        assert!(!settled);
+        t.observe_client(&c, now());
+        t.observe_backend(&b, now());
+        assert!(t.in_flight());
+        assert!(!t.at_rest());
+    }
+
     proptest! {
         #[test]
         fn statements_match_the_server(steps in prop::collection::vec(step(), 0..40),
@@ -919,6 +1166,27 @@ mod tests {
             prop_assert_eq!(whole.statements().collect::<Vec<_>>(),
                             pieces.statements().collect::<Vec<_>>());
             prop_assert_eq!(whole.at_safe_point(), pieces.at_safe_point());
+        }
+
+        /// Whatever a client sends, once every request is answered and the last ReadyForQuery
+        /// says idle, the session is at a safe point holding exactly the server's statements;
+        /// while a batch waits for its Sync it is not.
+        #[test]
+        fn any_settled_sequence_is_at_a_safe_point(acts in prop::collection::vec(act(), 0..40),
+                                                   cut in any::<prop::sample::Index>()) {
+            let (c, b, model, settled) = play_acts(&acts);
+            let mut t = SessionTracker::default();
+            let at = cut.index(c.len() + 1);
+            t.observe_client(&c[..at], now());
+            t.observe_client(&c[at..], now());
+            let at = cut.index(b.len() + 1);
+            t.observe_backend(&b[..at], now());
+            t.observe_backend(&b[at..], now());
+            prop_assert_eq!(t.at_safe_point(), settled, "client {:?}", acts);
+            if settled {
+                let seen: BTreeSet<String> = t.statements().map(str::to_owned).collect();
+                prop_assert_eq!(seen, model);
+            }
         }
 
         /// Fuzzing by property: arbitrary bytes, arbitrarily split, in both directions, never
