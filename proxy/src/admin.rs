@@ -98,6 +98,7 @@ async fn route(state: &AdminState, req: &Request<Incoming>) -> Response<Full<Byt
             state.metrics.set_tenants(
                 &state.coordinator.status(),
                 state.coordinator.waiters_total(),
+                &state.coordinator.awake_seconds_by_kind(),
             );
             text(
                 StatusCode::OK,

@@ -50,6 +50,56 @@ impl Drop for CancelRegistration {
     }
 }
 
+impl CancelRegistration {
+    /// The backend process this key stands for now.
+    pub fn target(&self) -> Option<CancelTarget> {
+        let m = self.map.inner.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(&self.pid).map(|(_, target)| target.clone())
+    }
+}
+
+/// Cancels a backend query if dropped while armed: the request that ran it went away (its
+/// client left, or it timed out) before the answer was complete. Postgres would otherwise run
+/// the query to its end, holding the connection and keeping the tenant awake.
+pub struct CancelOnDrop {
+    armed: Option<(CancelTarget, Duration)>,
+}
+
+impl CancelOnDrop {
+    /// A guard for the query running on `target` (none: nothing to cancel).
+    pub fn new(target: Option<CancelTarget>, connect_timeout: Duration) -> CancelOnDrop {
+        CancelOnDrop {
+            armed: target.map(|t| (t, connect_timeout)),
+        }
+    }
+
+    /// The query finished: nothing to cancel.
+    pub fn disarm(mut self) {
+        self.armed = None;
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some((target, wait)) = self.armed.take() {
+            cancel_in_background(target, wait);
+        }
+    }
+}
+
+/// Sends a CancelRequest to `target` from a background task, for callers that cannot wait
+/// (their client is gone).
+pub fn cancel_in_background(target: CancelTarget, connect_timeout: Duration) {
+    // Not inside a runtime only while the process exits, when nothing is left to cancel.
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        rt.spawn(async move {
+            if let Err(e) = forward_cancel(&target, connect_timeout).await {
+                tracing::debug!(error = %e, backend = %target.endpoint, "cancel of an abandoned query not delivered");
+            }
+        });
+    }
+}
+
 impl CancelMap {
     /// Issues a fresh random key for `target`.
     pub fn register(self: &Arc<Self>, target: CancelTarget) -> CancelRegistration {

@@ -1,9 +1,11 @@
 //! Every metric the gateway exports, declared in one place with its help text.
 
+use std::collections::HashMap;
+
 use pgwake_routing::{Phase, TenantStatus, WakeEvent};
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    CounterVec, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// The gateway's metrics and the registry they are exported from.
@@ -29,6 +31,7 @@ pub struct Metrics {
     wakes: IntCounterVec,
     waiters: IntGauge,
     tenants: IntGaugeVec,
+    tenant_awake: CounterVec,
     /// Backend connections open in the SQL-over-HTTP pool (idle and in use).
     pub http_pool_open: IntGauge,
     /// Idle backend connections in the SQL-over-HTTP pool.
@@ -144,6 +147,17 @@ impl Metrics {
                 .expect("valid metric");
         registry
             .register(Box::new(tenants.clone()))
+            .expect("unique metric");
+        let tenant_awake = CounterVec::new(
+            Opts::new(
+                "pgwake_tenant_awake_seconds_total",
+                "Seconds tenants' databases spent waking, awake or going to sleep, by backend kind.",
+            ),
+            &["backend"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(tenant_awake.clone()))
             .expect("unique metric");
         let auth_attempts = IntCounterVec::new(
             Opts::new(
@@ -273,6 +287,7 @@ impl Metrics {
             wakes,
             waiters,
             tenants,
+            tenant_awake,
             connections_accepted,
             connections_active,
             connections_closed,
@@ -338,8 +353,20 @@ impl Metrics {
         self.reuse_returns.with_label_values(&[outcome]).inc();
     }
 
-    /// Sets the tenant gauges from a snapshot of the coordinator.
-    pub fn set_tenants(&self, status: &[TenantStatus], waiters: usize) {
+    /// Sets the tenant gauges and awake-time counters from a snapshot of the coordinator.
+    pub fn set_tenants(
+        &self,
+        status: &[TenantStatus],
+        waiters: usize,
+        awake_by_kind: &HashMap<&'static str, f64>,
+    ) {
+        for (kind, total) in awake_by_kind {
+            let counter = self.tenant_awake.with_label_values(&[kind]);
+            let more = total - counter.get();
+            if more > 0.0 {
+                counter.inc_by(more);
+            }
+        }
         for phase in Phase::ALL {
             let n = status.iter().filter(|t| t.state == phase).count();
             self.tenants

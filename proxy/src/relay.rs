@@ -253,11 +253,13 @@ pub struct RelaySettings {
 pub struct SessionWatch<'a> {
     /// Fed with every chunk in both directions.
     pub tracker: &'a mut SessionTracker,
-    /// Return [`RelayEnd::Quiet`] once the session has been at rest this long with no bytes
-    /// moving.
+    /// Return [`RelayEnd::Quiet`] once the session has been at rest this long after bytes last
+    /// moved.
     pub quiet_after: Option<Duration>,
-    /// Count quiet time from the start of this run, not only after bytes have moved.
-    pub quiet_from_start: bool,
+    /// Return [`RelayEnd::Quiet`] once the session has been at rest this long from the start
+    /// of this run, if no bytes move before (`None`: only after bytes have moved). Lets the
+    /// caller count an idle period that began before the run.
+    pub quiet_first: Option<Duration>,
     /// Return [`RelayEnd::Park`] at rest once this changes.
     pub park: Option<&'a mut watch::Receiver<u64>>,
     /// Return [`RelayEnd::Migrate`] at rest once this changes.
@@ -280,7 +282,7 @@ impl<'a> SessionWatch<'a> {
         SessionWatch {
             tracker,
             quiet_after: None,
-            quiet_from_start: true,
+            quiet_first: None,
             park: None,
             migrate: None,
             hold_backend_end: false,
@@ -315,7 +317,7 @@ pub async fn relay(
     let SessionWatch {
         tracker,
         quiet_after,
-        quiet_from_start,
+        quiet_first,
         park,
         migrate,
         hold_backend_end,
@@ -347,8 +349,8 @@ pub async fn relay(
     let mut migrate_fut = Box::pin(changed(migrate));
     let (mut park_asked, mut migrate_asked) = (false, false);
     let quiet_for = quiet_after.unwrap_or(Duration::MAX);
-    let mut quiet = quiet_after.map(|d| Box::pin(tokio::time::sleep(d)));
-    let mut quiet_armed = quiet_from_start;
+    let mut quiet = quiet_after.map(|d| Box::pin(tokio::time::sleep(quiet_first.unwrap_or(d))));
+    let mut quiet_armed = quiet_first.is_some();
 
     let end = std::future::poll_fn(|cx| {
         if boundary_wait.is_none() && terminated.as_mut().poll(cx).is_ready() {

@@ -3,7 +3,8 @@
 //! then revived on a new backend connection with its revival token.
 //!
 //! The session records its state (one SQL query) once it has been quiet at a safe point for
-//! `revival.snapshot_after`; after the tenant's idle timeout it marks its lease idle, and when
+//! `revival.snapshot_after`; once the tenant's idle timeout has passed since its last traffic
+//! (however the snapshot fell in that time) it marks its lease idle, and when
 //! every session of the tenant is idle the idle sleeper asks them to park. A parked session keeps
 //! only the client socket, the tracker, the snapshot and the sealed token; the client's next
 //! message wakes the tenant if needed and revives the session before it is forwarded.
@@ -25,7 +26,7 @@ use tracing::{debug, info, warn};
 use crate::auth::Credential;
 use crate::auth::backend_login::OnBehalf;
 use crate::auth::client::LoginMaterial;
-use crate::cancel::{CancelRegistration, CancelTarget};
+use crate::cancel::{CancelRegistration, CancelTarget, cancel_in_background};
 use crate::config::{PinnedPolicy, RevivalConfig};
 use crate::connect::{connect, login_detached};
 use crate::error::SessionError;
@@ -215,6 +216,7 @@ async fn drive(
     let mut preload = Vec::new();
     let mut park_rx = current.lease.park_requests();
     let mut migrate_rx = current.lease.migrate_requests();
+    let logged_in = std::time::Instant::now();
     loop {
         // Bytes a parked client sent are relayed first and may change the session's state.
         let snap_valid = preload.is_empty() && snap.as_ref().is_some_and(|s| s.valid_for(&tracker));
@@ -228,21 +230,32 @@ async fn drive(
         let snapshot_after = revival
             .map_or(Duration::MAX, |r| r.config.snapshot_after)
             .min(idle_timeout);
-        let (quiet_after, quiet_from_start) = if !can_move {
-            (None, true)
+        // Idle time counts from the session's last traffic, not from the start of this run: a
+        // snapshot taken in between must not restart the idle clock.
+        let quiet_for = tracker.last_activity().unwrap_or(logged_in).elapsed();
+        let (quiet_after, quiet_first) = if !can_move {
+            (None, None)
         } else if !snap_valid {
-            (Some(snapshot_after), true)
+            (
+                Some(snapshot_after),
+                Some(snapshot_after.saturating_sub(quiet_for)),
+            )
         } else if !lease_idle && (movable || force) {
-            (Some(idle_timeout.saturating_sub(snapshot_after)), true)
+            // Traffic in this run outdates the snapshot: the next one comes after
+            // `snapshot_after`, and the idle clock restarts from that traffic.
+            (
+                Some(snapshot_after),
+                Some(idle_timeout.saturating_sub(quiet_for)),
+            )
         } else {
-            (Some(snapshot_after), false)
+            (Some(snapshot_after), None)
         };
         let lease = &current.lease;
         let mut on_activity = || lease.set_idle(false);
         let watch = SessionWatch {
             tracker: &mut tracker,
             quiet_after,
-            quiet_from_start,
+            quiet_first,
             park: lease_idle.then_some(&mut park_rx),
             migrate: can_move.then_some(&mut migrate_rx),
             hold_backend_end: movable,
@@ -267,6 +280,15 @@ async fn drive(
             watch,
         )
         .await;
+        if matches!(
+            end,
+            RelayEnd::ClientLeft | RelayEnd::ClientClosed | RelayEnd::ClientIo(_)
+        ) && tracker.in_flight()
+            && let Some(target) = cancel.and_then(CancelRegistration::target)
+        {
+            // The client went away mid-query: Postgres would run the query to its end.
+            cancel_in_background(target, gw.limits.connect_timeout);
+        }
         if let RelayEnd::ClientLeft = end {
             // The client said goodbye or vanished; its backend connection was left alone.
             let Attached {

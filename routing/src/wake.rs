@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 use thiserror::Error;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::time::{Instant, sleep, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -95,6 +95,9 @@ pub struct TenantStatus {
     pub last_wake_ms: Option<f64>,
     /// Why the last wake failed, while failed.
     pub last_error: Option<String>,
+    /// Seconds the database has spent waking, awake or going to sleep since the gateway
+    /// started: what sleeping saves is the rest.
+    pub awake_s: f64,
 }
 
 /// Why a connection could not be admitted to its tenant.
@@ -152,6 +155,17 @@ struct Inner {
     retry_at: Option<Instant>,
     last_error: Option<String>,
     last_wake: Option<Duration>,
+    /// Time spent running (waking, awake, sleeping) in periods that have ended.
+    awake_before: Duration,
+    /// Start of the running period under way, if any.
+    running_since: Option<Instant>,
+}
+
+impl Inner {
+    /// Time spent running so far, the period under way included.
+    fn awake(&self) -> Duration {
+        self.awake_before + self.running_since.map_or(Duration::ZERO, |t| t.elapsed())
+    }
 }
 
 struct Slot {
@@ -162,11 +176,15 @@ struct Slot {
     park: watch::Sender<u64>,
     /// Bumped to ask every session to move to a fresh backend connection now.
     migrate: watch::Sender<u64>,
+    /// Wakes the idle sleeper early, when the last session of the tenant goes idle or parks,
+    /// so sleep does not wait for its next periodic look.
+    sleeper: Arc<Notify>,
 }
 
 impl Slot {
-    fn new(tenant: Arc<Tenant>) -> Slot {
+    fn new(tenant: Arc<Tenant>, sleeper: Arc<Notify>) -> Slot {
         Slot {
+            sleeper,
             tenant,
             inner: Mutex::new(Inner {
                 phase: Phase::Asleep,
@@ -179,6 +197,8 @@ impl Slot {
                 retry_at: None,
                 last_error: None,
                 last_wake: None,
+                awake_before: Duration::ZERO,
+                running_since: None,
             }),
             changed: watch::Sender::new(0),
             park: watch::Sender::new(0),
@@ -191,6 +211,16 @@ impl Slot {
     }
 
     fn set_phase(&self, inner: &mut Inner, phase: Phase) {
+        match phase {
+            Phase::Asleep | Phase::Failed => {
+                if let Some(t) = inner.running_since.take() {
+                    inner.awake_before += t.elapsed();
+                }
+            }
+            Phase::Waking | Phase::Awake | Phase::Sleeping => {
+                inner.running_since.get_or_insert_with(Instant::now);
+            }
+        }
         inner.phase = phase;
         inner.since = SystemTime::now();
     }
@@ -227,6 +257,9 @@ impl Lease {
             let mut inner = self.slot.lock();
             if idle {
                 inner.idle_connections += 1;
+                if inner.idle_connections == inner.connections {
+                    self.slot.sleeper.notify_one();
+                }
             } else {
                 inner.idle_connections = inner.idle_connections.saturating_sub(1);
             }
@@ -265,6 +298,7 @@ impl Drop for Lease {
         if inner.connections == 0 {
             let now = Instant::now();
             inner.idle_since = if self.parked {
+                self.slot.sleeper.notify_one();
                 now.checked_sub(self.slot.tenant.idle_timeout)
                     .unwrap_or(now)
             } else {
@@ -303,6 +337,11 @@ pub struct WakeCoordinator {
     settings: WakeSettings,
     waiters_total: AtomicUsize,
     on_wake: OnWake,
+    /// Running time of tenants that left the directory, per backend kind, so the totals never
+    /// go down.
+    awake_of_removed: Mutex<HashMap<&'static str, Duration>>,
+    /// Shared with every slot; see [`Slot::sleeper`].
+    sleeper: Arc<Notify>,
 }
 
 impl WakeCoordinator {
@@ -319,6 +358,8 @@ impl WakeCoordinator {
             settings,
             waiters_total: AtomicUsize::new(0),
             on_wake: Arc::new(on_wake),
+            awake_of_removed: Mutex::new(HashMap::new()),
+            sleeper: Arc::new(Notify::new()),
         })
     }
 
@@ -339,10 +380,10 @@ impl WakeCoordinator {
             .entry(tenant.clone())
             .and_modify(|s| {
                 if !Arc::ptr_eq(&s.tenant, &current) {
-                    *s = Arc::new(Slot::new(current.clone()));
+                    *s = Arc::new(Slot::new(current.clone(), self.sleeper.clone()));
                 }
             })
-            .or_insert_with(|| Arc::new(Slot::new(current.clone())));
+            .or_insert_with(|| Arc::new(Slot::new(current.clone(), self.sleeper.clone())));
         Ok(slot.clone())
     }
 
@@ -559,6 +600,7 @@ impl WakeCoordinator {
                     last_error: (inner.phase == Phase::Failed)
                         .then(|| inner.last_error.clone())
                         .flatten(),
+                    awake_s: inner.awake().as_secs_f64(),
                 }
             })
             .collect();
@@ -578,6 +620,7 @@ impl WakeCoordinator {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = sleep(self.settings.idle_check_interval) => {}
+                _ = self.sleeper.notified() => {}
             }
             self.forget_removed();
             let slots: Vec<Arc<Slot>> = self.read_slots().values().cloned().collect();
@@ -636,8 +679,32 @@ impl WakeCoordinator {
             return;
         }
         let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());
+        let mut removed = self.awake_of_removed();
         for id in stale {
-            slots.remove(&id);
+            if let Some(slot) = slots.remove(&id) {
+                *removed.entry(slot.tenant.backend.kind()).or_default() += slot.lock().awake();
+            }
         }
+    }
+
+    fn awake_of_removed(&self) -> MutexGuard<'_, HashMap<&'static str, Duration>> {
+        self.awake_of_removed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Seconds tenants' databases have spent running since the gateway started, per backend
+    /// kind, tenants that left the directory included: never decreases.
+    pub fn awake_seconds_by_kind(&self) -> HashMap<&'static str, f64> {
+        let mut out: HashMap<&'static str, f64> = self
+            .awake_of_removed()
+            .iter()
+            .map(|(k, d)| (*k, d.as_secs_f64()))
+            .collect();
+        for slot in self.read_slots().values() {
+            *out.entry(slot.tenant.backend.kind()).or_default() +=
+                slot.lock().awake().as_secs_f64();
+        }
+        out
     }
 }

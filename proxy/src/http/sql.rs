@@ -19,6 +19,7 @@ use tracing::{Instrument, debug, info};
 use super::query::{self, QueryError, Shape, Statement, client_error};
 use super::{Body, HttpState, json, plain};
 use crate::auth::backend_login::OnBehalf;
+use crate::cancel::CancelOnDrop;
 use crate::config::AuthMode;
 use crate::error::SessionError;
 use crate::listener::check_password;
@@ -358,6 +359,12 @@ async fn execute(
         }
     };
     let max_response = state.config.max_response_size.as_u64() as usize;
+    // Armed until the answer is complete: a client that goes away, or the query timeout, drops
+    // it and so cancels the query on the backend.
+    let guard = CancelOnDrop::new(
+        conn.cancel.as_ref().and_then(|r| r.target()),
+        gw.limits.connect_timeout,
+    );
     let run = query::run(
         &mut conn,
         &statements,
@@ -366,32 +373,20 @@ async fn execute(
         max_response,
         gw.link.max_message,
     );
-    let outcome = match tokio::time::timeout(state.config.query_timeout, run).await {
-        Ok(r) => r,
-        Err(_) => {
-            // Stop the query on the backend too (it would run on after the connection closes
-            // until it next writes); the connection is mid-reply, and dropping it closes it.
-            let target = conn.cancel.as_ref().and_then(|r| {
-                gw.cancels.lookup(&pgwake_protocol::CancelKey {
-                    pid: r.pid,
-                    secret: Bytes::copy_from_slice(&r.secret.to_be_bytes()),
-                })
-            });
-            if let Some(target) = target {
-                let timeout = gw.limits.connect_timeout;
-                tokio::spawn(async move {
-                    let _ = crate::cancel::forward_cancel(&target, timeout).await;
-                });
-            }
-            return Err(Refusal::Error(client_error(
-                QUERY_CANCELED,
-                &format!(
-                    "the request took longer than {} s (http.query_timeout)",
-                    state.config.query_timeout.as_secs_f64()
-                ),
-            )));
-        }
+    let Ok(outcome) = tokio::time::timeout(state.config.query_timeout, run).await else {
+        // The connection is mid-reply; dropping it closes it.
+        return Err(Refusal::Error(client_error(
+            QUERY_CANCELED,
+            &format!(
+                "the request took longer than {} s (http.query_timeout)",
+                state.config.query_timeout.as_secs_f64()
+            ),
+        )));
     };
+    // A complete answer leaves nothing running; anything else (too large, a broken link) may.
+    if matches!(outcome, Ok(_) | Err(QueryError::Postgres(_))) {
+        guard.disarm();
+    }
     match outcome {
         Ok(results) => {
             conn.needs_reset = true;
