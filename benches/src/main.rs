@@ -11,6 +11,7 @@
 
 mod churn;
 mod client;
+mod fidelity;
 mod gateway;
 mod http;
 mod kube_wake;
@@ -36,7 +37,7 @@ use crate::kube_wake::KubeOptions;
 use crate::process::{ProcSample, clock_ticks_per_second, command_output};
 use crate::queued::QueuedOptions;
 use crate::report::{
-    CHURN_SECTION, Facts, HTTP_SECTION, KUBE_SECTION, Measurement, PGBENCH_SECTION, QUEUED_SECTION,
+    CHURN_SECTION, FIDELITY_SECTION, Facts, HTTP_SECTION, KUBE_SECTION, Measurement, PGBENCH_SECTION, QUEUED_SECTION,
     REVIVE_SECTION, ReportInput, Results, Section, WAKE_SECTION,
 };
 use crate::revive::ReviveOptions;
@@ -75,6 +76,19 @@ enum Cmd {
     /// Connection churn (`pgbench -C -S`, SCRAM) through pgwake with backend connection reuse on
     /// and off, beside PgBouncer in session mode and direct Postgres.
     Churn(ChurnArgs),
+    /// Scale-to-zero fidelity: applications on real drivers (psycopg 3, node-postgres, pgx,
+    /// asyncpg) hold pools of idle connections and query every 10 minutes; awake time per idle
+    /// tenant-hour beside the ideal (time-scaled).
+    Fidelity(FidelityArgs),
+}
+
+#[derive(Args)]
+struct FidelityArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Time scale: one hour of workload takes 3600/N seconds per client.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(10..=600))]
+    scale: u32,
 }
 
 #[derive(Args)]
@@ -334,6 +348,21 @@ fn main() -> Result<()> {
             }
             let section = churn::render(&command_line(), opts, &outcome);
             (args.common, vec![(CHURN_SECTION, section)])
+        }
+        Cmd::Fidelity(args) => {
+            let binary = locate(&args.common);
+            progress(format_args!(
+                "fidelity: {} clients, one hour each at 1/{} ...",
+                fidelity::App::ALL.len(),
+                args.scale
+            ));
+            let outcome = binary
+                .as_deref()
+                .map_err(|e| anyhow!("{e}"))
+                .and_then(|b| fidelity::run(b, args.scale))
+                .map_err(|e| format!("{e:#}"));
+            let section = fidelity::render(&local_facts(), args.scale, &outcome);
+            (args.common, vec![(FIDELITY_SECTION, section)])
         }
         Cmd::Kube(args) => {
             let binary = locate(&args.common);

@@ -53,6 +53,12 @@ pub const REVIVE_SECTION: Section = Section {
     end: "<!-- harness:revive:end -->",
 };
 
+/// The scale-to-zero fidelity section (`fidelity`).
+pub const FIDELITY_SECTION: Section = Section {
+    begin: "<!-- harness:fidelity:begin -->",
+    end: "<!-- harness:fidelity:end -->",
+};
+
 /// Connection churn with backend connection reuse (`churn`).
 pub const CHURN_SECTION: Section = Section {
     begin: "<!-- harness:churn:begin -->",

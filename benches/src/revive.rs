@@ -112,7 +112,8 @@ impl AwakeRun {
     }
 }
 
-fn spec(idle: Duration, check: Duration, snapshot: Duration) -> Spec<'static> {
+/// A local tenant with these idle, sleeper and snapshot timings.
+pub(crate) fn spec(idle: Duration, check: Duration, snapshot: Duration) -> Spec<'static> {
     Spec {
         tenant: "revive",
         wake: vec![
@@ -141,7 +142,8 @@ async fn connect(login: &Login) -> Result<Client> {
     Ok(client)
 }
 
-fn wait_state(gw: &LocalGateway, state: &str) -> Result<()> {
+/// Waits until the tenant is in `state`.
+pub(crate) fn wait_state(gw: &LocalGateway, state: &str) -> Result<()> {
     let deadline = Instant::now() + STATE_LIMIT;
     loop {
         let now = gw.status()?.state;

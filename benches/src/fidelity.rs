@@ -1,0 +1,353 @@
+//! Scale-to-zero fidelity: applications on real drivers (psycopg 3 with `executemany` and with
+//! pipelines, node-postgres, pgx, asyncpg) hold a pool of 10 connections open and run one query
+//! every 10 minutes against a `local` tenant with a 1-minute idle timeout. The hour is run
+//! time-scaled (every duration of the workload and of the gateway's idle handling divided by the
+//! same factor); the tenant's awake time comes from the admin API (`awake_s`), the time spent
+//! waking or going to sleep from sampling its state, and is scaled back with starts and
+//! shutdowns at their real length.
+//!
+//! The ideal is what a perfect gateway costs: each wake runs the database for the idle timeout
+//! plus the wake itself. The anchor is a gateway that keeps a tenant awake while any connection
+//! is open: the whole hour.
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+
+use crate::gateway::LocalGateway;
+use crate::process::load_average;
+use crate::report::Facts;
+use crate::revive::{spec, wait_state};
+
+/// The workload, unscaled.
+const QUERY_EVERY: Duration = Duration::from_secs(600);
+const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+const SNAPSHOT_AFTER: Duration = Duration::from_secs(1);
+const IDLE_CHECK: Duration = Duration::from_secs(1);
+const HOUR: Duration = Duration::from_secs(3600);
+/// Queries in one hour of workload.
+const QUERIES: u32 = 6;
+/// The issue's goal: every client within this factor of the ideal.
+const GOAL_RATIO: f64 = 1.10;
+
+/// One client application of the benchmark.
+#[derive(Clone, Copy, Debug)]
+pub enum App {
+    /// psycopg 3, `psycopg_pool`, `cursor.executemany` (a pipeline ending in Sync, Flush).
+    PsycopgExecutemany,
+    /// psycopg 3, `psycopg_pool`, `connection.pipeline()`.
+    PsycopgPipeline,
+    /// node-postgres `pg.Pool`.
+    NodePg,
+    /// pgx v5 `pgxpool`.
+    Pgx,
+    /// asyncpg `create_pool`.
+    Asyncpg,
+}
+
+impl App {
+    /// Every application, in report order.
+    pub const ALL: [App; 5] = [
+        App::PsycopgExecutemany,
+        App::PsycopgPipeline,
+        App::NodePg,
+        App::Pgx,
+        App::Asyncpg,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            App::PsycopgExecutemany => "psycopg 3 pool, executemany",
+            App::PsycopgPipeline => "psycopg 3 pool, pipeline",
+            App::NodePg => "node-postgres Pool",
+            App::Pgx => "pgx pgxpool",
+            App::Asyncpg => "asyncpg pool",
+        }
+    }
+
+    /// The command that runs the application (built or installed first where needed), or why it
+    /// cannot run here.
+    fn command(self, clients: &Path, scratch: &Path) -> Result<Command> {
+        let python = |module: &str, script: &str| -> Result<Command> {
+            let ok = Command::new("python3")
+                .args(["-c", &format!("import {module}")])
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if !ok {
+                bail!("python3 cannot import {module} (pip install psycopg[binary] psycopg-pool asyncpg)");
+            }
+            let mut cmd = Command::new("python3");
+            cmd.arg(clients.join(script));
+            Ok(cmd)
+        };
+        Ok(match self {
+            App::PsycopgExecutemany | App::PsycopgPipeline => {
+                let mut cmd = python("psycopg_pool", "psycopg_pool_app.py")?;
+                cmd.arg(match self {
+                    App::PsycopgExecutemany => "executemany",
+                    _ => "pipeline",
+                });
+                cmd
+            }
+            App::Asyncpg => python("asyncpg", "asyncpg_pool_app.py")?,
+            App::NodePg => {
+                if !clients.join("node_modules/pg").exists() {
+                    let ok = Command::new("npm")
+                        .args(["ci", "--no-audit", "--no-fund"])
+                        .current_dir(clients)
+                        .stdout(Stdio::null())
+                        .status()
+                        .is_ok_and(|s| s.success());
+                    if !ok {
+                        bail!("npm ci in {} failed (install nodejs and npm)", clients.display());
+                    }
+                }
+                let mut cmd = Command::new("node");
+                cmd.arg(clients.join("pg_pool_app.mjs"));
+                cmd
+            }
+            App::Pgx => {
+                let binary = scratch.join("pgx-pool-app");
+                let go = which_go().ok_or_else(|| anyhow!("no Go toolchain for the pgx app"))?;
+                let ok = Command::new(go)
+                    .args(["build", "-o"])
+                    .arg(&binary)
+                    .arg(".")
+                    .current_dir(clients.join("pgx"))
+                    .env("GOTOOLCHAIN", "local")
+                    .status()
+                    .is_ok_and(|s| s.success());
+                if !ok {
+                    bail!("go build of the pgx app failed");
+                }
+                Command::new(binary)
+            }
+        })
+    }
+}
+
+fn which_go() -> Option<PathBuf> {
+    let on_path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join("go"))
+            .find(|p| p.is_file())
+    });
+    on_path.or_else(|| Some(PathBuf::from("/usr/local/go/bin/go")).filter(|p| p.is_file()))
+}
+
+/// One application's hour.
+#[derive(Clone, Debug)]
+pub struct Row {
+    /// Wakes during the hour.
+    pub wakes: u32,
+    /// Time the database ran (waking, awake, sleeping) during the scaled run.
+    pub awake: Duration,
+    /// Of which waking or going to sleep (real length at any scale).
+    pub transitions: Duration,
+    /// Of which waking.
+    pub waking: Duration,
+    /// Time scale.
+    pub scale: u32,
+}
+
+impl Row {
+    /// Awake seconds per real hour: the scaled part times the scale, starts and shutdowns once.
+    pub fn per_hour_s(&self) -> f64 {
+        let scaled = self.awake.saturating_sub(self.transitions).as_secs_f64();
+        scaled * f64::from(self.scale) + self.transitions.as_secs_f64()
+    }
+
+    /// The ideal: every wake runs the database for the idle timeout plus the wake itself.
+    pub fn ideal_s(&self) -> f64 {
+        f64::from(self.wakes) * IDLE_TIMEOUT.as_secs_f64() + self.waking.as_secs_f64()
+    }
+}
+
+/// Every application's row, and the machine's load before and after.
+pub struct FidelityResults {
+    /// One row per application, in [`App::ALL`] order (or why it did not run).
+    pub rows: Vec<Result<Row, String>>,
+    /// Load averages before and after.
+    pub load: (String, String),
+}
+
+/// Runs every application's hour at 1/`scale`.
+pub fn run(binary: &Path, scale: u32) -> Result<FidelityResults> {
+    let clients = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients");
+    let before = load_average();
+    let rows = App::ALL
+        .iter()
+        .map(|&app| {
+            crate::progress(format_args!("fidelity: {} ...", app.name()));
+            let row = run_app(binary, &clients, app, scale).map_err(|e| format!("{e:#}"));
+            if let Err(e) = &row {
+                crate::progress(format_args!("fidelity: {} failed: {e}", app.name()));
+            }
+            row
+        })
+        .collect();
+    Ok(FidelityResults {
+        rows,
+        load: (before, load_average()),
+    })
+}
+
+/// The application's process, killed if the run ends early.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn run_app(binary: &Path, clients: &Path, app: App, scale: u32) -> Result<Row> {
+    let idle = IDLE_TIMEOUT / scale;
+    let gw = LocalGateway::start(
+        binary,
+        &spec(idle, IDLE_CHECK / scale, SNAPSHOT_AFTER / scale),
+    )?;
+    let login = gw.login();
+    let url = format!(
+        "postgres://{}:{}@127.0.0.1:{}/{}?sslmode=disable",
+        login.user, login.password, login.port, login.dbname
+    );
+    let every = QUERY_EVERY / scale;
+    let mut cmd = app.command(clients, gw.scratch())?;
+    cmd.arg(&url)
+        .arg(every.as_millis().to_string())
+        .arg(QUERIES.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let mut child = Running(cmd.spawn().context("starting the application")?);
+    let out = child.0.stdout.take().context("application stdout")?;
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let expect = |what: &str, limit: Duration| -> Result<()> {
+        match lines.recv_timeout(limit) {
+            Ok(l) if l == what => Ok(()),
+            Ok(l) => bail!("the application printed {l:?}, expected {what:?}"),
+            Err(_) => bail!("no {what:?} from the application within {limit:?}"),
+        }
+    };
+    expect("ready", Duration::from_secs(120))?;
+    // Its pool is open; the hour starts once the tenant has gone to sleep.
+    wait_state(&gw, "asleep")?;
+    let awake_before = gw.awake_s()?;
+    let (mut transitions, mut waking) = (Duration::ZERO, Duration::ZERO);
+    let mut wakes = 0u32;
+    let mut last = (Instant::now(), "asleep".to_owned());
+    let mut answered = 0u32;
+    let limit = Instant::now() + HOUR / scale + Duration::from_secs(60);
+    loop {
+        match lines.try_recv() {
+            Ok(l) if l == "done" => break,
+            Ok(l) if l.starts_with("query ") => answered += 1,
+            Ok(l) => bail!("the application printed {l:?}"),
+            Err(mpsc::TryRecvError::Empty) => {}
+            Err(mpsc::TryRecvError::Disconnected) => bail!("the application ended early"),
+        }
+        if Instant::now() > limit {
+            bail!("the application did not finish its hour");
+        }
+        let state = gw.status()?.state;
+        let now = Instant::now();
+        let span = now - last.0;
+        match last.1.as_str() {
+            "waking" => {
+                waking += span;
+                transitions += span;
+            }
+            "sleeping" => transitions += span,
+            _ => {}
+        }
+        if last.1 != "waking" && state == "waking" {
+            wakes += 1;
+        }
+        last = (now, state);
+        sleep(Duration::from_millis(5));
+    }
+    if answered != QUERIES {
+        bail!("{answered} of {QUERIES} queries answered");
+    }
+    // The pool closed at the end of the hour; the last wake's idle time is over by then.
+    wait_state(&gw, "asleep")?;
+    let awake = Duration::from_secs_f64((gw.awake_s()? - awake_before).max(0.0));
+    Ok(Row {
+        wakes,
+        awake,
+        transitions,
+        waking,
+        scale,
+    })
+}
+
+/// The Markdown section for RESULTS.md.
+pub fn render(facts: &Facts, scale: u32, outcome: &Result<FidelityResults, String>) -> String {
+    let mut out = String::new();
+    let Some(r) = facts.open_section(
+        &mut out,
+        "Scale-to-zero fidelity: pooled idle connections on real drivers (local backend)",
+        outcome,
+        |r| &r.load,
+    ) else {
+        return out;
+    };
+    let _ = writeln!(
+        out,
+        "\nWorkload: each application holds a pool of 10 open connections and runs one query \
+         every {} min; idle timeout {} min, `snapshot_after` {} s, sleeper interval {} s; one hour \
+         run at 1/{scale} ({} s). Awake time from the tenant's `awake_s`; waking and sleeping \
+         sampled every 5 ms and counted at real length. Ideal: wakes × (idle timeout + wake \
+         time). Anchor: a gateway that keeps the tenant awake while a connection is open (the \
+         whole hour).\n",
+        QUERY_EVERY.as_secs() / 60,
+        IDLE_TIMEOUT.as_secs() / 60,
+        SNAPSHOT_AFTER.as_secs(),
+        IDLE_CHECK.as_secs(),
+        HOUR.as_secs() / u64::from(scale),
+    );
+    let _ = writeln!(
+        out,
+        "| client | wakes | awake per idle tenant-hour | ideal | measured / ideal | anchor | \
+         goal ≤ {GOAL_RATIO:.2} × ideal |\n|---|---:|---:|---:|---:|---:|---|"
+    );
+    for (app, row) in App::ALL.iter().zip(&r.rows) {
+        match row {
+            Ok(row) => {
+                let (got, ideal) = (row.per_hour_s(), row.ideal_s());
+                let ratio = got / ideal;
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {got:.0} s | {ideal:.0} s | {ratio:.3} | 3600 s | {} |",
+                    app.name(),
+                    row.wakes,
+                    if ratio <= GOAL_RATIO { "met" } else { "missed" }
+                );
+            }
+            Err(e) => {
+                let _ = writeln!(
+                    out,
+                    "| {} | – | – | – | – | 3600 s | not run: {} |",
+                    app.name(),
+                    e.replace('|', "\\|")
+                );
+            }
+        }
+    }
+    out
+}
