@@ -81,7 +81,9 @@ impl App {
                 .status()
                 .is_ok_and(|s| s.success());
             if !ok {
-                bail!("python3 cannot import {module} (pip install psycopg[binary] psycopg-pool asyncpg)");
+                bail!(
+                    "python3 cannot import {module} (pip install psycopg[binary] psycopg-pool asyncpg)"
+                );
             }
             let mut cmd = Command::new("python3");
             cmd.arg(clients.join(script));
@@ -106,7 +108,10 @@ impl App {
                         .status()
                         .is_ok_and(|s| s.success());
                     if !ok {
-                        bail!("npm ci in {} failed (install nodejs and npm)", clients.display());
+                        bail!(
+                            "npm ci in {} failed (install nodejs and npm)",
+                            clients.display()
+                        );
                     }
                 }
                 let mut cmd = Command::new("node");

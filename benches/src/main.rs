@@ -37,8 +37,8 @@ use crate::kube_wake::KubeOptions;
 use crate::process::{ProcSample, clock_ticks_per_second, command_output};
 use crate::queued::QueuedOptions;
 use crate::report::{
-    CHURN_SECTION, FIDELITY_SECTION, Facts, HTTP_SECTION, KUBE_SECTION, Measurement, PGBENCH_SECTION, QUEUED_SECTION,
-    REVIVE_SECTION, ReportInput, Results, Section, WAKE_SECTION,
+    CHURN_SECTION, FIDELITY_SECTION, Facts, HTTP_SECTION, KUBE_SECTION, Measurement,
+    PGBENCH_SECTION, QUEUED_SECTION, REVIVE_SECTION, ReportInput, Results, Section, WAKE_SECTION,
 };
 use crate::revive::ReviveOptions;
 use crate::scenarios::{Durations, Metric, Scenario};

@@ -151,6 +151,16 @@ pub struct Limits {
     /// Time a client has to negotiate TLS and send its startup message.
     #[serde(with = "humantime_serde")]
     pub startup_timeout: Duration,
+    /// Time a client has, once its startup message is in, to finish authenticating (the whole
+    /// SCRAM exchange, or its cleartext password over WebSocket).
+    #[serde(with = "humantime_serde")]
+    pub auth_timeout: Duration,
+    /// Client connections the gateway holds at once (Postgres and WebSocket, logged in or not);
+    /// more get FATAL 53300. Lowered at start-up to what the process's file limit can hold.
+    pub max_client_connections: usize,
+    /// Client connections still negotiating or authenticating; when full, the oldest of them is
+    /// ended to make room for a new one. Lowered like `max_client_connections`.
+    pub max_unauthenticated_connections: usize,
     /// Time to open a TCP connection (and TLS) to a backend.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
@@ -170,6 +180,9 @@ impl Default for Limits {
             max_startup_message: ByteSize::kib(10),
             max_message: ByteSize::gib(1),
             startup_timeout: Duration::from_secs(10),
+            auth_timeout: Duration::from_secs(15),
+            max_client_connections: 10_000,
+            max_unauthenticated_connections: 1_000,
             connect_timeout: Duration::from_secs(5),
             login_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(30),
@@ -362,6 +375,13 @@ pub struct HttpConfig {
     /// How long a request waits for a pool slot when the bounds are reached.
     #[serde(with = "humantime_serde")]
     pub pool_acquire_timeout: Duration,
+    /// Time a client has to send a request's headers (HTTP/1.1), and the longest a kept-alive
+    /// connection may sit idle between requests.
+    #[serde(with = "humantime_serde")]
+    pub header_timeout: Duration,
+    /// Time a client has to send a request's whole body; a slower one is answered 408.
+    #[serde(with = "humantime_serde")]
+    pub body_timeout: Duration,
 }
 
 impl Default for HttpConfig {
@@ -374,6 +394,8 @@ impl Default for HttpConfig {
             pool_max_total: 500,
             pool_idle_timeout: Duration::from_secs(60),
             pool_acquire_timeout: Duration::from_secs(10),
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -708,6 +730,10 @@ pub struct TenantConfig {
     /// Client networks refused (checked first).
     #[serde(default)]
     pub deny: Vec<ipnet::IpNet>,
+    /// Client connections this tenant may hold at once (none: only the gateway's cap); more
+    /// get FATAL 53300.
+    #[serde(default)]
+    pub max_client_connections: Option<usize>,
 }
 
 impl TenantConfig {
@@ -847,6 +873,12 @@ impl Config {
             return Err(invalid(
                 "http.pool_max_per_key",
                 "pool bounds must be at least 1 (http.pool_max_per_key, http.pool_max_total)",
+            ));
+        }
+        if self.http.header_timeout.is_zero() || self.http.body_timeout.is_zero() {
+            return Err(invalid(
+                "http.header_timeout",
+                "http.header_timeout and http.body_timeout must be greater than zero",
             ));
         }
         if self.routing.rules.contains(&Rule::Sni) && self.routing.sni_suffix.is_none() {
@@ -1020,10 +1052,30 @@ impl Config {
             ("limits.startup_timeout", l.startup_timeout),
             ("limits.connect_timeout", l.connect_timeout),
             ("limits.login_timeout", l.login_timeout),
+            ("limits.auth_timeout", l.auth_timeout),
         ] {
             if v.is_zero() {
                 return Err(invalid(key, "must be greater than zero"));
             }
+        }
+        if l.max_client_connections == 0 || l.max_unauthenticated_connections == 0 {
+            return Err(invalid(
+                "limits.max_client_connections",
+                "max_client_connections and max_unauthenticated_connections must be at least 1",
+            ));
+        }
+        if let Some(t) = self
+            .tenants
+            .iter()
+            .find(|t| t.max_client_connections == Some(0))
+        {
+            return Err(invalid(
+                "tenant.max_client_connections",
+                format!(
+                    "tenant {} allows no connection: set at least 1, or remove the key",
+                    t.id
+                ),
+            ));
         }
         if l.max_startup_message.as_u64() < 64 || l.max_startup_message.as_u64() > 1 << 20 {
             return Err(invalid(

@@ -87,6 +87,15 @@ pub enum SessionError {
     /// The gateway is shutting down.
     #[error("gateway shutting down")]
     ShuttingDown,
+    /// A connection cap is full.
+    #[error("{0}")]
+    Full(#[from] crate::capacity::Full),
+    /// The client did not finish authenticating within `limits.auth_timeout`.
+    #[error("authentication not finished within the time limit")]
+    AuthTimeout,
+    /// Ended while still logging in, to make room for newer connections.
+    #[error("ended while logging in to make room for newer connections")]
+    Evicted,
 }
 
 impl SessionError {
@@ -118,6 +127,10 @@ impl SessionError {
             SessionError::LoginTimeout => "login_timeout",
             SessionError::ClientIo(_) => "client_io",
             SessionError::ShuttingDown => "shutdown",
+            SessionError::Full(crate::capacity::Full::Gateway(_)) => "gateway_full",
+            SessionError::Full(crate::capacity::Full::Tenant { .. }) => "tenant_full",
+            SessionError::AuthTimeout => "auth_timeout",
+            SessionError::Evicted => "login_evicted",
         }
     }
 
@@ -237,6 +250,24 @@ impl SessionError {
                 ADMIN_SHUTDOWN,
                 "terminating connection because the gateway is shutting down",
             ),
+            SessionError::Full(crate::capacity::Full::Gateway(_)) => {
+                ErrorMessage::fatal(TOO_MANY_CONNECTIONS, "sorry, too many clients already")
+            }
+            SessionError::Full(crate::capacity::Full::Tenant { tenant, .. }) => {
+                ErrorMessage::fatal(
+                    TOO_MANY_CONNECTIONS,
+                    format!("too many connections for tenant \"{tenant}\""),
+                )
+            }
+            SessionError::AuthTimeout => ErrorMessage::fatal(
+                PROTOCOL_VIOLATION,
+                "timeout: authentication did not finish in time",
+            ),
+            SessionError::Evicted => ErrorMessage::fatal(
+                TOO_MANY_CONNECTIONS,
+                "too many connections are logging in; this one took too long",
+            )
+            .with_hint("retry"),
             SessionError::Handshake(_) | SessionError::LoginRefused | SessionError::ClientIo(_) => {
                 return None;
             }

@@ -6,6 +6,7 @@ pub mod admin;
 pub mod admit;
 pub mod auth;
 pub mod cancel;
+pub mod capacity;
 pub mod config;
 pub mod connect;
 pub mod error;

@@ -23,6 +23,7 @@ use crate::auth::client::{LoginMaterial, authenticate_client};
 use crate::auth::password::PasswordChecker;
 use crate::auth::throttle::Throttle;
 use crate::cancel::{CancelMap, forward_cancel};
+use crate::capacity::{Capacity, ClientSlot};
 use crate::config::{AuthMode, BackendTls, Limits};
 use crate::connect::{BackendAuth, BackendLink, connect, login};
 use crate::error::SessionError;
@@ -43,6 +44,8 @@ pub struct TenantPolicy {
     pub auth: AuthMode,
     /// Where users come from, for gateway authentication.
     pub credentials: Option<Arc<dyn CredentialSource>>,
+    /// Client connections the tenant may hold at once (`None`: only the gateway's cap).
+    pub max_clients: Option<usize>,
 }
 
 /// Tenants' policies, shared with tenant discovery, which adds and removes them.
@@ -87,6 +90,8 @@ pub struct Gateway {
     pub metrics: Arc<Metrics>,
     /// Timeouts and sizes.
     pub limits: Limits,
+    /// Open client connections against their caps.
+    pub capacity: Arc<Capacity>,
     /// Fires when sessions must end (grace period over).
     pub terminate: CancellationToken,
     /// Cleartext password checks (HTTP and WebSocket logins).
@@ -113,24 +118,41 @@ impl Gateway {
     }
 }
 
-/// Decrements the active gauge however a connection ends.
-pub(crate) struct ActiveGuard(Arc<Metrics>);
+/// A client connection's place in the counts (metrics and caps) for its whole life.
+pub(crate) struct ActiveGuard {
+    metrics: Arc<Metrics>,
+    /// Its place against the connection caps.
+    pub(crate) slot: ClientSlot,
+}
 
 impl ActiveGuard {
-    /// Counts a client connection as accepted and active until the guard drops.
-    pub(crate) fn new(metrics: &Arc<Metrics>) -> ActiveGuard {
-        metrics.connections_accepted.inc();
-        metrics.connections_active.inc();
-        ActiveGuard(metrics.clone())
+    /// Counts a client connection as accepted and active until the guard drops; when too many
+    /// connections are still logging in, the oldest of them is ended to make room.
+    pub(crate) fn new(gw: &Gateway) -> ActiveGuard {
+        gw.metrics.connections_accepted.inc();
+        gw.metrics.connections_active.inc();
+        let (slot, evicted) = gw.capacity.open();
+        if evicted {
+            gw.metrics.error("login_evicted");
+        }
+        ActiveGuard {
+            metrics: gw.metrics.clone(),
+            slot,
+        }
     }
 }
 
 impl Drop for ActiveGuard {
     fn drop(&mut self) {
-        self.0.connections_active.dec();
-        self.0.connections_closed.inc();
+        self.metrics.connections_active.dec();
+        self.metrics.connections_closed.inc();
     }
 }
+
+/// How often a failing accept is logged; the failures in between are counted in the next line.
+const ACCEPT_ERROR_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// Pause after a failed accept (out of file descriptors: wait for some to be freed).
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 
 /// The next accepted connection of `listener` (named `what` in logs), or `None` once `stop`
 /// fires; failed accepts are logged and retried after a pause.
@@ -139,6 +161,8 @@ pub(crate) async fn accept_next(
     stop: &CancellationToken,
     what: &str,
 ) -> Option<(TcpStream, SocketAddr)> {
+    let mut last_logged: Option<Instant> = None;
+    let mut unlogged = 0u64;
     loop {
         let accepted = tokio::select! {
             _ = stop.cancelled() => return None,
@@ -147,9 +171,19 @@ pub(crate) async fn accept_next(
         match accepted {
             Ok(a) => return Some(a),
             Err(e) => {
-                // Out of file descriptors or similar: back off instead of spinning.
-                warn!(listener = what, error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                // Out of file descriptors or similar: back off instead of spinning, and log
+                // once per interval instead of per failure.
+                if last_logged.is_none_or(|t| t.elapsed() >= ACCEPT_ERROR_LOG_INTERVAL) {
+                    warn!(listener = what, error = %e, failures_since_last_line = unlogged, "accept failed");
+                    last_logged = Some(Instant::now());
+                    unlogged = 0;
+                } else {
+                    unlogged += 1;
+                }
+                tokio::select! {
+                    _ = stop.cancelled() => return None,
+                    _ = tokio::time::sleep(ACCEPT_ERROR_PAUSE) => {}
+                }
             }
         }
     }
@@ -164,12 +198,11 @@ pub async fn serve(
 ) {
     while let Some((tcp, peer)) = accept_next(&listener, &stop, "postgres").await {
         let gw = gateway.clone();
-        let guard = ActiveGuard::new(&gw.metrics);
+        let mut guard = ActiveGuard::new(&gw);
         let span = info_span!("conn", %peer, tenant = tracing::field::Empty);
         tasks.spawn(
             async move {
-                let _guard = guard;
-                handle(tcp, peer, &gw).await;
+                handle(tcp, peer, &gw, &mut guard.slot).await;
             }
             .instrument(span),
         );
@@ -177,17 +210,21 @@ pub async fn serve(
     info!("listener stopped accepting");
 }
 
-async fn handle(tcp: TcpStream, peer: SocketAddr, gw: &Gateway) {
+async fn handle(tcp: TcpStream, peer: SocketAddr, gw: &Gateway, slot: &mut ClientSlot) {
     let accepted_at = Instant::now();
     let _ = tcp.set_nodelay(true);
     let negotiated = tokio::select! {
         n = negotiate(tcp, &gw.negotiate, accepted_at + gw.limits.startup_timeout) => n,
         _ = gw.terminate.cancelled() => return,
+        _ = slot.evicted() => {
+            debug!("connection ended during negotiation to make room for newer ones");
+            return;
+        }
     };
     match negotiated {
         Ok(Negotiated::Cancel(key)) => cancel(gw, &key).await,
         Ok(Negotiated::Session { stream, startup }) => {
-            run_session(gw, stream, peer, startup, accepted_at).await
+            run_session(gw, stream, peer, startup, accepted_at, slot).await
         }
         Err((stream, err)) => fail(gw, stream, err).await,
     }
@@ -214,13 +251,20 @@ pub(crate) async fn run_session(
     peer: SocketAddr,
     startup: pgwake_protocol::StartupMessage,
     accepted_at: Instant,
+    slot: &mut ClientSlot,
 ) {
+    if let Err(full) = slot.check_gateway() {
+        return fail(gw, Some(client), SessionError::Full(full)).await;
+    }
+    let evicted = slot.eviction();
     let session = tokio::select! {
         // Boxed: the login's state is freed once it is done instead of sizing every session's
         // task (parked sessions should cost little).
-        r = Box::pin(open_session(gw, &mut client, peer, startup, accepted_at)) => r,
+        r = Box::pin(open_session(gw, &mut client, peer, startup, accepted_at, slot)) => r,
         _ = gw.terminate.cancelled() => Err(SessionError::ShuttingDown),
+        _ = evicted.cancelled() => Err(SessionError::Evicted),
     };
+    slot.logged_in();
     let backend = match session {
         Ok(s) => s,
         Err(err) => return fail(gw, Some(client), err).await,
@@ -263,6 +307,7 @@ async fn open_session(
     peer: SocketAddr,
     mut startup: pgwake_protocol::StartupMessage,
     accepted_at: Instant,
+    slot: &mut ClientSlot,
 ) -> Result<BackendSession, SessionError> {
     if startup.needs_negotiation() {
         let msg =
@@ -286,12 +331,20 @@ async fn open_session(
     if !policy.access.permits(peer.ip()) {
         return Err(SessionError::UnknownTenant(tenant.id.to_string()));
     }
+    slot.claim_tenant(&tenant.id, policy.max_clients)
+        .map_err(SessionError::Full)?;
     let user = startup.get("user").map(str::to_owned);
     // Authenticate first, then wake: a wrong password never starts a database.
     let material = match (policy.auth, &policy.credentials) {
         (AuthMode::Gateway, Some(source)) => {
             let user = user.as_deref().ok_or(SessionError::NoUser)?;
-            Some(authenticate(gw, client, peer, &tenant.id, source.as_ref(), user).await?)
+            let login = authenticate(gw, client, peer, &tenant.id, source.as_ref(), user);
+            let material = tokio::time::timeout(gw.limits.auth_timeout, login)
+                .await
+                .map_err(|_| SessionError::AuthTimeout)??;
+            // Proven: from here on a wait (for a wake) is no reason to be evicted.
+            slot.logged_in();
+            Some(material)
         }
         _ => None,
     };

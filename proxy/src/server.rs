@@ -20,7 +20,7 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::admin::{self, AdminState};
 use crate::admit::AccessList;
@@ -31,6 +31,7 @@ use crate::auth::{
     LocalSource, SecretStore, StaticSource,
 };
 use crate::cancel::CancelMap;
+use crate::capacity::{Capacity, CapacitySettings};
 use crate::config::{
     AuthMode, Config, CredentialsConfig, KubernetesConfig, LocalConfig, PoolClassConfig,
     PoolRelease, TenantBackend,
@@ -400,6 +401,7 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
                 },
                 auth,
                 credentials,
+                max_clients: t.max_client_connections,
             }),
         );
     }
@@ -439,6 +441,7 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
                             access: AccessList::default(),
                             auth,
                             credentials,
+                            max_clients: None,
                         }),
                     );
                 }
@@ -490,6 +493,7 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
         cancels: Arc::new(CancelMap::default()),
         metrics,
         limits: config.limits.clone(),
+        capacity: Capacity::new(capacity_settings(&config.limits)),
         terminate,
         passwords: PasswordChecker::new(),
         revival: Some(Arc::new(crate::session::Revival {
@@ -632,4 +636,28 @@ pub async fn run(
     gateway.terminate.cancel();
     info!("pgwake stopped");
     Ok(())
+}
+
+/// The connection caps of `[limits]`, lowered to what the process's file limit can hold.
+fn capacity_settings(limits: &crate::config::Limits) -> CapacitySettings {
+    let configured = CapacitySettings {
+        max_clients: limits.max_client_connections,
+        max_unauthenticated: limits.max_unauthenticated_connections,
+    };
+    let Ok((soft, _)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+    else {
+        return configured;
+    };
+    let fitted = configured.fitted_to(soft);
+    if fitted.max_clients < configured.max_clients
+        || fitted.max_unauthenticated < configured.max_unauthenticated
+    {
+        warn!(
+            open_files = soft,
+            max_client_connections = fitted.max_clients,
+            max_unauthenticated_connections = fitted.max_unauthenticated,
+            "the file limit holds fewer connections than configured: caps lowered (raise it with ulimit -n)"
+        );
+    }
+    fitted
 }

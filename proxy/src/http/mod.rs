@@ -19,7 +19,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
@@ -170,12 +170,18 @@ async fn connection(
             return;
         }
     };
+    let header_timeout = state.config.header_timeout;
     let service = service_fn(move |req: Request<Incoming>| {
         let state = state.clone();
         let tasks = tasks.clone();
         async move { Ok::<_, Infallible>(route(req, peer, tls, state, tasks).await) }
     });
-    let builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // A client that trickles its headers (or holds a kept-alive connection idle) is closed.
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout);
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
     tokio::select! {

@@ -232,9 +232,21 @@ async fn execute(
     }
     let (parts, body) = req.into_parts();
     let headers = parts.headers;
-    let body: Bytes = Limited::new(body, max_request)
-        .collect()
+    let read = tokio::time::timeout(
+        state.config.body_timeout,
+        Limited::new(body, max_request).collect(),
+    );
+    let body: Bytes = read
         .await
+        .map_err(|_| {
+            Refusal::Status(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request body did not arrive within {} s (http.body_timeout)",
+                    state.config.body_timeout.as_secs_f64()
+                ),
+            )
+        })?
         .map_err(|e| {
             if e.downcast_ref::<http_body_util::LengthLimitError>()
                 .is_some()

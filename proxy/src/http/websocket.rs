@@ -86,10 +86,9 @@ pub fn upgrade(
     let name = server_name(&req);
     let on_upgrade = hyper::upgrade::on(&mut req);
     let gw = state.gateway.clone();
-    let guard = ActiveGuard::new(&gw.metrics);
+    let mut guard = ActiveGuard::new(&gw);
     tasks.spawn(
         async move {
-            let _guard = guard;
             let accepted_at = Instant::now();
             let upgraded = match on_upgrade.await {
                 Ok(u) => u,
@@ -110,11 +109,12 @@ pub fn upgrade(
             let negotiated = tokio::select! {
                 n = negotiate_tunnel(client, max, deadline) => n,
                 _ = gw.terminate.cancelled() => return,
+                _ = guard.slot.evicted() => return,
             };
             match negotiated {
                 Ok(Negotiated::Cancel(key)) => cancel(&gw, &key).await,
                 Ok(Negotiated::Session { stream, startup }) => {
-                    run_session(&gw, stream, peer, startup, accepted_at).await
+                    run_session(&gw, stream, peer, startup, accepted_at, &mut guard.slot).await
                 }
                 Err((stream, err)) => fail(&gw, stream, err).await,
             }

@@ -52,14 +52,8 @@ impl Gateway {
         Gateway::launch(extra, &tenants, env)
     }
 
-    /// Starts pgwake with local-backend tenants (`ids`), the `[local]` section pointing into the
-    /// gateway's folder, plus `extra` top-level TOML and `local_settings` under `[local.settings]`.
-    pub fn start_local(
-        ids: &[&str],
-        extra: &str,
-        local_settings: &str,
-        env: &[(&str, &str)],
-    ) -> Gateway {
+    /// The `[local]` section and tenant tables of local-backend tenants `ids`.
+    pub fn local_tenants(ids: &[&str], local_settings: &str) -> String {
         let mut tenants = format!(
             "[local]\ndata_dir = \"data\"\npassword = \"{LOCAL_PASSWORD}\"\n[local.settings]\n{local_settings}\n"
         );
@@ -68,7 +62,18 @@ impl Gateway {
                 "[[tenant]]\nid = \"{id}\"\nbackend = {{ kind = \"local\" }}\n"
             ));
         }
-        Gateway::launch(extra, &tenants, env)
+        tenants
+    }
+
+    /// Starts pgwake with local-backend tenants (`ids`), the `[local]` section pointing into the
+    /// gateway's folder, plus `extra` top-level TOML and `local_settings` under `[local.settings]`.
+    pub fn start_local(
+        ids: &[&str],
+        extra: &str,
+        local_settings: &str,
+        env: &[(&str, &str)],
+    ) -> Gateway {
+        Gateway::launch(extra, &Gateway::local_tenants(ids, local_settings), env)
     }
 
     /// The data folder of a local tenant.
@@ -118,6 +123,17 @@ impl Gateway {
 
     /// Starts pgwake with `extra` top-level TOML and `tenants` (tenant tables and anything after).
     pub fn launch(extra: &str, tenants: &str, env: &[(&str, &str)]) -> Gateway {
+        Gateway::launch_under(&[], extra, tenants, env)
+    }
+
+    /// Like [`Gateway::launch`], with the gateway's command run by `wrapper` (e.g. `prlimit
+    /// --nofile=256`), which must exec it in its own process.
+    pub fn launch_under(
+        wrapper: &[&str],
+        extra: &str,
+        tenants: &str,
+        env: &[(&str, &str)],
+    ) -> Gateway {
         let dir = tempfile::tempdir().unwrap();
         // The local backend's servers run as another account and must reach their folders.
         std::fs::set_permissions(
@@ -144,7 +160,14 @@ rules = ["sni", "options", "database", "user"]
         let path = dir.path().join("pgwake.toml");
         std::fs::write(&path, config).unwrap();
         let log = dir.path().join("pgwake.log");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_pgwake"));
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(env!("CARGO_BIN_EXE_pgwake"));
+                c
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_pgwake")),
+        };
         cmd.args(["serve", "--config"])
             .arg(&path)
             .env("PGWAKE_LOG", "debug")

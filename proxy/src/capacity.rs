@@ -1,0 +1,272 @@
+//! Caps on client connections: in all, per tenant, and for connections still logging in.
+//!
+//! A connection that has not logged in yet has proven nothing but costs a socket, so those have
+//! their own, smaller cap. When it is full, the oldest connection still logging in is ended to
+//! make room: a flood of stalled logins then delays nobody whose login takes milliseconds, and
+//! every stalled one still ends by `limits.auth_timeout` at the latest.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use pgwake_routing::TenantId;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
+
+/// The caps in force (after fitting them to the process's file limit).
+#[derive(Clone, Copy, Debug)]
+pub struct CapacitySettings {
+    /// Client connections in all (logged in or not).
+    pub max_clients: usize,
+    /// Client connections that have not finished logging in.
+    pub max_unauthenticated: usize,
+}
+
+/// File descriptors kept for the listeners, the admin API, backend sockets and logs when caps
+/// are fitted to the file limit.
+const RESERVED_FILES: u64 = 64;
+
+impl CapacitySettings {
+    /// Lowers the caps so that every capped connection, with its backend connection, fits in
+    /// `open_files` file descriptors, keeping a reserve for everything else.
+    pub fn fitted_to(self, open_files: u64) -> CapacitySettings {
+        let room = (open_files.saturating_sub(RESERVED_FILES) / 2).max(1) as usize;
+        CapacitySettings {
+            max_clients: self.max_clients.min(room),
+            max_unauthenticated: self.max_unauthenticated.min(room),
+        }
+    }
+}
+
+/// Counts of open client connections, shared by the Postgres and WebSocket listeners.
+pub struct Capacity {
+    settings: CapacitySettings,
+    clients: AtomicUsize,
+    per_tenant: Mutex<HashMap<TenantId, usize>>,
+    logging_in: Mutex<LoggingIn>,
+}
+
+#[derive(Default)]
+struct LoggingIn {
+    next: u64,
+    /// Oldest first; cancelling a token ends that connection.
+    open: BTreeMap<u64, CancellationToken>,
+}
+
+/// Why a connection is refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Full {
+    /// The gateway's cap on client connections.
+    #[error("too many client connections to the gateway (limit {0})")]
+    Gateway(usize),
+    /// The tenant's cap on client connections.
+    #[error("too many client connections for tenant {tenant} (limit {limit})")]
+    Tenant {
+        /// The tenant.
+        tenant: TenantId,
+        /// Its cap.
+        limit: usize,
+    },
+}
+
+impl Capacity {
+    /// Counters for these caps.
+    pub fn new(settings: CapacitySettings) -> Arc<Capacity> {
+        Arc::new(Capacity {
+            settings,
+            clients: AtomicUsize::new(0),
+            per_tenant: Mutex::new(HashMap::new()),
+            logging_in: Mutex::new(LoggingIn::default()),
+        })
+    }
+
+    /// The caps in force.
+    pub fn settings(&self) -> CapacitySettings {
+        self.settings
+    }
+
+    /// Counts a new client connection, as logging in; ends the oldest connection still logging
+    /// in when that cap is full. Returns whether the caller ended someone.
+    pub fn open(self: &Arc<Self>) -> (ClientSlot, bool) {
+        self.clients.fetch_add(1, Ordering::AcqRel);
+        let token = CancellationToken::new();
+        let mut l = self.lock_logging_in();
+        let mut evicted = false;
+        while l.open.len() >= self.settings.max_unauthenticated {
+            let Some((_, oldest)) = l.open.pop_first() else {
+                break;
+            };
+            oldest.cancel();
+            evicted = true;
+        }
+        let id = l.next;
+        l.next += 1;
+        l.open.insert(id, token.clone());
+        drop(l);
+        let slot = ClientSlot {
+            capacity: self.clone(),
+            logging_in: Some(id),
+            ended: token,
+            tenant: None,
+        };
+        (slot, evicted)
+    }
+
+    /// Client connections open now.
+    pub fn clients(&self) -> usize {
+        self.clients.load(Ordering::Acquire)
+    }
+
+    /// Client connections still logging in now.
+    pub fn logging_in(&self) -> usize {
+        self.lock_logging_in().open.len()
+    }
+
+    fn lock_logging_in(&self) -> MutexGuard<'_, LoggingIn> {
+        self.logging_in.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_tenants(&self) -> MutexGuard<'_, HashMap<TenantId, usize>> {
+        self.per_tenant.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// One client connection's place in the counts, for its whole life.
+pub struct ClientSlot {
+    capacity: Arc<Capacity>,
+    logging_in: Option<u64>,
+    ended: CancellationToken,
+    tenant: Option<TenantId>,
+}
+
+impl ClientSlot {
+    /// Completes when the connection must end to make room (it was the oldest still logging
+    /// in); never once it has logged in.
+    pub fn evicted(&self) -> WaitForCancellationFuture<'_> {
+        self.ended.cancelled()
+    }
+
+    /// The token cancelled when the connection must end to make room, for a caller that lends
+    /// the slot out meanwhile.
+    pub fn eviction(&self) -> CancellationToken {
+        self.ended.clone()
+    }
+
+    /// Refuses the connection when the gateway holds more client connections than its cap.
+    pub fn check_gateway(&self) -> Result<(), Full> {
+        let max = self.capacity.settings.max_clients;
+        if self.capacity.clients() > max {
+            return Err(Full::Gateway(max));
+        }
+        Ok(())
+    }
+
+    /// Counts the connection against its tenant's cap (`None`: no cap), or refuses it.
+    pub fn claim_tenant(&mut self, tenant: &TenantId, limit: Option<usize>) -> Result<(), Full> {
+        if self.tenant.is_some() {
+            return Ok(());
+        }
+        let mut counts = self.capacity.lock_tenants();
+        let n = counts.entry(tenant.clone()).or_default();
+        if let Some(limit) = limit
+            && *n >= limit
+        {
+            if *n == 0 {
+                counts.remove(tenant);
+            }
+            return Err(Full::Tenant {
+                tenant: tenant.clone(),
+                limit,
+            });
+        }
+        *n += 1;
+        self.tenant = Some(tenant.clone());
+        Ok(())
+    }
+
+    /// The connection logged in: it no longer counts as logging in and is never evicted.
+    pub fn logged_in(&mut self) {
+        if let Some(id) = self.logging_in.take() {
+            self.capacity.lock_logging_in().open.remove(&id);
+        }
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        self.logged_in();
+        self.capacity.clients.fetch_sub(1, Ordering::AcqRel);
+        if let Some(t) = self.tenant.take() {
+            let mut counts = self.capacity.lock_tenants();
+            if let Some(n) = counts.get_mut(&t) {
+                *n -= 1;
+                if *n == 0 {
+                    counts.remove(&t);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn capacity(max_clients: usize, max_unauthenticated: usize) -> Arc<Capacity> {
+        Capacity::new(CapacitySettings {
+            max_clients,
+            max_unauthenticated,
+        })
+    }
+
+    #[test]
+    fn the_oldest_connection_logging_in_makes_room() {
+        let cap = capacity(10, 2);
+        let (a, _) = cap.open();
+        let (mut b, _) = cap.open();
+        b.logged_in();
+        let (c, evicted) = cap.open();
+        assert!(!evicted, "b logged in: room for c");
+        let (_d, evicted) = cap.open();
+        assert!(evicted);
+        assert!(a.ended.is_cancelled(), "a was the oldest logging in");
+        assert!(!b.ended.is_cancelled() && !c.ended.is_cancelled());
+        assert_eq!(cap.logging_in(), 2);
+        assert_eq!(cap.clients(), 4);
+        drop(a);
+        assert_eq!(cap.clients(), 3);
+    }
+
+    #[test]
+    fn gateway_and_tenant_caps_refuse_and_count_down() {
+        let cap = capacity(2, 10);
+        let t = TenantId::parse("t").unwrap();
+        let (mut a, _) = cap.open();
+        let (mut b, _) = cap.open();
+        assert!(a.check_gateway().is_ok());
+        let (c, _) = cap.open();
+        assert_eq!(c.check_gateway(), Err(Full::Gateway(2)));
+        drop(c);
+        a.claim_tenant(&t, Some(1)).unwrap();
+        assert!(matches!(
+            b.claim_tenant(&t, Some(1)),
+            Err(Full::Tenant { limit: 1, .. })
+        ));
+        drop(a);
+        b.claim_tenant(&t, Some(1)).unwrap();
+        assert_eq!(cap.lock_tenants().get(&t), Some(&1));
+        drop(b);
+        assert!(cap.lock_tenants().is_empty());
+    }
+
+    #[test]
+    fn caps_fit_the_file_limit() {
+        let s = CapacitySettings {
+            max_clients: 10_000,
+            max_unauthenticated: 1_000,
+        };
+        let fitted = s.fitted_to(256);
+        assert_eq!(fitted.max_clients, 96);
+        assert_eq!(fitted.max_unauthenticated, 96);
+        assert_eq!(s.fitted_to(1 << 20).max_clients, 10_000);
+    }
+}

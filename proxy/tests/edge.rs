@@ -1,0 +1,235 @@
+//! Hostile clients at the edge: logins that stall mid-SCRAM are ended by `limits.auth_timeout`
+//! and cannot crowd out real clients, even with the file limit far below their number; the
+//! connection caps answer FATAL 53300.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{Gateway, LOCAL_PASSWORD};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A plaintext StartupMessage for `user` on `database`.
+fn startup(user: &str, database: &str) -> Vec<u8> {
+    let mut body = 196_608u32.to_be_bytes().to_vec();
+    for (k, v) in [("user", user), ("database", database)] {
+        body.extend_from_slice(k.as_bytes());
+        body.push(0);
+        body.extend_from_slice(v.as_bytes());
+        body.push(0);
+    }
+    body.push(0);
+    let mut msg = ((body.len() + 4) as u32).to_be_bytes().to_vec();
+    msg.extend(body);
+    msg
+}
+
+/// A client that sends its startup message, reads the gateway's AuthenticationSASL and then
+/// says nothing more; `None` when the gateway closed it before that.
+async fn stall_mid_scram(port: u16, tenant: &str) -> Option<TcpStream> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    s.write_all(&startup("pgwake", &format!("{tenant}.postgres")))
+        .await
+        .ok()?;
+    let mut head = [0u8; 9];
+    s.read_exact(&mut head).await.ok()?;
+    // 'R', length, then 10: AuthenticationSASL.
+    (head[0] == b'R' && head[5..9] == 10u32.to_be_bytes()).then_some(s)
+}
+
+/// Reads until the gateway closes the connection; returns when that was.
+async fn closed(mut s: TcpStream) -> Instant {
+    let mut buf = [0u8; 512];
+    while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {}
+    Instant::now()
+}
+
+/// psql logs in and runs `select 1`; returns how long it took.
+fn psql_login(gw: &Gateway, tenant: &str) -> Duration {
+    let started = Instant::now();
+    let out = Command::new(pgwake_testkit::pg_bin_dir().unwrap().join("psql"))
+        .args(["-X", "-A", "-t", "-w", "-c", "select 1"])
+        .arg(format!(
+            "host=127.0.0.1 port={} user=pgwake dbname={tenant}.postgres sslmode=disable \
+             connect_timeout=10",
+            gw.port
+        ))
+        .env("PGPASSWORD", LOCAL_PASSWORD)
+        .output()
+        .expect("run psql");
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "1",
+        "psql failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    started.elapsed()
+}
+
+/// Runs psql logins one after another for `period`; returns the slowest.
+async fn logins_during(gw: &std::sync::Arc<Gateway>, period: Duration) -> Duration {
+    let gw = gw.clone();
+    tokio::task::spawn_blocking(move || {
+        let until = Instant::now() + period;
+        let mut slowest = Duration::ZERO;
+        while Instant::now() < until {
+            slowest = slowest.max(psql_login(&gw, "edge"));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        slowest
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_logins_end_at_the_auth_timeout_while_psql_logs_in() {
+    let extra = "allow_plaintext = true\n[limits]\nauth_timeout = \"3s\"\n";
+    let gw = tokio::task::spawn_blocking(move || Gateway::start_local(&["edge"], extra, "", &[]))
+        .await
+        .unwrap();
+    let gw = std::sync::Arc::new(gw);
+    // Wake the tenant first: what follows measures logins, not the wake.
+    psql_login(&gw, "edge");
+
+    let port = gw.port;
+    let stalls: Vec<_> = (0..500)
+        .map(|_| tokio::spawn(async move { stall_mid_scram(port, "edge").await }))
+        .collect();
+    let mut stalled = Vec::new();
+    for s in stalls {
+        stalled.push(
+            s.await
+                .unwrap()
+                .expect("every stalled client got AuthenticationSASL"),
+        );
+    }
+    let stalled_at = Instant::now();
+    let waits: Vec<_> = stalled
+        .into_iter()
+        .map(|s| tokio::spawn(closed(s)))
+        .collect();
+
+    let slowest = logins_during(&gw, Duration::from_secs(3)).await;
+    eprintln!("slowest psql login during the stall: {slowest:?}");
+    assert!(slowest < Duration::from_secs(2), "psql took {slowest:?}");
+
+    let mut last = stalled_at;
+    for w in waits {
+        last = last.max(w.await.unwrap());
+    }
+    let held = last - stalled_at;
+    eprintln!("all 500 stalled logins closed {held:?} after the last one stalled");
+    assert!(
+        held <= Duration::from_secs(3) + Duration::from_secs(2),
+        "{held:?}"
+    );
+    assert!(
+        gw.labelled_metric("pgwake_errors_total", &[("kind", "auth_timeout")]) >= 500.0,
+        "{}",
+        gw.log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_stalled_logins_under_a_low_file_limit_crowd_out_nobody() {
+    let extra = "allow_plaintext = true\n[limits]\nauth_timeout = \"5s\"\n";
+    let tenants = Gateway::local_tenants(&["edge"], "");
+    let gw = tokio::task::spawn_blocking(move || {
+        Gateway::launch_under(&["prlimit", "--nofile=256"], extra, &tenants, &[])
+    })
+    .await
+    .unwrap();
+    let gw = std::sync::Arc::new(gw);
+    psql_login(&gw, "edge");
+    let lines_before = gw.log().lines().count();
+
+    let port = gw.port;
+    let attack: Vec<_> = (0..1000)
+        .map(|_| tokio::spawn(async move { stall_mid_scram(port, "edge").await }))
+        .collect();
+    let slowest = logins_during(&gw, Duration::from_secs(3)).await;
+    let health = {
+        let gw = gw.clone();
+        tokio::task::spawn_blocking(move || {
+            (
+                gw.http_get("/healthz").map(|(s, _)| s),
+                gw.http_get("/readyz").map(|(s, _)| s),
+            )
+        })
+        .await
+        .unwrap()
+    };
+    let mut stalled = Vec::new();
+    for a in attack {
+        if let Some(s) = a.await.unwrap() {
+            stalled.push(s);
+        }
+    }
+    eprintln!(
+        "{} of 1000 stalled logins were still open; slowest psql login {slowest:?}",
+        stalled.len()
+    );
+    drop(stalled);
+    assert!(slowest < Duration::from_secs(3), "psql took {slowest:?}");
+    assert_eq!(health, (Some(200), Some(200)));
+    let log = gw.log();
+    let lines = log.lines().count() - lines_before;
+    let accept_warnings = log.matches("accept failed").count();
+    eprintln!("{lines} log lines for 1000 connections, {accept_warnings} accept failures logged");
+    assert!(
+        accept_warnings <= 2,
+        "{accept_warnings} accept failure lines"
+    );
+    assert!(lines < 10_000, "{lines} log lines");
+    assert!(
+        log.contains("caps lowered"),
+        "the gateway says it fitted its caps to the file limit"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_caps_answer_53300() {
+    let extra = "allow_plaintext = true\n[limits]\nmax_client_connections = 3\n";
+    let tenants = format!(
+        "{}max_client_connections = 1\n",
+        Gateway::local_tenants(&["edge"], "")
+    );
+    let gw = tokio::task::spawn_blocking(move || Gateway::launch(extra, &tenants, &[]))
+        .await
+        .unwrap();
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user=pgwake password={LOCAL_PASSWORD} dbname=edge.postgres \
+         sslmode=disable connect_timeout=30",
+        gw.port
+    );
+    let (first, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    first.simple_query("select 1").await.unwrap();
+    // The tenant's cap of one is taken.
+    let err = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
+        .await
+        .err()
+        .expect("refused");
+    assert_eq!(
+        err.as_db_error().map(|e| e.code().code()),
+        Some("53300"),
+        "{err}"
+    );
+    // The gateway's cap of three: two more sockets held open, the next login is refused.
+    let _a = TcpStream::connect(("127.0.0.1", gw.port)).await.unwrap();
+    let _b = TcpStream::connect(("127.0.0.1", gw.port)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let err = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
+        .await
+        .err()
+        .expect("refused");
+    let db = err.as_db_error().expect("an ErrorResponse");
+    assert_eq!(db.code().code(), "53300");
+    assert_eq!(db.message(), "sorry, too many clients already");
+    assert!(gw.labelled_metric("pgwake_errors_total", &[("kind", "gateway_full")]) >= 1.0);
+    assert!(gw.labelled_metric("pgwake_errors_total", &[("kind", "tenant_full")]) >= 1.0);
+}
