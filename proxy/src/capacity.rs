@@ -27,12 +27,14 @@ const RESERVED_FILES: u64 = 64;
 
 impl CapacitySettings {
     /// Lowers the caps so that every capped connection, with its backend connection, fits in
-    /// `open_files` file descriptors, keeping a reserve for everything else.
+    /// `open_files` file descriptors, keeping a reserve for everything else; connections still
+    /// logging in then get at most half of the room, so that making room for a new login never
+    /// runs into the cap on all connections.
     pub fn fitted_to(self, open_files: u64) -> CapacitySettings {
-        let room = (open_files.saturating_sub(RESERVED_FILES) / 2).max(1) as usize;
+        let room = (open_files.saturating_sub(RESERVED_FILES) / 2).max(2) as usize;
         CapacitySettings {
             max_clients: self.max_clients.min(room),
-            max_unauthenticated: self.max_unauthenticated.min(room),
+            max_unauthenticated: self.max_unauthenticated.min(room / 2),
         }
     }
 }
@@ -266,7 +268,7 @@ mod tests {
         };
         let fitted = s.fitted_to(256);
         assert_eq!(fitted.max_clients, 96);
-        assert_eq!(fitted.max_unauthenticated, 96);
+        assert_eq!(fitted.max_unauthenticated, 48);
         assert_eq!(s.fitted_to(1 << 20).max_clients, 10_000);
     }
 }

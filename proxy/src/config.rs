@@ -469,15 +469,16 @@ fn label_value_ok(s: &str) -> bool {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
-    /// Failed attempts per (client IP, tenant) before attempts are throttled.
+    /// Failed attempts evaluated per (client IP, tenant) and per (tenant, user) before further
+    /// attempts are refused unread.
     pub throttle_free_failures: u32,
-    /// Wait after the first throttled failure; doubles with each further failure.
+    /// Wait after the last free failure; doubles with each further evaluated failure.
     #[serde(with = "humantime_serde")]
     pub throttle_base: Duration,
     /// Longest throttle wait.
     #[serde(with = "humantime_serde")]
     pub throttle_max: Duration,
-    /// (client IP, tenant) pairs the throttle remembers.
+    /// Entries the throttle remembers of each count ((client IP, tenant), (tenant, user)).
     pub throttle_capacity: u64,
     /// Highest SCRAM iteration count the gateway derives keys for when logging in to a backend
     /// with a password: a backend could otherwise make it burn CPU.

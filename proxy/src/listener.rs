@@ -463,7 +463,7 @@ async fn authenticate(
     source: &dyn CredentialSource,
     user: &str,
 ) -> Result<LoginMaterial, SessionError> {
-    if let Some(wait) = gw.throttle.blocked_for(peer.ip(), tenant) {
+    if let Some(wait) = gw.throttle.blocked_for(peer.ip(), tenant, user) {
         gw.metrics.auth_attempt("throttled");
         return Err(SessionError::Throttled(wait));
     }
@@ -491,6 +491,11 @@ async fn authenticate(
         (Some(tls), true) => tls.channel_binding(client.sni()),
         _ => None,
     };
+    let reserve = || {
+        gw.throttle
+            .reserve(peer.ip(), tenant, user)
+            .map_err(SessionError::Throttled)
+    };
     let result = authenticate_client(
         client,
         user,
@@ -498,20 +503,10 @@ async fn authenticate(
         channel_binding,
         &gw.mock_key,
         gw.link.max_client_message,
+        reserve,
     )
     .await;
-    match &result {
-        Ok(_) => {
-            gw.metrics.auth_attempt("ok");
-            gw.throttle.success(peer.ip(), tenant);
-        }
-        Err(SessionError::AuthFailed(_)) => {
-            gw.metrics.auth_attempt("failed");
-            gw.throttle.failure(peer.ip(), tenant);
-            source.failed(user);
-        }
-        Err(_) => gw.metrics.auth_attempt("error"),
-    }
+    attempt_done(gw, peer, tenant, source, user, &result);
     result
 }
 
@@ -545,7 +540,7 @@ pub(crate) async fn check_password(
     user: &str,
     password: &str,
 ) -> Result<LoginMaterial, SessionError> {
-    if let Some(wait) = gw.throttle.blocked_for(peer.ip(), tenant) {
+    if let Some(wait) = gw.throttle.blocked_for(peer.ip(), tenant, user) {
         gw.metrics.auth_attempt("throttled");
         return Err(SessionError::Throttled(wait));
     }
@@ -553,22 +548,44 @@ pub(crate) async fn check_password(
         gw.metrics.auth_attempt("error");
         SessionError::AuthUnavailable(e.to_string())
     })?;
-    let material = match credential {
-        Some(c) => gw.passwords.check(tenant, user, c, password).await,
-        None => None,
+    let result = match gw.throttle.reserve(peer.ip(), tenant, user) {
+        Err(wait) => Err(SessionError::Throttled(wait)),
+        Ok(()) => match credential {
+            Some(c) => gw.passwords.check(tenant, user, c, password).await,
+            // The same key derivation as for a known user, so timing tells nothing.
+            None => {
+                gw.passwords
+                    .check_unknown(&gw.mock_key, user, password)
+                    .await;
+                None
+            }
+        }
+        .ok_or_else(|| SessionError::AuthFailed(user.to_owned())),
     };
-    match material {
-        Some(m) => {
+    attempt_done(gw, peer, tenant, source, user, &result);
+    result
+}
+
+/// Counts an authentication attempt's outcome and tells the throttle and the credential source.
+fn attempt_done<T>(
+    gw: &Gateway,
+    peer: SocketAddr,
+    tenant: &TenantId,
+    source: &dyn CredentialSource,
+    user: &str,
+    result: &Result<T, SessionError>,
+) {
+    match result {
+        Ok(_) => {
             gw.metrics.auth_attempt("ok");
-            gw.throttle.success(peer.ip(), tenant);
-            Ok(m)
+            gw.throttle.success(peer.ip(), tenant, user);
         }
-        None => {
+        Err(SessionError::AuthFailed(_)) => {
             gw.metrics.auth_attempt("failed");
-            gw.throttle.failure(peer.ip(), tenant);
             source.failed(user);
-            Err(SessionError::AuthFailed(user.to_owned()))
         }
+        Err(SessionError::Throttled(_)) => gw.metrics.auth_attempt("throttled"),
+        Err(_) => gw.metrics.auth_attempt("error"),
     }
 }
 

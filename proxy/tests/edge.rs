@@ -149,6 +149,14 @@ async fn a_thousand_stalled_logins_under_a_low_file_limit_crowd_out_nobody() {
     let attack: Vec<_> = (0..1000)
         .map(|_| tokio::spawn(async move { stall_mid_scram(port, "edge").await }))
         .collect();
+    // Every one of them has connected and stalled, or been ended to make room, before psql
+    // comes: they are there, holding what the gateway let them hold.
+    let mut stalled = Vec::new();
+    for a in attack {
+        if let Some(s) = a.await.unwrap() {
+            stalled.push(s);
+        }
+    }
     let slowest = logins_during(&gw, Duration::from_secs(3)).await;
     let health = {
         let gw = gw.clone();
@@ -161,14 +169,8 @@ async fn a_thousand_stalled_logins_under_a_low_file_limit_crowd_out_nobody() {
         .await
         .unwrap()
     };
-    let mut stalled = Vec::new();
-    for a in attack {
-        if let Some(s) = a.await.unwrap() {
-            stalled.push(s);
-        }
-    }
     eprintln!(
-        "{} of 1000 stalled logins were still open; slowest psql login {slowest:?}",
+        "{} of 1000 stalled logins got as far as AuthenticationSASL; slowest psql login {slowest:?}",
         stalled.len()
     );
     drop(stalled);
@@ -232,4 +234,145 @@ async fn connection_caps_answer_53300() {
     assert_eq!(db.message(), "sorry, too many clients already");
     assert!(gw.labelled_metric("pgwake_errors_total", &[("kind", "gateway_full")]) >= 1.0);
     assert!(gw.labelled_metric("pgwake_errors_total", &[("kind", "tenant_full")]) >= 1.0);
+}
+
+/// Reads one backend message: (tag, body).
+async fn read_message(s: &mut TcpStream) -> Option<(u8, Vec<u8>)> {
+    let mut head = [0u8; 5];
+    s.read_exact(&mut head).await.ok()?;
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    let mut body = vec![0u8; len.checked_sub(4)?];
+    s.read_exact(&mut body).await.ok()?;
+    Some((head[0], body))
+}
+
+/// The SQLSTATE of an ErrorResponse body.
+fn sqlstate(body: &[u8]) -> String {
+    body.split(|&b| b == 0)
+        .find_map(|f| f.strip_prefix(b"C"))
+        .map(|c| String::from_utf8_lossy(c).into_owned())
+        .unwrap_or_default()
+}
+
+/// A SCRAM login stopped after the server-first message, ready to send a proof.
+struct AwaitingProof {
+    stream: TcpStream,
+    challenge: pgwake_protocol::scram::ScramChallenge,
+}
+
+/// Logs in up to the server-first message, or returns the SQLSTATE of an early refusal.
+async fn up_to_server_first(port: u16, tenant: &str, user: &str) -> Result<AwaitingProof, String> {
+    use pgwake_protocol::scram::{Nonce, ScramClient};
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    s.write_all(&startup(user, &format!("{tenant}.postgres")))
+        .await
+        .unwrap();
+    match read_message(&mut s)
+        .await
+        .expect("an answer to the startup")
+    {
+        (b'R', _) => {}
+        (b'E', body) => return Err(sqlstate(&body)),
+        (tag, _) => panic!("unexpected message {:?}", tag as char),
+    }
+    let client = ScramClient::new(Nonce::from_random(rand::random()));
+    s.write_all(&pgwake_protocol::auth::sasl_initial_response(
+        "SCRAM-SHA-256",
+        &client.client_first(),
+    ))
+    .await
+    .unwrap();
+    let (tag, body) = read_message(&mut s).await.expect("SASLContinue");
+    assert_eq!((tag, &body[..4]), (b'R', &11u32.to_be_bytes()[..]));
+    let challenge = client.handle_server_first(&body[4..]).unwrap();
+    Ok(AwaitingProof {
+        stream: s,
+        challenge,
+    })
+}
+
+/// A whole SCRAM login: "" on success, else the SQLSTATE of the refusal.
+async fn attempt(port: u16, tenant: &str, user: &str, password: &str) -> String {
+    match up_to_server_first(port, tenant, user).await {
+        Ok(w) => w.prove(password).await,
+        Err(code) => code,
+    }
+}
+
+impl AwaitingProof {
+    /// Sends the proof of `password`; returns the SQLSTATE of the refusal, or "" on success.
+    async fn prove(mut self, password: &str) -> String {
+        use pgwake_protocol::scram::ScramKeys;
+        let keys =
+            ScramKeys::from_password(password, self.challenge.salt(), self.challenge.iterations());
+        let (_, client_final) = self.challenge.client_final(&keys).unwrap();
+        self.stream
+            .write_all(&pgwake_protocol::auth::sasl_response(&client_final))
+            .await
+            .unwrap();
+        match read_message(&mut self.stream).await {
+            Some((b'E', body)) => sqlstate(&body),
+            Some(_) => String::new(),
+            None => "closed".into(),
+        }
+    }
+}
+
+/// Plaintext local tenant `edge`, a throttle that allows three failures and then waits long.
+const THROTTLED: &str =
+    "allow_plaintext = true\n[auth]\nthrottle_free_failures = 3\nthrottle_base = \"30s\"\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proofs_sent_together_get_only_the_free_failures_evaluated() {
+    let gw = tokio::task::spawn_blocking(|| Gateway::start_local(&["edge"], THROTTLED, "", &[]))
+        .await
+        .unwrap();
+    let mut waiting = Vec::new();
+    for _ in 0..60 {
+        waiting.push(
+            up_to_server_first(gw.port, "edge", "victim")
+                .await
+                .expect("not throttled before any proof"),
+        );
+    }
+    let answers: Vec<_> = waiting
+        .into_iter()
+        .map(|w| tokio::spawn(w.prove("wrong")))
+        .collect();
+    let mut codes = Vec::new();
+    for a in answers {
+        codes.push(a.await.unwrap());
+    }
+    let evaluated = codes.iter().filter(|c| *c == "28P01").count();
+    let throttled = codes.iter().filter(|c| *c == "28000").count();
+    eprintln!("60 proofs at once: {evaluated} evaluated, {throttled} throttled");
+    assert_eq!(evaluated, 3, "{codes:?}");
+    assert_eq!(throttled, 57, "{codes:?}");
+    assert_eq!(
+        gw.labelled_metric("pgwake_auth_attempts_total", &[("outcome", "failed")]),
+        3.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn good_logins_as_another_user_do_not_dilute_the_count() {
+    let gw = tokio::task::spawn_blocking(|| Gateway::start_local(&["edge"], THROTTLED, "", &[]))
+        .await
+        .unwrap();
+    let (mut evaluated, mut throttled) = (0, 0);
+    let mut good = Vec::new();
+    for _round in 0..4 {
+        for _ in 0..3 {
+            match attempt(gw.port, "edge", "victim", "guess").await.as_str() {
+                "28P01" => evaluated += 1,
+                "28000" => throttled += 1,
+                other => panic!("unexpected answer {other:?}"),
+            }
+        }
+        good.push(attempt(gw.port, "edge", "pgwake", LOCAL_PASSWORD).await);
+    }
+    eprintln!("12 guesses: {evaluated} evaluated, {throttled} throttled; good logins: {good:?}");
+    assert_eq!((evaluated, throttled), (3, 9));
+    // The address is throttled for the tenant: the good logins after the guesses wait too.
+    assert!(good.iter().all(|c| c == "28000"), "{good:?}");
 }

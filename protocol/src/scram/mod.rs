@@ -171,6 +171,20 @@ pub struct ScramSecret {
 pub struct ScramSecretError(&'static str);
 
 impl ScramSecret {
+    /// The stand-in verifier of a user the gateway does not know: a salt derived from
+    /// `mock_key` (a secret kept stable across restarts and replicas) and the user name, so
+    /// repeated attempts see the same salt, and the default iteration count. Its keys match no
+    /// password.
+    pub fn mock(mock_key: &[u8], user: &str) -> ScramSecret {
+        ScramSecret {
+            iterations: DEFAULT_ITERATIONS,
+            salt: hmac_sha256(mock_key, &[user.as_bytes()])[..DEFAULT_SALT_LEN].to_vec(),
+            // The keys only need to exist so that checks do the real arithmetic.
+            stored_key: StoredKey([0; KEY_LEN]),
+            server_key: ServerKey([0; KEY_LEN]),
+        }
+    }
+
     /// Reads a verifier in Postgres's format.
     pub fn parse(text: &str) -> Result<Self, ScramSecretError> {
         let rest = text

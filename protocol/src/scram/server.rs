@@ -7,9 +7,8 @@ use subtle::ConstantTimeEq;
 use thiserror::Error;
 
 use super::{
-    ClientKey, DEFAULT_ITERATIONS, DEFAULT_SALT_LEN, KEY_LEN, Nonce, SCRAM_SHA_256,
-    SCRAM_SHA_256_PLUS, ScramSecret, ServerKey, StoredKey, attribute, auth_message, decode_key,
-    hmac_sha256, is_attribute, is_printable, sha256, xor,
+    ClientKey, Nonce, SCRAM_SHA_256, SCRAM_SHA_256_PLUS, ScramSecret, ServerKey, StoredKey,
+    attribute, auth_message, decode_key, hmac_sha256, is_attribute, is_printable, sha256, xor,
 };
 use crate::sqlstate;
 
@@ -176,14 +175,7 @@ impl ScramServer {
         mechanism: &str,
         client_first: &[u8],
     ) -> Result<(ScramServer, Vec<u8>), ScramError> {
-        let secret = ScramSecret {
-            iterations: DEFAULT_ITERATIONS,
-            salt: hmac_sha256(mock_key, &[user.as_bytes()])[..DEFAULT_SALT_LEN].to_vec(),
-            // The keys only need to exist so that `finish` does the real arithmetic; the
-            // exchange fails whatever the proof.
-            stored_key: StoredKey([0; KEY_LEN]),
-            server_key: ServerKey([0; KEY_LEN]),
-        };
+        let secret = ScramSecret::mock(mock_key, user);
         let (mut server, server_first) =
             Self::start(&secret, channel_binding, nonce, mechanism, client_first)?;
         server.doomed = true;
@@ -326,7 +318,9 @@ fn parse_client_first(msg: &[u8]) -> Result<ClientFirst<'_>, ScramError> {
 #[cfg(test)]
 mod tests {
     use super::super::tests::{RFC_SALT, rfc_secret};
-    use super::super::{ScramChallenge, ScramClient, ScramKeys, mechanisms};
+    use super::super::{
+        DEFAULT_ITERATIONS, DEFAULT_SALT_LEN, ScramChallenge, ScramClient, ScramKeys, mechanisms,
+    };
     use super::*;
 
     const CLIENT_FIRST: &[u8] = b"n,,n=user,r=rOprNGfwEbeRWgbNEkqO";

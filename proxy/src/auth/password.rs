@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use moka::sync::Cache;
-use pgwake_protocol::scram::ScramKeys;
+use pgwake_protocol::scram::{ScramKeys, ScramSecret};
 use pgwake_routing::TenantId;
 use ring::hmac;
 use subtle::ConstantTimeEq;
@@ -45,6 +45,18 @@ impl PasswordChecker {
                 .time_to_live(CACHE_TTL)
                 .build(),
         }
+    }
+
+    /// Does the work of a wrong password for a user that does not exist (PBKDF2 over the mock
+    /// verifier of [`ScramSecret::mock`]), so that answers for unknown and known users take the
+    /// same time.
+    pub async fn check_unknown(&self, mock_key: &[u8], user: &str, password: &str) {
+        let verifier = ScramSecret::mock(mock_key, user);
+        let owned = password.to_owned();
+        let _ = tokio::task::spawn_blocking(move || {
+            ScramKeys::from_password(owned, &verifier.salt, verifier.iterations)
+        })
+        .await;
     }
 
     /// The login material when `password` matches `credential`, else `None`. PBKDF2 runs on a
