@@ -2,9 +2,9 @@
 //! pipelines, node-postgres, pgx, asyncpg) hold a pool of 10 connections open and run one query
 //! every 10 minutes against a `local` tenant with a 1-minute idle timeout. The hour is run
 //! time-scaled (every duration of the workload and of the gateway's idle handling divided by the
-//! same factor); the tenant's awake time comes from the admin API (`awake_s`), the time spent
-//! waking or going to sleep from sampling its state, and is scaled back with starts and
-//! shutdowns at their real length.
+//! same factor); the tenant's state is sampled every 5 ms, and the time it was not asleep is
+//! scaled back with starts and shutdowns at their real length. With `--baseline`, every
+//! application runs against a second pgwake binary too, right after, in the same run.
 //!
 //! The ideal is what a perfect gateway costs: each wake runs the database for the idle timeout
 //! plus the wake itself. The anchor is a gateway that keeps a tenant awake while any connection
@@ -175,31 +175,39 @@ impl Row {
     }
 }
 
-/// Every application's row, and the machine's load before and after.
+/// Every application's rows, and the machine's load before and after.
 pub struct FidelityResults {
     /// One row per application, in [`App::ALL`] order (or why it did not run).
     pub rows: Vec<Result<Row, String>>,
+    /// The same against the baseline binary, when one was given.
+    pub baseline: Option<Vec<Result<Row, String>>>,
     /// Load averages before and after.
     pub load: (String, String),
 }
 
-/// Runs every application's hour at 1/`scale`.
-pub fn run(binary: &Path, scale: u32) -> Result<FidelityResults> {
+/// Runs every application's hour at 1/`scale` against `binary`, and then against `baseline`
+/// when given.
+pub fn run(binary: &Path, baseline: Option<&Path>, scale: u32) -> Result<FidelityResults> {
     let clients = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients");
     let before = load_average();
-    let rows = App::ALL
-        .iter()
-        .map(|&app| {
-            crate::progress(format_args!("fidelity: {} ...", app.name()));
-            let row = run_app(binary, &clients, app, scale).map_err(|e| format!("{e:#}"));
-            if let Err(e) = &row {
-                crate::progress(format_args!("fidelity: {} failed: {e}", app.name()));
-            }
-            row
-        })
-        .collect();
+    let one = |binary: &Path, app: App, which: &str| {
+        crate::progress(format_args!("fidelity: {} ({which}) ...", app.name()));
+        let row = run_app(binary, &clients, app, scale).map_err(|e| format!("{e:#}"));
+        if let Err(e) = &row {
+            crate::progress(format_args!("fidelity: {} failed: {e}", app.name()));
+        }
+        row
+    };
+    let (mut rows, mut base_rows) = (Vec::new(), Vec::new());
+    for app in App::ALL {
+        rows.push(one(binary, app, "pgwake"));
+        if let Some(b) = baseline {
+            base_rows.push(one(b, app, "baseline"));
+        }
+    }
     Ok(FidelityResults {
         rows,
+        baseline: baseline.map(|_| base_rows),
         load: (before, load_average()),
     })
 }
@@ -252,8 +260,7 @@ fn run_app(binary: &Path, clients: &Path, app: App, scale: u32) -> Result<Row> {
     expect("ready", Duration::from_secs(120))?;
     // Its pool is open; the hour starts once the tenant has gone to sleep.
     wait_state(&gw, "asleep")?;
-    let awake_before = gw.awake_s()?;
-    let (mut transitions, mut waking) = (Duration::ZERO, Duration::ZERO);
+    let (mut awake, mut transitions, mut waking) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
     let mut wakes = 0u32;
     let mut last = (Instant::now(), "asleep".to_owned());
     let mut answered = 0u32;
@@ -273,12 +280,17 @@ fn run_app(binary: &Path, clients: &Path, app: App, scale: u32) -> Result<Row> {
         let now = Instant::now();
         let span = now - last.0;
         match last.1.as_str() {
+            "asleep" | "failed" => {}
             "waking" => {
+                awake += span;
                 waking += span;
                 transitions += span;
             }
-            "sleeping" => transitions += span,
-            _ => {}
+            "sleeping" => {
+                awake += span;
+                transitions += span;
+            }
+            _ => awake += span,
         }
         if last.1 != "waking" && state == "waking" {
             wakes += 1;
@@ -289,9 +301,6 @@ fn run_app(binary: &Path, clients: &Path, app: App, scale: u32) -> Result<Row> {
     if answered != QUERIES {
         bail!("{answered} of {QUERIES} queries answered");
     }
-    // The pool closed at the end of the hour; the last wake's idle time is over by then.
-    wait_state(&gw, "asleep")?;
-    let awake = Duration::from_secs_f64((gw.awake_s()? - awake_before).max(0.0));
     Ok(Row {
         wakes,
         awake,
@@ -302,7 +311,12 @@ fn run_app(binary: &Path, clients: &Path, app: App, scale: u32) -> Result<Row> {
 }
 
 /// The Markdown section for RESULTS.md.
-pub fn render(facts: &Facts, scale: u32, outcome: &Result<FidelityResults, String>) -> String {
+pub fn render(
+    facts: &Facts,
+    scale: u32,
+    baseline_name: Option<&str>,
+    outcome: &Result<FidelityResults, String>,
+) -> String {
     let mut out = String::new();
     let Some(r) = facts.open_section(
         &mut out,
@@ -316,43 +330,57 @@ pub fn render(facts: &Facts, scale: u32, outcome: &Result<FidelityResults, Strin
         out,
         "\nWorkload: each application holds a pool of 10 open connections and runs one query \
          every {} min; idle timeout {} min, `snapshot_after` {} s, sleeper interval {} s; one hour \
-         run at 1/{scale} ({} s). Awake time from the tenant's `awake_s`; waking and sleeping \
-         sampled every 5 ms and counted at real length. Ideal: wakes × (idle timeout + wake \
+         run at 1/{scale} ({} s). The tenant's state sampled every 5 ms; time not asleep scaled \
+         back, waking and sleeping counted at real length. Ideal: wakes × (idle timeout + wake \
          time). Anchor: a gateway that keeps the tenant awake while a connection is open (the \
-         whole hour).\n",
+         whole hour). Baseline: {}.\n",
         QUERY_EVERY.as_secs() / 60,
         IDLE_TIMEOUT.as_secs() / 60,
         SNAPSHOT_AFTER.as_secs(),
         IDLE_CHECK.as_secs(),
         HOUR.as_secs() / u64::from(scale),
+        baseline_name.unwrap_or("none"),
     );
     let _ = writeln!(
         out,
-        "| client | wakes | awake per idle tenant-hour | ideal | measured / ideal | anchor | \
-         goal ≤ {GOAL_RATIO:.2} × ideal |\n|---|---:|---:|---:|---:|---:|---|"
+        "| client | wakes | awake per idle tenant-hour | ideal | measured / ideal | goal ≤ \
+         {GOAL_RATIO:.2} × ideal | baseline: wakes | baseline: awake per hour | baseline / ideal \
+         | anchor |\n|---|---:|---:|---:|---:|---|---:|---:|---:|---:|"
     );
-    for (app, row) in App::ALL.iter().zip(&r.rows) {
-        match row {
+    let none = vec![Err("not run".to_owned()); App::ALL.len()];
+    let base = r.baseline.as_ref().unwrap_or(&none);
+    for ((app, row), base) in App::ALL.iter().zip(&r.rows).zip(base) {
+        let (wakes, got, ideal, ratio, goal) = match row {
             Ok(row) => {
                 let (got, ideal) = (row.per_hour_s(), row.ideal_s());
                 let ratio = got / ideal;
-                let _ = writeln!(
-                    out,
-                    "| {} | {} | {got:.0} s | {ideal:.0} s | {ratio:.3} | 3600 s | {} |",
-                    app.name(),
-                    row.wakes,
-                    if ratio <= GOAL_RATIO { "met" } else { "missed" }
-                );
+                let goal = if ratio <= GOAL_RATIO { "met" } else { "missed" };
+                (
+                    row.wakes.to_string(),
+                    format!("{got:.0} s"),
+                    format!("{ideal:.0} s"),
+                    format!("{ratio:.3}"),
+                    goal.to_owned(),
+                )
             }
             Err(e) => {
-                let _ = writeln!(
-                    out,
-                    "| {} | – | – | – | – | 3600 s | not run: {} |",
-                    app.name(),
-                    e.replace('|', "\\|")
-                );
+                let why = format!("not run: {}", e.replace('|', "\\|"));
+                ("–".into(), "–".into(), "–".into(), "–".into(), why)
             }
-        }
+        };
+        let (b_wakes, b_got, b_ratio) = match base {
+            Ok(b) => (
+                b.wakes.to_string(),
+                format!("{:.0} s", b.per_hour_s()),
+                format!("{:.3}", b.per_hour_s() / b.ideal_s().max(1.0)),
+            ),
+            Err(_) => ("–".into(), "–".into(), "–".into()),
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {wakes} | {got} | {ideal} | {ratio} | {goal} | {b_wakes} | {b_got} | {b_ratio} | 3600 s |",
+            app.name()
+        );
     }
     out
 }

@@ -213,16 +213,6 @@ impl LocalGateway {
         parse_status(&r.body, &self.tenant)
     }
 
-    /// Seconds the tenant's database has run (`awake_s` of `GET /v1/tenants`).
-    pub fn awake_s(&self) -> Result<f64> {
-        let r = http::request(self.admin, "GET", "/v1/tenants", Duration::from_secs(5))?;
-        let all: serde_json::Value = serde_json::from_str(&r.body).context("parse /v1/tenants")?;
-        all.as_array()
-            .and_then(|a| a.iter().find(|t| t["id"] == self.tenant.as_str()))
-            .and_then(|t| t["awake_s"].as_f64())
-            .ok_or_else(|| anyhow!("no awake_s for {} in {}", self.tenant, r.body))
-    }
-
     /// Puts the tenant to sleep with `POST /v1/tenants/{id}/sleep`, which answers once it is
     /// asleep. A client that just closed its connection may still count for a moment (409), so
     /// that answer is retried for a few seconds.

@@ -89,6 +89,12 @@ struct FidelityArgs {
     /// Time scale: one hour of workload takes 3600/N seconds per client.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(10..=600))]
     scale: u32,
+    /// A second pgwake binary (e.g. an earlier commit's) to run every client against too.
+    #[arg(long, value_name = "PATH")]
+    baseline: Option<PathBuf>,
+    /// How the baseline is named in the report (e.g. its commit).
+    #[arg(long, value_name = "TEXT", requires = "baseline")]
+    baseline_name: Option<String>,
 }
 
 #[derive(Args)]
@@ -359,9 +365,13 @@ fn main() -> Result<()> {
             let outcome = binary
                 .as_deref()
                 .map_err(|e| anyhow!("{e}"))
-                .and_then(|b| fidelity::run(b, args.scale))
+                .and_then(|b| fidelity::run(b, args.baseline.as_deref(), args.scale))
                 .map_err(|e| format!("{e:#}"));
-            let section = fidelity::render(&local_facts(), args.scale, &outcome);
+            let name = args
+                .baseline_name
+                .clone()
+                .or_else(|| args.baseline.as_ref().map(|p| p.display().to_string()));
+            let section = fidelity::render(&local_facts(), args.scale, name.as_deref(), &outcome);
             (args.common, vec![(FIDELITY_SECTION, section)])
         }
         Cmd::Kube(args) => {
