@@ -191,6 +191,18 @@ impl Default for Limits {
     }
 }
 
+/// How a client naming a tenant that does not exist (or that it may not reach) is answered.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum UnknownTenant {
+    /// Exactly as a wrong password (`28P01`), after a mock password exchange of equal cost:
+    /// tenant names cannot be listed by probing.
+    #[default]
+    PasswordFailed,
+    /// FATAL `08004` "unknown or forbidden tenant", with a hint on how to name one.
+    Reveal,
+}
+
 /// `[routing]`: the tenant resolver's rules.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -201,6 +213,8 @@ pub struct RoutingConfig {
     pub rules: Vec<Rule>,
     /// Tenant for connections that name none (sidecar mode).
     pub default_tenant: Option<TenantId>,
+    /// How a client naming a tenant that does not exist, or that it may not reach, is answered.
+    pub unknown_tenant: UnknownTenant,
 }
 
 impl Default for RoutingConfig {
@@ -209,6 +223,7 @@ impl Default for RoutingConfig {
             sni_suffix: None,
             rules: vec![Rule::Sni, Rule::Options, Rule::Database, Rule::User],
             default_tenant: None,
+            unknown_tenant: UnknownTenant::default(),
         }
     }
 }

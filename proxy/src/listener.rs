@@ -18,13 +18,14 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::admit::AccessList;
 use crate::auth::CredentialSource;
+use crate::auth::NoUsers;
 use crate::auth::backend_login::OnBehalf;
 use crate::auth::client::{LoginMaterial, authenticate_client};
 use crate::auth::password::PasswordChecker;
 use crate::auth::throttle::Throttle;
 use crate::cancel::{CancelMap, forward_cancel};
 use crate::capacity::{Capacity, ClientSlot};
-use crate::config::{AuthMode, BackendTls, Limits};
+use crate::config::{AuthMode, BackendTls, Limits, UnknownTenant};
 use crate::connect::{BackendAuth, BackendLink, connect, login};
 use crate::error::SessionError;
 use crate::metrics::Metrics;
@@ -67,6 +68,8 @@ pub struct Gateway {
     pub negotiate: NegotiateSettings,
     /// Tenant rules.
     pub resolver: TenantResolver,
+    /// How clients naming a tenant that does not exist (or is forbidden to them) are answered.
+    pub unknown_tenant: UnknownTenant,
     /// Configured and discovered tenants.
     pub directory: Arc<TenantDirectory>,
     /// Wakes tenants and holds connections while they wake.
@@ -320,17 +323,18 @@ async fn open_session(
     let sni = client.sni().map(str::to_owned);
     let resolved = gw.resolver.resolve(sni.as_deref(), &mut startup.params)?;
     tracing::Span::current().record("tenant", resolved.tenant.as_str());
-    let tenant = gw
+    // A denied address learns no more than about a tenant that does not exist.
+    let known = gw
         .directory
         .get(&resolved.tenant)
-        .ok_or_else(|| SessionError::UnknownTenant(resolved.tenant.to_string()))?;
-    let policy = gw
-        .policy(&tenant.id)
-        .ok_or_else(|| SessionError::UnknownTenant(tenant.id.to_string()))?;
-    // A denied address learns no more than about a tenant that does not exist.
-    if !policy.access.permits(peer.ip()) {
-        return Err(SessionError::UnknownTenant(tenant.id.to_string()));
-    }
+        .and_then(|t| gw.policy(&t.id).map(|p| (t, p)))
+        .filter(|(_, p)| p.access.permits(peer.ip()));
+    let Some((tenant, policy)) = known else {
+        let user = startup.get("user").map(str::to_owned);
+        return Err(
+            refuse_unknown_tenant(gw, client, peer, &resolved.tenant, user.as_deref()).await,
+        );
+    };
     slot.claim_tenant(&tenant.id, policy.max_clients)
         .map_err(SessionError::Full)?;
     let user = startup.get("user").map(str::to_owned);
@@ -452,6 +456,31 @@ async fn open_session(
         revivable,
         returnable,
     })
+}
+
+/// The answer to a client naming a tenant that does not exist or is forbidden to it: by default
+/// the very exchange and answer of a wrong password (`routing.unknown_tenant`).
+async fn refuse_unknown_tenant(
+    gw: &Gateway,
+    client: &mut Stream,
+    peer: SocketAddr,
+    tenant: &TenantId,
+    user: Option<&str>,
+) -> SessionError {
+    let reveal = SessionError::UnknownTenant(tenant.to_string());
+    if gw.unknown_tenant == UnknownTenant::Reveal {
+        return reveal;
+    }
+    let Some(user) = user else {
+        return SessionError::NoUser;
+    };
+    let login = authenticate(gw, client, peer, tenant, &NoUsers, user);
+    match tokio::time::timeout(gw.limits.auth_timeout, login).await {
+        Err(_) => SessionError::AuthTimeout,
+        Ok(Err(e)) => e,
+        // Nobody logs in against no users; refuse all the same.
+        Ok(Ok(_)) => reveal,
+    }
 }
 
 /// Checks the client's password at the gateway, with the throttle around it.

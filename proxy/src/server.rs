@@ -478,6 +478,7 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
             sni_suffix: config.routing.sni_suffix.clone(),
             default_tenant: config.routing.default_tenant.clone(),
         }),
+        unknown_tenant: config.routing.unknown_tenant,
         directory,
         coordinator,
         local,

@@ -376,3 +376,77 @@ async fn good_logins_as_another_user_do_not_dilute_the_count() {
     // The address is throttled for the tenant: the good logins after the guesses wait too.
     assert!(good.iter().all(|c| c == "28000"), "{good:?}");
 }
+
+/// psql's error output for a login to `tenant` with `password`.
+fn psql_refusal(gw: &Gateway, tenant: &str, password: &str) -> String {
+    let out = Command::new(pgwake_testkit::pg_bin_dir().unwrap().join("psql"))
+        .args(["-X", "-w", "-c", "select 1"])
+        .arg(format!(
+            "host=127.0.0.1 port={} user=pgwake dbname={tenant}.postgres sslmode=disable",
+            gw.port
+        ))
+        .env("PGPASSWORD", password)
+        .output()
+        .expect("run psql");
+    assert!(!out.status.success());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// `POST /sql` as pgwake on `tenant`: (status, body).
+async fn sql_refusal(http: u16, tenant: &str, password: &str) -> (u16, String) {
+    let body = br#"{"query": "select 1", "params": []}"#;
+    let mut s = TcpStream::connect(("127.0.0.1", http)).await.unwrap();
+    let head = format!(
+        "POST /sql HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+         Content-Type: application/json\r\n\
+         Neon-Connection-String: postgresql://pgwake:{password}@{tenant}.{}:5432/postgres\r\n\
+         Content-Length: {}\r\n\r\n",
+        common::SNI_SUFFIX,
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(body).await.unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned());
+    (status, body.unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_tenant_is_answered_as_a_wrong_password() {
+    let http = pgwake_testkit::free_port();
+    let extra = format!("allow_plaintext = true\nhttp = \"127.0.0.1:{http}\"\n");
+    let gw = tokio::task::spawn_blocking(move || Gateway::start_local(&["edge"], &extra, "", &[]))
+        .await
+        .unwrap();
+    let gw = std::sync::Arc::new(gw);
+    let (wrong, unknown) = {
+        let gw = gw.clone();
+        tokio::task::spawn_blocking(move || {
+            (
+                psql_refusal(&gw, "edge", "wrong"),
+                psql_refusal(&gw, "nosuch", "wrong"),
+            )
+        })
+        .await
+        .unwrap()
+    };
+    eprintln!("over TCP, both: {wrong}");
+    assert!(wrong.contains("28P01") || wrong.contains("password authentication failed"));
+    assert_eq!(
+        wrong.replace("edge", "nosuch"),
+        unknown,
+        "TCP answers differ"
+    );
+
+    let wrong = sql_refusal(http, "edge", "wrong").await;
+    let unknown = sql_refusal(http, "nosuch", "wrong").await;
+    eprintln!("over HTTP, both: {wrong:?}");
+    assert_eq!(wrong.0, 400);
+    assert!(wrong.1.contains("28P01"), "{}", wrong.1);
+    assert_eq!(wrong, unknown, "HTTP answers differ");
+    // The sleeping tenant was never woken by either.
+    assert_eq!(gw.tenant_state("edge").0, "asleep");
+}

@@ -76,7 +76,8 @@ fn tls_to_the_backend_needs_channel_binding_off() {
 #[test]
 fn conflicting_and_unknown_tenants_get_08004() {
     let pg = backend();
-    let gw = Gateway::start(&pg, "", &[]);
+    // Unknown tenants are told so only when the operator chose to reveal it.
+    let gw = Gateway::start(&pg, "", &[("PGWAKE_ROUTING__UNKNOWN_TENANT", "reveal")]);
     let user = &pg.options.user;
     let seen_before = connections_seen(&pg);
 

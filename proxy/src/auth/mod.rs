@@ -104,6 +104,22 @@ pub trait CredentialSource: Send + Sync {
     fn failed(&self, _user: &str) {}
 }
 
+/// The users of a tenant that does not exist, or that the client may not reach: none. Logging
+/// in against it goes through the same mock exchange as an unknown user of a real tenant, so
+/// the answer tells nothing about which tenants exist.
+pub struct NoUsers;
+
+#[async_trait]
+impl CredentialSource for NoUsers {
+    fn kind(&self) -> &'static str {
+        "none"
+    }
+
+    async fn lookup(&self, _user: &str) -> Result<Option<Arc<Credential>>, CredentialError> {
+        Ok(None)
+    }
+}
+
 /// Reads a SCRAM verifier or a password as stored in a credential source.
 pub fn parse_secret(secret: &str) -> Result<Credential, CredentialError> {
     if secret.starts_with("SCRAM-SHA-256$") {

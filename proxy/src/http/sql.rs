@@ -18,9 +18,10 @@ use tracing::{Instrument, debug, info};
 
 use super::query::{self, QueryError, Shape, Statement, client_error};
 use super::{Body, HttpState, json, plain};
+use crate::auth::NoUsers;
 use crate::auth::backend_login::OnBehalf;
 use crate::cancel::CancelOnDrop;
-use crate::config::AuthMode;
+use crate::config::{AuthMode, UnknownTenant};
 use crate::error::SessionError;
 use crate::listener::check_password;
 use crate::pool::{BackendConn, OpenBackend, OpenError, PoolError, PoolKey};
@@ -293,17 +294,32 @@ async fn execute(
         .resolver
         .resolve(Some(&target.host), &mut params)
         .map_err(SessionError::from)?;
-    let tenant = gw
+    tracing::Span::current().record("tenant", resolved.tenant.as_str());
+    let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    let user = get("user").unwrap_or_default();
+    let known = gw
         .directory
         .get(&resolved.tenant)
-        .ok_or_else(|| SessionError::UnknownTenant(resolved.tenant.to_string()))?;
-    tracing::Span::current().record("tenant", tenant.id.as_str());
-    let policy = gw
-        .policy(&tenant.id)
-        .ok_or_else(|| SessionError::UnknownTenant(tenant.id.to_string()))?;
-    if !policy.access.permits(peer.ip()) {
-        return Err(SessionError::UnknownTenant(tenant.id.to_string()).into());
-    }
+        .and_then(|t| gw.policy(&t.id).map(|p| (t, p)))
+        .filter(|(_, p)| p.access.permits(peer.ip()));
+    let Some((tenant, policy)) = known else {
+        // As over TCP: by default the answer and the work of a wrong password.
+        if gw.unknown_tenant == UnknownTenant::PasswordFailed {
+            let refused = check_password(
+                gw,
+                peer,
+                &resolved.tenant,
+                &NoUsers,
+                &user,
+                &target.password,
+            )
+            .await;
+            if let Err(e) = refused {
+                return Err(e.into());
+            }
+        }
+        return Err(SessionError::UnknownTenant(resolved.tenant.to_string()).into());
+    };
     let source = match (policy.auth, &policy.credentials) {
         (AuthMode::Gateway, Some(source)) => source.clone(),
         _ => {
@@ -313,8 +329,6 @@ async fn execute(
             )));
         }
     };
-    let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
-    let user = get("user").unwrap_or_default();
     let database = get("database").unwrap_or_else(|| user.clone());
     let material = check_password(
         gw,
