@@ -450,3 +450,117 @@ async fn an_unknown_tenant_is_answered_as_a_wrong_password() {
     // The sleeping tenant was never woken by either.
     assert_eq!(gw.tenant_state("edge").0, "asleep");
 }
+
+/// Client keys per (salt, iterations): a user's salt never changes, so the client's own key
+/// derivation is done once and the timings show only the gateway's work.
+type KeyCache = std::collections::HashMap<(Vec<u8>, u32), pgwake_protocol::scram::ScramKeys>;
+
+/// One SCRAM login with a wrong password over TCP; returns its duration.
+async fn timed_scram(port: u16, user: &str, keys: &mut KeyCache) -> Duration {
+    let started = Instant::now();
+    let w = up_to_server_first(port, "edge", user)
+        .await
+        .expect("not throttled");
+    let salt = (w.challenge.salt().to_vec(), w.challenge.iterations());
+    let mut pause = Duration::ZERO;
+    if !keys.contains_key(&salt) {
+        let t = Instant::now();
+        let k = pgwake_protocol::scram::ScramKeys::from_password("wrong", &salt.0, salt.1);
+        keys.insert(salt.clone(), k);
+        pause = t.elapsed();
+    }
+    let AwaitingProof {
+        mut stream,
+        challenge,
+    } = w;
+    let (_, client_final) = challenge.client_final(&keys[&salt]).unwrap();
+    stream
+        .write_all(&pgwake_protocol::auth::sasl_response(&client_final))
+        .await
+        .unwrap();
+    let (tag, body) = read_message(&mut stream).await.expect("an answer");
+    assert_eq!((tag, sqlstate(&body).as_str()), (b'E', "28P01"));
+    started.elapsed() - pause
+}
+
+/// A WebSocket login with a wrong cleartext password; returns its duration.
+async fn timed_websocket(http: u16, user: &str) -> Duration {
+    use futures_util::SinkExt;
+    let started = Instant::now();
+    let path = format!("/?address=edge.{}:5432", common::SNI_SUFFIX);
+    let mut ws = common::open_ws(http, &path).await;
+    let login = common::pipelined_login(user, "wrong", "select 1");
+    ws.send(tokio_tungstenite::tungstenite::Message::Binary(
+        login.into(),
+    ))
+    .await
+    .unwrap();
+    let got = common::read_until(&mut ws, |m| m.iter().any(|(t, _)| *t == b'E')).await;
+    let (_, body) = got.iter().find(|(t, _)| *t == b'E').expect("an error");
+    assert_eq!(sqlstate(body), "28P01");
+    started.elapsed()
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn known_and_unknown_users_take_the_same_time() {
+    let http = pgwake_testkit::free_port();
+    // Timing is the subject here, not the throttle.
+    let extra = format!(
+        "allow_plaintext = true\nhttp = \"127.0.0.1:{http}\"\n[auth]\nthrottle_free_failures = 1000000\n"
+    );
+    let gw = tokio::task::spawn_blocking(move || Gateway::start_local(&["edge"], &extra, "", &[]))
+        .await
+        .unwrap();
+    const TRIES: usize = 200;
+    let mut keys = KeyCache::new();
+    let mut report = Vec::new();
+    for path in ["tcp", "http", "websocket"] {
+        let (mut known, mut unknown) = (Vec::new(), Vec::new());
+        // Interleaved, so that load on the machine falls on both alike.
+        for i in 0..TRIES * 2 {
+            let (user, into) = if i % 2 == 0 {
+                ("pgwake", &mut known)
+            } else {
+                ("nobody", &mut unknown)
+            };
+            let took = match path {
+                "tcp" => timed_scram(gw.port, user, &mut keys).await,
+                "http" => {
+                    let t = Instant::now();
+                    let body = br#"{"query": "select 1", "params": []}"#;
+                    let mut s = TcpStream::connect(("127.0.0.1", http)).await.unwrap();
+                    let head = format!(
+                        "POST /sql HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+                         Neon-Connection-String: postgresql://{user}:wrong@edge.{}:5432/postgres\r\n\
+                         Content-Length: {}\r\n\r\n",
+                        common::SNI_SUFFIX,
+                        body.len()
+                    );
+                    s.write_all(head.as_bytes()).await.unwrap();
+                    s.write_all(body).await.unwrap();
+                    let mut raw = Vec::new();
+                    s.read_to_end(&mut raw).await.unwrap();
+                    assert!(String::from_utf8_lossy(&raw).contains("28P01"));
+                    t.elapsed()
+                }
+                _ => timed_websocket(http, user).await,
+            };
+            into.push(took);
+        }
+        let (k, u) = (median(known), median(unknown));
+        let gap = (k.as_secs_f64() - u.as_secs_f64()).abs() / k.max(u).as_secs_f64();
+        report.push(format!(
+            "{path}: known {k:?}, unknown {u:?} (medians of {TRIES}), gap {:.1} %",
+            gap * 100.0
+        ));
+        assert!(gap <= 0.20, "{}", report.join("\n"));
+    }
+    eprintln!("{}", report.join("\n"));
+    // Nothing of this woke the tenant.
+    assert_eq!(gw.tenant_state("edge").0, "asleep");
+}

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{Gateway, LOCAL_PASSWORD, SNI_SUFFIX};
+use common::{Gateway, LOCAL_PASSWORD, SNI_SUFFIX, open_ws, pipelined_login, read_until};
 use pgwake_testkit::free_port;
 
 /// The `[listen]` additions and `[http]` section for a plaintext HTTP listener on `port`.
@@ -211,73 +211,6 @@ fn oversize_request_and_response_leave_the_pool_healthy() {
             .contains("access-control-allow-headers"),
         "{text}"
     );
-}
-
-/// A StartupMessage, a PasswordMessage and a simple Query, as one byte string.
-fn pipelined_login(user: &str, password: &str, sql: &str) -> Vec<u8> {
-    let mut body = 196_608u32.to_be_bytes().to_vec();
-    for (k, v) in [("user", user), ("database", "postgres")] {
-        body.extend_from_slice(k.as_bytes());
-        body.push(0);
-        body.extend_from_slice(v.as_bytes());
-        body.push(0);
-    }
-    body.push(0);
-    let mut out = ((body.len() + 4) as u32).to_be_bytes().to_vec();
-    out.extend_from_slice(&body);
-    for (tag, text) in [(b'p', password), (b'Q', sql)] {
-        out.push(tag);
-        out.extend_from_slice(&((text.len() + 5) as u32).to_be_bytes());
-        out.extend_from_slice(text.as_bytes());
-        out.push(0);
-    }
-    out
-}
-
-/// Splits a backend byte stream into (tag, body) messages; a partial tail stays unsplit.
-fn messages(stream: &[u8]) -> Vec<(u8, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut rest = stream;
-    while rest.len() >= 5 {
-        let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
-        if rest.len() < len + 1 {
-            break;
-        }
-        out.push((rest[0], rest[5..len + 1].to_vec()));
-        rest = &rest[len + 1..];
-    }
-    out
-}
-
-type Ws = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
-
-async fn open_ws(port: u16, path: &str) -> Ws {
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let (ws, _) = tokio_tungstenite::client_async(format!("ws://localhost:{port}{path}"), tcp)
-        .await
-        .expect("websocket handshake");
-    ws
-}
-
-/// Reads binary frames until `done` holds for the messages so far, or the socket ends.
-async fn read_until(ws: &mut Ws, done: impl Fn(&[(u8, Vec<u8>)]) -> bool) -> Vec<(u8, Vec<u8>)> {
-    use futures_util::StreamExt;
-    use tokio_tungstenite::tungstenite::Message;
-    let mut bytes = Vec::new();
-    loop {
-        let m = messages(&bytes);
-        if done(&m) {
-            return m;
-        }
-        let next = tokio::time::timeout(Duration::from_secs(30), ws.next()).await;
-        match next.expect("an answer in time") {
-            Some(Ok(Message::Binary(b))) => bytes.extend_from_slice(&b),
-            Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return messages(&bytes),
-            Some(Ok(_)) => {}
-        }
-    }
 }
 
 #[test]
