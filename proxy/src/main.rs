@@ -102,16 +102,28 @@ fn serve(cfg: Config, banner: Option<String>) -> anyhow::Result<()> {
     })
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("PGWAKE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
+/// Logs to stderr at the PGWAKE_LOG level (default info).
+fn init_logs() {
+    use tracing_subscriber::filter::{EnvFilter, FilterExt, filter_fn};
+    use tracing_subscriber::prelude::*;
+    let level = EnvFilter::try_from_env("PGWAKE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    // The WebSocket library logs frame contents at debug and trace, a client's cleartext
+    // password included: never below info, whatever PGWAKE_LOG asks for.
+    let no_frames = filter_fn(|meta| {
+        let websocket = meta.target().starts_with("tungstenite")
+            || meta.target().starts_with("tokio_tungstenite");
+        !websocket || *meta.level() <= tracing::Level::INFO
+    });
+    let stderr = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_filter(level.and(no_frames));
+    tracing_subscriber::registry().with(stderr).init();
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_logs();
     rustls::crypto::ring::default_provider()
         .install_default()
         .map_err(|_| anyhow::anyhow!("a TLS crypto provider was already installed"))?;

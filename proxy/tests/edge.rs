@@ -564,3 +564,32 @@ async fn known_and_unknown_users_take_the_same_time() {
     // Nothing of this woke the tenant.
     assert_eq!(gw.tenant_state("edge").0, "asleep");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_passwords_never_reach_the_log_even_at_trace() {
+    let http = pgwake_testkit::free_port();
+    let extra = format!("allow_plaintext = true\nhttp = \"127.0.0.1:{http}\"\n");
+    let gw = tokio::task::spawn_blocking(move || {
+        Gateway::start_local(&["edge"], &extra, "", &[("PGWAKE_LOG", "trace")])
+    })
+    .await
+    .unwrap();
+    let path = format!("/?address=edge.{}:5432", common::SNI_SUFFIX);
+    for (password, answer) in [("wrong-4711-secret", b'E'), (LOCAL_PASSWORD, b'Z')] {
+        use futures_util::SinkExt;
+        let mut ws = common::open_ws(http, &path).await;
+        let login = common::pipelined_login("pgwake", password, "select 1");
+        ws.send(tokio_tungstenite::tungstenite::Message::Binary(
+            login.into(),
+        ))
+        .await
+        .unwrap();
+        let got = common::read_until(&mut ws, |m| m.iter().any(|(t, _)| *t == answer)).await;
+        assert!(got.iter().any(|(t, _)| *t == answer), "{got:?}");
+    }
+    let log = gw.log();
+    assert!(log.contains("DEBUG"), "verbose logging is on:\n{log}");
+    for secret in ["wrong-4711-secret", LOCAL_PASSWORD] {
+        assert!(!log.contains(secret), "a password in the log");
+    }
+}
