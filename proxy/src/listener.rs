@@ -225,7 +225,7 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, gw: &Gateway, slot: &mut Clien
         }
     };
     match negotiated {
-        Ok(Negotiated::Cancel(key)) => cancel(gw, &key).await,
+        Ok(Negotiated::Cancel { key, stream }) => cancel(gw, &key, stream).await,
         Ok(Negotiated::Session { stream, startup }) => {
             run_session(gw, stream, peer, startup, accepted_at, slot).await
         }
@@ -233,8 +233,10 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, gw: &Gateway, slot: &mut Clien
     }
 }
 
-/// Forwards a cancel request to the backend its gateway-issued key maps to.
-pub(crate) async fn cancel(gw: &Gateway, key: &pgwake_protocol::CancelKey) {
+/// Forwards a cancel request to the backend its gateway-issued key maps to, then closes the
+/// client's connection properly (TLS close_notify: libpq 17 reports a cancel whose TLS session
+/// just breaks off as failed).
+pub(crate) async fn cancel(gw: &Gateway, key: &pgwake_protocol::CancelKey, mut client: Stream) {
     match gw.cancels.lookup(key) {
         Some(target) => {
             gw.metrics.cancels_forwarded.inc();
@@ -244,6 +246,7 @@ pub(crate) async fn cancel(gw: &Gateway, key: &pgwake_protocol::CancelKey) {
         }
         None => debug!("cancel request with an unknown key dropped"),
     }
+    let _ = tokio::time::timeout(Duration::from_secs(1), client.shutdown()).await;
 }
 
 /// Carries a client stream whose startup message has arrived through login and the relay, over
@@ -627,12 +630,15 @@ pub(crate) async fn fail(gw: &Gateway, stream: Option<Stream>, err: SessionError
         }
         _ => info!(error = %err, kind = err.kind(), "connection refused"),
     }
-    let (Some(mut stream), Some(msg)) = (stream, err.client_message()) else {
+    let Some(mut stream) = stream else {
         return;
     };
+    // Closed properly even without a message: TLS close_notify, a WebSocket close frame.
     let write = async {
-        stream.write_all(&msg.to_bytes()).await?;
-        stream.flush().await?;
+        if let Some(msg) = err.client_message() {
+            stream.write_all(&msg.to_bytes()).await?;
+            stream.flush().await?;
+        }
         stream.shutdown().await
     };
     let _ = tokio::time::timeout(Duration::from_secs(1), write).await;

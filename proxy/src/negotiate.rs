@@ -27,8 +27,14 @@ pub struct NegotiateSettings {
 
 /// What the client asked for.
 pub enum Negotiated {
-    /// Cancel a query; the connection ends afterwards.
-    Cancel(CancelKey),
+    /// Cancel a query; the connection ends afterwards (closed properly: TLS close_notify, so
+    /// that libpq 17's encrypted cancel reports success).
+    Cancel {
+        /// The key the client presented.
+        key: CancelKey,
+        /// The client stream, to close.
+        stream: Stream,
+    },
     /// Open a session.
     Session {
         /// The client stream, encrypted when TLS was negotiated.
@@ -108,7 +114,7 @@ pub async fn negotiate(
                     return Err((None, SessionError::ClientIo(e)));
                 }
             }
-            InitialMessage::Cancel(key) => return Ok(Negotiated::Cancel(key)),
+            InitialMessage::Cancel(key) => return Ok(Negotiated::Cancel { key, stream }),
             InitialMessage::Startup(startup) => {
                 if !stream.is_tls() && !settings.allow_plaintext {
                     return Err((Some(stream), SessionError::PlaintextRefused));
@@ -148,7 +154,7 @@ pub async fn negotiate_tunnel(
                     SessionError::UnexpectedRequest("GSSENCRequest"),
                 ));
             }
-            InitialMessage::Cancel(key) => return Ok(Negotiated::Cancel(key)),
+            InitialMessage::Cancel(key) => return Ok(Negotiated::Cancel { key, stream }),
             InitialMessage::Startup(startup) => return Ok(Negotiated::Session { stream, startup }),
         }
     }

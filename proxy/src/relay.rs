@@ -459,6 +459,18 @@ pub async fn relay(
     ) {
         return end;
     }
+    if let RelayEnd::ClientFrame(e) = &end {
+        // The bad bytes never reached the backend; tell the client why its session ends.
+        let msg = ErrorMessage::fatal(
+            sqlstate::PROTOCOL_VIOLATION,
+            format!("invalid frontend message: {e}"),
+        );
+        let _ = tokio::time::timeout(Duration::from_millis(500), async {
+            client.write_all(&msg.to_bytes()).await?;
+            client.flush().await
+        })
+        .await;
+    }
     if keep_backend && matches!(end, RelayEnd::ClientClosed) && c2b.scanner.at_boundary() {
         let _ = tokio::time::timeout(Duration::from_millis(500), client.shutdown()).await;
         return RelayEnd::ClientLeft;

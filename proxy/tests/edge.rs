@@ -593,3 +593,114 @@ async fn websocket_passwords_never_reach_the_log_even_at_trace() {
         assert!(!log.contains(secret), "a password in the log");
     }
 }
+
+/// A plaintext session logged in as pgwake on tenant `edge`, ready for queries.
+async fn logged_in(port: u16) -> TcpStream {
+    let w = up_to_server_first(port, "edge", "pgwake")
+        .await
+        .expect("not throttled");
+    let keys = pgwake_protocol::scram::ScramKeys::from_password(
+        LOCAL_PASSWORD,
+        w.challenge.salt(),
+        w.challenge.iterations(),
+    );
+    let AwaitingProof {
+        mut stream,
+        challenge,
+    } = w;
+    let (_, client_final) = challenge.client_final(&keys).unwrap();
+    stream
+        .write_all(&pgwake_protocol::auth::sasl_response(&client_final))
+        .await
+        .unwrap();
+    loop {
+        match read_message(&mut stream).await.expect("login answers") {
+            (b'Z', _) => return stream,
+            (b'E', body) => panic!("login refused: {}", String::from_utf8_lossy(&body)),
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_frames_after_login_get_08p01() {
+    let gw = tokio::task::spawn_blocking(|| {
+        Gateway::start_local(&["edge"], "allow_plaintext = true\n", "", &[])
+    })
+    .await
+    .unwrap();
+    for len in [0x7fff_ffffu32, 2] {
+        let mut s = logged_in(gw.port).await;
+        let mut bad = vec![b'Q'];
+        bad.extend_from_slice(&len.to_be_bytes());
+        s.write_all(&bad).await.unwrap();
+        let (tag, body) = read_message(&mut s).await.expect("an ErrorResponse");
+        assert_eq!((tag, sqlstate(&body).as_str()), (b'E', "08P01"), "length {len}");
+        eprintln!("length {len:#x}: {}", String::from_utf8_lossy(&body));
+        assert!(read_message(&mut s).await.is_none(), "then the connection closes");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_text_frame_gets_a_close_frame_saying_why() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+    let http = pgwake_testkit::free_port();
+    let extra = format!("allow_plaintext = true\nhttp = \"127.0.0.1:{http}\"\n");
+    let _gw = tokio::task::spawn_blocking(move || Gateway::start_local(&["edge"], &extra, "", &[]))
+        .await
+        .unwrap();
+    let path = format!("/?address=edge.{}:5432", common::SNI_SUFFIX);
+    let mut ws = common::open_ws(http, &path).await;
+    ws.send(Message::Text("select 1".into())).await.unwrap();
+    let frame = loop {
+        match tokio::time::timeout(Duration::from_secs(10), ws.next()).await {
+            Ok(Some(Ok(Message::Close(frame)))) => break frame,
+            Ok(Some(Ok(_))) => {}
+            other => panic!("no close frame: {other:?}"),
+        }
+    };
+    let frame = frame.expect("a close code");
+    assert_eq!(frame.code, CloseCode::Unsupported);
+    assert!(frame.reason.contains("binary frames"), "{}", frame.reason);
+}
+
+#[test]
+fn psycopg_cancel_safe_over_tls_reports_success() {
+    let gw = Gateway::start_local(&["edge"], "", "", &[]);
+    let script = r#"
+import sys, threading, time
+import psycopg
+assert psycopg.pq.version() >= 170000, f"libpq {psycopg.pq.version()} has no PQcancelBlocking"
+conn = psycopg.connect(sys.argv[1])
+def cancel_soon():
+    time.sleep(1)
+    conn.cancel_safe()
+    print("cancel_safe returned", flush=True)
+t = threading.Thread(target=cancel_soon)
+t.start()
+try:
+    conn.execute("select pg_sleep(30)")
+    print("not cancelled", flush=True)
+except psycopg.errors.QueryCanceled:
+    print("query cancelled", flush=True)
+t.join()
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script])
+        .arg(format!(
+            "host=127.0.0.1 port={} user=pgwake password={LOCAL_PASSWORD} dbname=edge.postgres \
+             sslmode=require connect_timeout=30",
+            gw.port
+        ))
+        .output()
+        .expect("python3 with psycopg");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stdout}{stderr}");
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("cancel_safe returned"), "{stdout}{stderr}");
+    assert!(stdout.contains("query cancelled"), "{stdout}");
+    assert!(!stderr.contains("Traceback"), "{stderr}");
+}

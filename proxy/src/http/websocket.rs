@@ -20,7 +20,8 @@ use tokio::time::Instant;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
-use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role};
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info_span};
 
@@ -112,7 +113,7 @@ pub fn upgrade(
                 _ = guard.slot.evicted() => return,
             };
             match negotiated {
-                Ok(Negotiated::Cancel(key)) => cancel(&gw, &key).await,
+                Ok(Negotiated::Cancel { key, stream }) => cancel(&gw, &key, stream).await,
                 Ok(Negotiated::Session { stream, startup }) => {
                     run_session(&gw, stream, peer, startup, accepted_at, &mut guard.slot).await
                 }
@@ -135,6 +136,8 @@ pub fn upgrade(
 struct WsBytes<S> {
     ws: WebSocketStream<S>,
     pending: Bytes,
+    /// A text frame arrived: the close frame says why.
+    refused_text: bool,
 }
 
 impl<S> WsBytes<S> {
@@ -142,6 +145,7 @@ impl<S> WsBytes<S> {
         WsBytes {
             ws,
             pending: Bytes::new(),
+            refused_text: false,
         }
     }
 }
@@ -167,6 +171,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for WsBytes<S> {
             match ready!(Pin::new(&mut this.ws).poll_next(cx)) {
                 Some(Ok(Message::Binary(data))) => this.pending = data,
                 Some(Ok(Message::Text(_))) => {
+                    // Answered with a close frame saying why, when the session is shut down.
+                    this.refused_text = true;
                     return Poll::Ready(Err(io::Error::new(
                         io::ErrorKind::InvalidData,
                         "text frames are not accepted: send the Postgres protocol in binary frames",
@@ -203,7 +209,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for WsBytes<S> {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match ready!(Pin::new(&mut self.get_mut().ws).poll_close(cx)) {
+        let this = self.get_mut();
+        if this.refused_text {
+            ready!(Pin::new(&mut this.ws).poll_ready(cx)).map_err(ws_error)?;
+            let frame = CloseFrame {
+                code: CloseCode::Unsupported,
+                reason: "text frames are not accepted: send the Postgres protocol in binary frames"
+                    .into(),
+            };
+            Pin::new(&mut this.ws)
+                .start_send(Message::Close(Some(frame)))
+                .map_err(ws_error)?;
+            this.refused_text = false;
+        }
+        match ready!(Pin::new(&mut this.ws).poll_close(cx)) {
             Ok(()) => Poll::Ready(Ok(())),
             // Already closed by the peer's close frame: nothing left to say.
             Err(tokio_tungstenite::tungstenite::Error::ConnectionClosed) => Poll::Ready(Ok(())),
