@@ -141,7 +141,13 @@ pub async fn negotiate_tunnel(
         match msg {
             InitialMessage::SslRequest | InitialMessage::GssEncRequest if refused < 2 => {
                 refused += 1;
-                if let Err(e) = stream.write_all(b"N").await {
+                // Flushed at once: over WebSocket an unflushed answer waits in the frame
+                // buffer until the client sends more, and the driver waits for it first.
+                let answered = async {
+                    stream.write_all(b"N").await?;
+                    stream.flush().await
+                };
+                if let Err(e) = answered.await {
                     return Err((None, SessionError::ClientIo(e)));
                 }
             }

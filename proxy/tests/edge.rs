@@ -635,9 +635,16 @@ async fn bad_frames_after_login_get_08p01() {
         bad.extend_from_slice(&len.to_be_bytes());
         s.write_all(&bad).await.unwrap();
         let (tag, body) = read_message(&mut s).await.expect("an ErrorResponse");
-        assert_eq!((tag, sqlstate(&body).as_str()), (b'E', "08P01"), "length {len}");
+        assert_eq!(
+            (tag, sqlstate(&body).as_str()),
+            (b'E', "08P01"),
+            "length {len}"
+        );
         eprintln!("length {len:#x}: {}", String::from_utf8_lossy(&body));
-        assert!(read_message(&mut s).await.is_none(), "then the connection closes");
+        assert!(
+            read_message(&mut s).await.is_none(),
+            "then the connection closes"
+        );
     }
 }
 
@@ -703,4 +710,45 @@ t.join()
     assert!(stdout.contains("cancel_safe returned"), "{stdout}{stderr}");
     assert!(stdout.contains("query cancelled"), "{stdout}");
     assert!(!stderr.contains("Traceback"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_answers_are_flushed_and_close_frames_answered() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let http = pgwake_testkit::free_port();
+    let extra = format!("allow_plaintext = true\nhttp = \"127.0.0.1:{http}\"\n");
+    let _gw = tokio::task::spawn_blocking(move || Gateway::start_local(&["edge"], &extra, "", &[]))
+        .await
+        .unwrap();
+    let path = format!("/v2?address=edge.{}:5432", common::SNI_SUFFIX);
+    // An SSLRequest inside the tunnel is answered N at once, with nothing sent after it.
+    let mut ws = common::open_ws(http, &path).await;
+    let ssl_request = [0, 0, 0, 8, 4, 210, 22, 47];
+    ws.send(Message::Binary(ssl_request.to_vec().into()))
+        .await
+        .unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(2), ws.next())
+        .await
+        .expect("the N arrives without more client bytes");
+    match answer {
+        Some(Ok(Message::Binary(b))) => assert_eq!(&b[..], b"N"),
+        other => panic!("expected N, got {other:?}"),
+    }
+    // Then the session goes on, and the client's close frame gets a close frame back.
+    let login = common::pipelined_login("pgwake", LOCAL_PASSWORD, "select 1");
+    ws.send(Message::Binary(login.into())).await.unwrap();
+    let got = common::read_until(&mut ws, |m| {
+        m.iter().filter(|(t, _)| *t == b'Z').count() >= 2
+    })
+    .await;
+    assert!(got.iter().any(|(t, _)| *t == b'D'), "{got:?}");
+    ws.close(None).await.unwrap();
+    let reply = tokio::time::timeout(Duration::from_secs(5), ws.next())
+        .await
+        .expect("an answer to the close frame");
+    assert!(
+        matches!(reply, Some(Ok(Message::Close(_)))),
+        "a close frame back, not a dropped connection: {reply:?}"
+    );
 }
