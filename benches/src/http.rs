@@ -26,7 +26,7 @@ pub fn request(port: u16, method: &str, path: &str, limit: Duration) -> Result<R
     stream.set_read_timeout(Some(limit))?;
     write!(
         stream,
-        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n"
+        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 0\r\n\r\n"
     )?;
     let mut raw = Vec::new();
     // Admin answers are a few KiB at most; the cap only guards against a runaway answer.

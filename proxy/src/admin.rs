@@ -14,8 +14,8 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
-use tracing::warn;
 
 use pgwake_routing::{TenantId, WakeCoordinator, WakeError};
 
@@ -29,6 +29,55 @@ pub struct AdminState {
     pub coordinator: Arc<WakeCoordinator>,
     /// False once shutdown has begun, so load balancers stop sending clients.
     pub ready: AtomicBool,
+    /// The bearer token `/v1/…` requests must present, when one is configured.
+    pub token: Option<String>,
+}
+
+impl AdminState {
+    /// Why this request may not use the admin API, if it may not.
+    ///
+    /// The listener is usually bound to a loopback or cluster-internal address, which a web page
+    /// on the same machine can still reach: so no request from a browser page (they carry
+    /// `Origin`), POSTs only with `Content-Type: application/json` (which a page cannot send
+    /// across origins without a preflight this API never answers), and the token when set.
+    fn refusal(&self, req: &Request<Incoming>) -> Option<Response<Full<Bytes>>> {
+        let headers = req.headers();
+        if headers.contains_key(hyper::header::ORIGIN) {
+            return Some(json_error(
+                StatusCode::FORBIDDEN,
+                "requests from web pages (with an Origin header) are refused",
+            ));
+        }
+        if req.method() == Method::POST {
+            let json = headers
+                .get(hyper::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.split(';').next().is_some_and(|t| t.trim() == JSON));
+            if !json {
+                return Some(json_error(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "POST needs Content-Type: application/json",
+                ));
+            }
+        }
+        if let Some(token) = &self.token
+            && req.uri().path().starts_with("/v1/")
+        {
+            let presented = headers
+                .get(hyper::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .unwrap_or_default();
+            let ok: bool = presented.as_bytes().ct_eq(token.as_bytes()).into();
+            if !ok {
+                return Some(json_error(
+                    StatusCode::UNAUTHORIZED,
+                    "the admin API needs Authorization: Bearer <admin.token_file's token>",
+                ));
+            }
+        }
+        None
+    }
 }
 
 fn text(
@@ -92,6 +141,9 @@ async fn tenant_action(state: &AdminState, id: &str, action: &str) -> Response<F
 }
 
 async fn route(state: &AdminState, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    if let Some(refused) = state.refusal(req) {
+        return refused;
+    }
     let path = req.uri().path();
     match (req.method(), path) {
         (&Method::GET, "/metrics") => {
@@ -135,15 +187,8 @@ async fn route(state: &AdminState, req: &Request<Incoming>) -> Response<Full<Byt
 
 /// Serves the admin endpoints until the process exits.
 pub async fn serve(listener: TcpListener, state: Arc<AdminState>) {
-    loop {
-        let (tcp, _) = match listener.accept().await {
-            Ok(a) => a,
-            Err(e) => {
-                warn!(error = %e, "admin accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+    let never = tokio_util::sync::CancellationToken::new();
+    while let Some((tcp, _)) = crate::listener::accept_next(&listener, &never, "admin").await {
         let state = state.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| {

@@ -25,6 +25,7 @@ const SECTIONS: &[&str] = &[
     "http",
     "revival",
     "reuse",
+    "admin",
 ];
 
 /// A configuration problem, naming the key and what to do.
@@ -56,6 +57,9 @@ fn invalid(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
 pub struct Config {
     /// Listening sockets.
     pub listen: ListenConfig,
+    /// The admin API's access control.
+    #[serde(default)]
+    pub admin: AdminConfig,
     /// Certificates for client TLS.
     #[serde(default)]
     pub tls: Option<TlsConfig>,
@@ -95,6 +99,15 @@ pub struct Config {
     /// The tenants served.
     #[serde(default, rename = "tenant")]
     pub tenants: Vec<TenantConfig>,
+}
+
+/// `[admin]`: who may use the admin API's tenant endpoints.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// A file holding a bearer token that `/v1/…` requests must present (`Authorization:
+    /// Bearer …`); none: no token (bind the admin listener to a private address).
+    pub token_file: Option<PathBuf>,
 }
 
 /// `[listen]`: where the gateway accepts connections.
@@ -860,6 +873,9 @@ impl Config {
         }
         if let Some(k) = &mut self.kubernetes.kubeconfig {
             fix(k);
+        }
+        if let Some(f) = &mut self.admin.token_file {
+            fix(f);
         }
         for k in &mut self.revival.keys {
             if let Some(f) = &mut k.secret_file {

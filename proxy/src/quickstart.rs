@@ -133,7 +133,7 @@ pub fn banner(config: &Config, dir: &Path) -> String {
     if let Some(admin) = config.listen.admin {
         out.push_str(&format!(
             "\nWatch tenants sleep and wake:\n  curl -s http://{admin}/v1/tenants\n  \
-             curl -s -X POST http://{admin}/v1/tenants/<id>/sleep   (or /wake)\n"
+             curl -s -X POST -H 'Content-Type: application/json' http://{admin}/v1/tenants/<id>/sleep   (or /wake)\n"
         ));
     }
     out.push_str(&format!(

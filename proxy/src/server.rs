@@ -539,10 +539,26 @@ pub async fn run(
             local.stop_stale(&t.id).await;
         }
     }
+    let admin_token = match &config.admin.token_file {
+        Some(path) => {
+            let token = std::fs::read_to_string(path)
+                .map_err(|e| {
+                    anyhow::anyhow!("admin.token_file: cannot read {}: {e}", path.display())
+                })?
+                .trim()
+                .to_owned();
+            if token.is_empty() {
+                anyhow::bail!("admin.token_file: {} is empty", path.display());
+            }
+            Some(token)
+        }
+        None => None,
+    };
     let admin_state = Arc::new(AdminState {
         metrics: gateway.metrics.clone(),
         coordinator: gateway.coordinator.clone(),
         ready: true.into(),
+        token: admin_token,
     });
     let sleeper_stop = CancellationToken::new();
     tokio::spawn(

@@ -752,3 +752,71 @@ async fn websocket_answers_are_flushed_and_close_frames_answered() {
         "a close frame back, not a dropped connection: {reply:?}"
     );
 }
+
+/// A raw request to the admin listener: the status code.
+fn admin_status(gw: &Gateway, head: &str) -> u16 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", gw.admin)).unwrap();
+    write!(s, "{head}Host: localhost\r\nContent-Length: 0\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// The tenant `edge`'s state, read with an extra header line (the token).
+fn tenant_state_with(gw: &Gateway, header: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", gw.admin)).unwrap();
+    write!(
+        s,
+        "GET /v1/tenants HTTP/1.0\r\nHost: localhost\r\n{header}\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let body = text.split_once("\r\n\r\n").unwrap().1;
+    let all: serde_json::Value = serde_json::from_str(body).unwrap();
+    all[0]["state"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn the_admin_api_refuses_web_pages_and_wants_its_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("admin-token");
+    std::fs::write(&token, "s3cret-admin-token\n").unwrap();
+    let extra = format!(
+        "allow_plaintext = true\n[admin]\ntoken_file = \"{}\"\n",
+        token.display()
+    );
+    let gw = Gateway::start_local(&["edge"], &extra, "", &[]);
+    let auth = "Authorization: Bearer s3cret-admin-token\r\n";
+    let json = "Content-Type: application/json\r\n";
+    let post = "POST /v1/tenants/edge/wake HTTP/1.0\r\n";
+    // A form or a fetch() from a web page: refused.
+    assert_eq!(admin_status(&gw, &format!("{post}{auth}")), 415);
+    assert_eq!(
+        admin_status(&gw, &format!("{post}{auth}Content-Type: text/plain\r\n")),
+        415
+    );
+    assert_eq!(
+        admin_status(
+            &gw,
+            &format!("{post}{auth}{json}Origin: http://evil.example\r\n")
+        ),
+        403
+    );
+    // Without the token, or a wrong one.
+    assert_eq!(admin_status(&gw, &format!("{post}{json}")), 401);
+    assert_eq!(
+        admin_status(&gw, &format!("{post}{json}Authorization: Bearer guess\r\n")),
+        401
+    );
+    assert_eq!(admin_status(&gw, "GET /v1/tenants HTTP/1.0\r\n"), 401);
+    assert_eq!(tenant_state_with(&gw, auth), "asleep", "nothing was woken");
+    // The token and JSON: done. Probes and metrics need no token.
+    assert_eq!(admin_status(&gw, &format!("{post}{json}{auth}")), 200);
+    assert_eq!(tenant_state_with(&gw, auth), "awake");
+    assert_eq!(admin_status(&gw, "GET /healthz HTTP/1.0\r\n"), 200);
+    assert_eq!(admin_status(&gw, "GET /readyz HTTP/1.0\r\n"), 200);
+    assert_eq!(admin_status(&gw, "GET /metrics HTTP/1.0\r\n"), 200);
+}

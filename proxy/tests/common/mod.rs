@@ -213,7 +213,17 @@ rules = ["sni", "options", "database", "user"]
     pub fn http(&self, method: &str, path: &str) -> Option<(u16, String)> {
         let mut s = TcpStream::connect(("127.0.0.1", self.admin)).ok()?;
         s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
-        write!(s, "{method} {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+        // The admin API takes POSTs only as JSON (so web pages cannot send them).
+        let content_type = if method == "POST" {
+            "Content-Type: application/json\r\nContent-Length: 0\r\n"
+        } else {
+            ""
+        };
+        write!(
+            s,
+            "{method} {path} HTTP/1.0\r\nHost: localhost\r\n{content_type}\r\n"
+        )
+        .ok()?;
         let mut text = String::new();
         s.read_to_string(&mut text).ok()?;
         let status = text.split_whitespace().nth(1)?.parse().ok()?;
