@@ -820,3 +820,47 @@ fn the_admin_api_refuses_web_pages_and_wants_its_token() {
     assert_eq!(admin_status(&gw, "GET /readyz HTTP/1.0\r\n"), 200);
     assert_eq!(admin_status(&gw, "GET /metrics HTTP/1.0\r\n"), 200);
 }
+
+#[test]
+fn curl_over_http2_gets_early_answers_whole() {
+    let http = pgwake_testkit::free_port();
+    let extra = format!(
+        "allow_plaintext = true\nhttp = \"127.0.0.1:{http}\"\n[http]\nmax_request_size = \"1MiB\"\n"
+    );
+    let gw = Gateway::start_local(&["edge"], &extra, "", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.json");
+    std::fs::write(&big, vec![b'a'; 3 << 20]).unwrap();
+    let curl = |args: &[&str]| {
+        let out = Command::new("curl")
+            .args([
+                "-sS",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code} %{http_version}",
+            ])
+            .args([
+                "--http2-prior-knowledge",
+                "-H",
+                "Content-Type: application/json",
+            ])
+            .args(args)
+            .stdin(std::fs::File::open(&big).unwrap())
+            .output()
+            .expect("curl");
+        let got = String::from_utf8_lossy(&out.stdout).into_owned();
+        (got, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let sql = format!("http://127.0.0.1:{http}/sql");
+    let upload = format!("@{}", big.display());
+    // Declared length over the limit, then the same read from a pipe (no length declared).
+    let (got, err) = curl(&["--data-binary", &upload, &sql]);
+    assert_eq!(got, "413 2", "{err}");
+    let (got, err) = curl(&["--data-binary", "@-", &sql]);
+    assert_eq!(got, "413 2", "{err}");
+    let (got, err) = curl(&["-d", "{}", &format!("http://127.0.0.1:{http}/elsewhere")]);
+    assert_eq!(got, "404 2", "{err}");
+    // The listener still serves.
+    assert_eq!(gw.tenant_state("edge").0, "asleep");
+}

@@ -208,15 +208,37 @@ async fn route(
     if websocket::is_upgrade(&req) {
         return websocket::upgrade(req, peer, tls, state, tasks);
     }
-    match (req.method(), req.uri().path()) {
-        (&Method::POST, "/sql") => sql::handle(req, peer, &state).await,
+    let answer = match (req.method(), req.uri().path()) {
+        (&Method::POST, "/sql") => return sql::handle(req, peer, &state).await,
         (&Method::OPTIONS, "/sql") => preflight(),
         (_, "/sql") => plain(StatusCode::METHOD_NOT_ALLOWED, "use POST /sql"),
         _ => plain(
             StatusCode::NOT_FOUND,
             "not found: use POST /sql or a WebSocket",
         ),
-    }
+    };
+    let limit = state.config.max_request_size.as_u64() as usize;
+    drain(req.into_body(), limit, state.config.body_timeout).await;
+    answer
+}
+
+/// Reads and drops what is left of a request body (at most `limit` bytes, within `wait`)
+/// before an early answer. Over HTTP/2 an answer sent while the request is still open is
+/// followed by a stream reset, which clients such as curl report instead of the answer.
+pub(crate) async fn drain(mut body: Incoming, limit: usize, wait: std::time::Duration) {
+    use http_body_util::BodyExt;
+    let read = async {
+        let mut seen = 0usize;
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Some(data) = frame.data_ref() {
+                seen += data.len();
+                if seen > limit {
+                    return;
+                }
+            }
+        }
+    };
+    let _ = tokio::time::timeout(wait, read).await;
 }
 
 /// Headers every `/sql` response carries so browsers may call it from any origin.

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::header::HeaderMap;
 use hyper::{Request, Response, StatusCode};
@@ -25,6 +25,9 @@ use crate::config::{AuthMode, UnknownTenant};
 use crate::error::SessionError;
 use crate::listener::check_password;
 use crate::pool::{BackendConn, OpenBackend, OpenError, PoolError, PoolKey};
+
+/// How far past `http.max_request_size` an oversized body is read and dropped before its 413.
+const DRAIN_FACTOR: usize = 4;
 
 /// SQLSTATE `query_canceled`, for requests over `http.query_timeout`.
 const QUERY_CANCELED: &str = "57014";
@@ -228,36 +231,41 @@ async fn execute(
         .headers()
         .get(hyper::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let (parts, mut body) = req.into_parts();
+    let headers = parts.headers;
+    // An oversized body is still read (and dropped), up to a bound, so that the 413 reaches an
+    // HTTP/2 client before the stream closes.
+    let drain_limit = max_request.saturating_mul(DRAIN_FACTOR);
     if declared.is_some_and(|n| n > max_request as u64) {
+        if declared.is_some_and(|n| n <= drain_limit as u64) {
+            super::drain(body, drain_limit, state.config.body_timeout).await;
+        }
         return Err(too_large());
     }
-    let (parts, body) = req.into_parts();
-    let headers = parts.headers;
-    let read = tokio::time::timeout(
-        state.config.body_timeout,
-        Limited::new(body, max_request).collect(),
-    );
-    let body: Bytes = read
-        .await
-        .map_err(|_| {
-            Refusal::Status(
-                StatusCode::REQUEST_TIMEOUT,
-                format!(
-                    "the request body did not arrive within {} s (http.body_timeout)",
-                    state.config.body_timeout.as_secs_f64()
-                ),
-            )
-        })?
-        .map_err(|e| {
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some()
-            {
-                too_large()
-            } else {
-                bad_request("the request body could not be read")
+    let read = tokio::time::timeout(state.config.body_timeout, async {
+        let mut kept = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|_| bad_request("the request body could not be read"))?;
+            let Some(data) = frame.data_ref() else {
+                continue;
+            };
+            if kept.len() + data.len() > max_request {
+                super::drain(body, drain_limit, state.config.body_timeout).await;
+                return Err(too_large());
             }
-        })?
-        .to_bytes();
+            kept.extend_from_slice(data);
+        }
+        Ok(Bytes::from(kept))
+    });
+    let body: Bytes = read.await.map_err(|_| {
+        Refusal::Status(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the request body did not arrive within {} s (http.body_timeout)",
+                state.config.body_timeout.as_secs_f64()
+            ),
+        )
+    })??;
 
     let conn_string = headers
         .get("neon-connection-string")
