@@ -33,6 +33,9 @@ const IDLE_CHECK: Duration = Duration::from_secs(1);
 const HOUR: Duration = Duration::from_secs(3600);
 /// Queries in one hour of workload.
 const QUERIES: u32 = 6;
+/// The workload's ideal when this pgwake's row is missing: one wake per query, each running
+/// the database for the idle timeout.
+const IDEAL_FALLBACK: f64 = QUERIES as f64 * IDLE_TIMEOUT.as_secs() as f64;
 /// The goal: every client within this factor of the ideal.
 const GOAL_RATIO: f64 = 1.10;
 
@@ -368,11 +371,14 @@ pub fn render(
                 ("–".into(), "–".into(), "–".into(), "–".into(), why)
             }
         };
+        // The workload's ideal, as measured with this pgwake: a baseline that slept fewer
+        // times than the queries need is not measured against its own few wakes.
+        let workload_ideal = row.as_ref().map_or_else(|_| IDEAL_FALLBACK, Row::ideal_s);
         let (b_wakes, b_got, b_ratio) = match base {
             Ok(b) => (
                 b.wakes.to_string(),
                 format!("{:.0} s", b.per_hour_s()),
-                format!("{:.3}", b.per_hour_s() / b.ideal_s().max(1.0)),
+                format!("{:.3}", b.per_hour_s() / workload_ideal),
             ),
             Err(_) => ("–".into(), "–".into(), "–".into()),
         };
