@@ -1129,19 +1129,25 @@ mod tests {
         assert!(!t.at_rest());
     }
 
+    /// A tracker fed all client bytes first (pipelining), then the backend's, each split once
+    /// at `cut`.
+    fn pipelined(c: &[u8], b: &[u8], cut: prop::sample::Index) -> SessionTracker {
+        let mut t = SessionTracker::default();
+        let at = cut.index(c.len() + 1);
+        t.observe_client(&c[..at], now());
+        t.observe_client(&c[at..], now());
+        let at = cut.index(b.len() + 1);
+        t.observe_backend(&b[..at], now());
+        t.observe_backend(&b[at..], now());
+        t
+    }
+
     proptest! {
         #[test]
         fn statements_match_the_server(steps in prop::collection::vec(step(), 0..40),
                                        cut in any::<prop::sample::Index>()) {
             let (c, b, model) = play(&steps);
-            let mut t = SessionTracker::default();
-            // All client bytes first (pipelining), then the backend's, each split once.
-            let at = cut.index(c.len() + 1);
-            t.observe_client(&c[..at], now());
-            t.observe_client(&c[at..], now());
-            let at = cut.index(b.len() + 1);
-            t.observe_backend(&b[..at], now());
-            t.observe_backend(&b[at..], now());
+            let t = pipelined(&c, &b, cut);
             let seen: BTreeSet<String> = t.statements().map(str::to_owned).collect();
             prop_assert_eq!(seen, model);
             prop_assert!(t.at_safe_point());
@@ -1175,13 +1181,7 @@ mod tests {
         fn any_settled_sequence_is_at_a_safe_point(acts in prop::collection::vec(act(), 0..40),
                                                    cut in any::<prop::sample::Index>()) {
             let (c, b, model, settled) = play_acts(&acts);
-            let mut t = SessionTracker::default();
-            let at = cut.index(c.len() + 1);
-            t.observe_client(&c[..at], now());
-            t.observe_client(&c[at..], now());
-            let at = cut.index(b.len() + 1);
-            t.observe_backend(&b[..at], now());
-            t.observe_backend(&b[at..], now());
+            let t = pipelined(&c, &b, cut);
             prop_assert_eq!(t.at_safe_point(), settled, "client {:?}", acts);
             if settled {
                 let seen: BTreeSet<String> = t.statements().map(str::to_owned).collect();

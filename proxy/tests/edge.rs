@@ -7,23 +7,24 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Gateway, LOCAL_PASSWORD};
+use common::{Gateway, LOCAL_PASSWORD, startup_packet};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// A plaintext StartupMessage for `user` on `database`.
 fn startup(user: &str, database: &str) -> Vec<u8> {
-    let mut body = 196_608u32.to_be_bytes().to_vec();
-    for (k, v) in [("user", user), ("database", database)] {
-        body.extend_from_slice(k.as_bytes());
-        body.push(0);
-        body.extend_from_slice(v.as_bytes());
-        body.push(0);
-    }
-    body.push(0);
-    let mut msg = ((body.len() + 4) as u32).to_be_bytes().to_vec();
-    msg.extend(body);
-    msg
+    startup_packet(&[("user", user), ("database", database)], 196_608)
+}
+
+/// A gateway with plaintext tenant `edge` and a plaintext HTTP listener, plus `more` TOML under
+/// its `[listen]` section and `env`; returns it with the HTTP port.
+async fn with_http(more: &str, env: &'static [(&'static str, &'static str)]) -> (Gateway, u16) {
+    let http = pgwake_testkit::free_port();
+    let extra = format!("allow_plaintext = true\nhttp = \"127.0.0.1:{http}\"\n{more}");
+    let gw = tokio::task::spawn_blocking(move || Gateway::start_local(&["edge"], &extra, "", env))
+        .await
+        .unwrap();
+    (gw, http)
 }
 
 /// A client that sends its startup message, reads the gateway's AuthenticationSASL and then
@@ -392,14 +393,14 @@ fn psql_refusal(gw: &Gateway, tenant: &str, password: &str) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// `POST /sql` as pgwake on `tenant`: (status, body).
-async fn sql_refusal(http: u16, tenant: &str, password: &str) -> (u16, String) {
+/// `POST /sql` of `select 1` as `user` on `tenant`: (status, body).
+async fn post_sql(http: u16, user: &str, tenant: &str, password: &str) -> (u16, String) {
     let body = br#"{"query": "select 1", "params": []}"#;
     let mut s = TcpStream::connect(("127.0.0.1", http)).await.unwrap();
     let head = format!(
         "POST /sql HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
          Content-Type: application/json\r\n\
-         Neon-Connection-String: postgresql://pgwake:{password}@{tenant}.{}:5432/postgres\r\n\
+         Neon-Connection-String: postgresql://{user}:{password}@{tenant}.{}:5432/postgres\r\n\
          Content-Length: {}\r\n\r\n",
         common::SNI_SUFFIX,
         body.len()
@@ -416,11 +417,7 @@ async fn sql_refusal(http: u16, tenant: &str, password: &str) -> (u16, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_tenant_is_answered_as_a_wrong_password() {
-    let http = pgwake_testkit::free_port();
-    let extra = format!("allow_plaintext = true\nhttp = \"127.0.0.1:{http}\"\n");
-    let gw = tokio::task::spawn_blocking(move || Gateway::start_local(&["edge"], &extra, "", &[]))
-        .await
-        .unwrap();
+    let (gw, http) = with_http("", &[]).await;
     let gw = std::sync::Arc::new(gw);
     let (wrong, unknown) = {
         let gw = gw.clone();
@@ -441,8 +438,8 @@ async fn an_unknown_tenant_is_answered_as_a_wrong_password() {
         "TCP answers differ"
     );
 
-    let wrong = sql_refusal(http, "edge", "wrong").await;
-    let unknown = sql_refusal(http, "nosuch", "wrong").await;
+    let wrong = post_sql(http, "pgwake", "edge", "wrong").await;
+    let unknown = post_sql(http, "pgwake", "nosuch", "wrong").await;
     eprintln!("over HTTP, both: {wrong:?}");
     assert_eq!(wrong.0, 400);
     assert!(wrong.1.contains("28P01"), "{}", wrong.1);
@@ -508,14 +505,8 @@ fn median(mut v: Vec<Duration>) -> Duration {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn known_and_unknown_users_take_the_same_time() {
-    let http = pgwake_testkit::free_port();
     // Timing is the subject here, not the throttle.
-    let extra = format!(
-        "allow_plaintext = true\nhttp = \"127.0.0.1:{http}\"\n[auth]\nthrottle_free_failures = 1000000\n"
-    );
-    let gw = tokio::task::spawn_blocking(move || Gateway::start_local(&["edge"], &extra, "", &[]))
-        .await
-        .unwrap();
+    let (gw, http) = with_http("[auth]\nthrottle_free_failures = 1000000\n", &[]).await;
     const TRIES: usize = 200;
     let mut keys = KeyCache::new();
     let mut report = Vec::new();
@@ -532,20 +523,8 @@ async fn known_and_unknown_users_take_the_same_time() {
                 "tcp" => timed_scram(gw.port, user, &mut keys).await,
                 "http" => {
                     let t = Instant::now();
-                    let body = br#"{"query": "select 1", "params": []}"#;
-                    let mut s = TcpStream::connect(("127.0.0.1", http)).await.unwrap();
-                    let head = format!(
-                        "POST /sql HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
-                         Neon-Connection-String: postgresql://{user}:wrong@edge.{}:5432/postgres\r\n\
-                         Content-Length: {}\r\n\r\n",
-                        common::SNI_SUFFIX,
-                        body.len()
-                    );
-                    s.write_all(head.as_bytes()).await.unwrap();
-                    s.write_all(body).await.unwrap();
-                    let mut raw = Vec::new();
-                    s.read_to_end(&mut raw).await.unwrap();
-                    assert!(String::from_utf8_lossy(&raw).contains("28P01"));
+                    let (_, body) = post_sql(http, user, "edge", "wrong").await;
+                    assert!(body.contains("28P01"), "{body}");
                     t.elapsed()
                 }
                 _ => timed_websocket(http, user).await,
@@ -567,13 +546,7 @@ async fn known_and_unknown_users_take_the_same_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn websocket_passwords_never_reach_the_log_even_at_trace() {
-    let http = pgwake_testkit::free_port();
-    let extra = format!("allow_plaintext = true\nhttp = \"127.0.0.1:{http}\"\n");
-    let gw = tokio::task::spawn_blocking(move || {
-        Gateway::start_local(&["edge"], &extra, "", &[("PGWAKE_LOG", "trace")])
-    })
-    .await
-    .unwrap();
+    let (gw, http) = with_http("", &[("PGWAKE_LOG", "trace")]).await;
     let path = format!("/?address=edge.{}:5432", common::SNI_SUFFIX);
     for (password, answer) in [("wrong-4711-secret", b'E'), (LOCAL_PASSWORD, b'Z')] {
         use futures_util::SinkExt;
@@ -653,11 +626,7 @@ async fn a_websocket_text_frame_gets_a_close_frame_saying_why() {
     use futures_util::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::Message;
     use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-    let http = pgwake_testkit::free_port();
-    let extra = format!("allow_plaintext = true\nhttp = \"127.0.0.1:{http}\"\n");
-    let _gw = tokio::task::spawn_blocking(move || Gateway::start_local(&["edge"], &extra, "", &[]))
-        .await
-        .unwrap();
+    let (_gw, http) = with_http("", &[]).await;
     let path = format!("/?address=edge.{}:5432", common::SNI_SUFFIX);
     let mut ws = common::open_ws(http, &path).await;
     ws.send(Message::Text("select 1".into())).await.unwrap();
@@ -716,11 +685,7 @@ t.join()
 async fn websocket_answers_are_flushed_and_close_frames_answered() {
     use futures_util::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::Message;
-    let http = pgwake_testkit::free_port();
-    let extra = format!("allow_plaintext = true\nhttp = \"127.0.0.1:{http}\"\n");
-    let _gw = tokio::task::spawn_blocking(move || Gateway::start_local(&["edge"], &extra, "", &[]))
-        .await
-        .unwrap();
+    let (_gw, http) = with_http("", &[]).await;
     let path = format!("/v2?address=edge.{}:5432", common::SNI_SUFFIX);
     // An SSLRequest inside the tunnel is answered N at once, with nothing sent after it.
     let mut ws = common::open_ws(http, &path).await;

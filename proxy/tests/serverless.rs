@@ -5,7 +5,6 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -53,23 +52,9 @@ fn query_body(sql: &str) -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({ "query": sql, "params": [] })).unwrap()
 }
 
-/// Installs the driver into the test folder when it is not there yet.
-fn driver_dir() -> &'static Path {
-    let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/serverless"));
-    if !dir.join("node_modules/@neondatabase/serverless").exists() {
-        let status = Command::new("npm")
-            .args(["ci", "--no-audit", "--no-fund"])
-            .current_dir(dir)
-            .status()
-            .expect("npm (install nodejs and npm to run this test)");
-        assert!(status.success(), "npm ci failed");
-    }
-    dir
-}
-
 #[test]
 fn serverless_driver_over_http_and_websocket() {
-    let dir = driver_dir();
+    let dir = common::node_project("serverless", "@neondatabase/serverless");
     let http = free_port();
     let gw = Gateway::start_local(&["alpha"], &http_listener(http, ""), "", &[]);
     assert_eq!(gw.tenant_state("alpha").0, "asleep");

@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::{Gateway, backend};
+use common::{Gateway, backend, startup_packet};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_postgres::NoTls;
 
@@ -92,20 +92,6 @@ fn read_to_close(s: &mut TcpStream, limit: Duration) -> Vec<u8> {
             Err(e) => panic!("connection not closed after {:?}: {e}", started.elapsed()),
         }
     }
-}
-
-fn startup_packet(params: &[(&str, &str)], version: u32) -> Vec<u8> {
-    let mut body = version.to_be_bytes().to_vec();
-    for (k, v) in params {
-        body.extend_from_slice(k.as_bytes());
-        body.push(0);
-        body.extend_from_slice(v.as_bytes());
-        body.push(0);
-    }
-    body.push(0);
-    let mut p = ((body.len() + 4) as u32).to_be_bytes().to_vec();
-    p.extend(body);
-    p
 }
 
 fn text(bytes: &[u8]) -> String {

@@ -8,7 +8,6 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -26,20 +25,6 @@ fn config() -> String {
         IDLE_TIMEOUT * 1000.0,
         SNAPSHOT_AFTER * 1000.0
     )
-}
-
-/// The Node project holding node-postgres, installed on first use.
-fn node_clients() -> &'static Path {
-    let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients"));
-    if !dir.join("node_modules/pg").exists() {
-        let status = Command::new("npm")
-            .args(["ci", "--no-audit", "--no-fund"])
-            .current_dir(dir)
-            .status()
-            .expect("npm (install nodejs and npm to run this test)");
-        assert!(status.success(), "npm ci failed");
-    }
-    dir
 }
 
 /// A client application as a child process, killed if the test fails before it exits.
@@ -179,7 +164,7 @@ fn psycopg_executemany_and_pipeline_let_the_tenant_sleep() {
 
 #[test]
 fn node_postgres_pausing_before_its_last_query_lets_the_tenant_sleep() {
-    let dir = node_clients();
+    let dir = common::node_project("clients", "pg");
     let gw = Gateway::start_local(&["js"], &config(), "", &[]);
     // Pauses longer than snapshot_after: a snapshot is taken in the pause and outdated by the
     // last query.

@@ -402,19 +402,25 @@ pub async fn show(client: &tokio_postgres::Client, name: &str) -> String {
         .unwrap()
 }
 
-/// A StartupMessage (database `postgres`), a PasswordMessage and a simple Query, as one byte
-/// string: what the serverless driver pipelines over WebSocket.
-pub fn pipelined_login(user: &str, password: &str, sql: &str) -> Vec<u8> {
-    let mut body = 196_608u32.to_be_bytes().to_vec();
-    for (k, v) in [("user", user), ("database", "postgres")] {
+/// A StartupMessage of protocol `version` with these parameters.
+pub fn startup_packet(params: &[(&str, &str)], version: u32) -> Vec<u8> {
+    let mut body = version.to_be_bytes().to_vec();
+    for (k, v) in params {
         body.extend_from_slice(k.as_bytes());
         body.push(0);
         body.extend_from_slice(v.as_bytes());
         body.push(0);
     }
     body.push(0);
-    let mut out = ((body.len() + 4) as u32).to_be_bytes().to_vec();
-    out.extend_from_slice(&body);
+    let mut p = ((body.len() + 4) as u32).to_be_bytes().to_vec();
+    p.extend(body);
+    p
+}
+
+/// A StartupMessage (database `postgres`), a PasswordMessage and a simple Query, as one byte
+/// string: what the serverless driver pipelines over WebSocket.
+pub fn pipelined_login(user: &str, password: &str, sql: &str) -> Vec<u8> {
+    let mut out = startup_packet(&[("user", user), ("database", "postgres")], 196_608);
     for (tag, text) in [(b'p', password), (b'Q', sql)] {
         out.push(tag);
         out.extend_from_slice(&((text.len() + 5) as u32).to_be_bytes());
@@ -471,4 +477,21 @@ pub async fn read_until(
             Some(Ok(_)) => {}
         }
     }
+}
+
+/// The Node project folder `proxy/tests/<folder>`, installed with `npm ci` on first use
+/// (`package` names a dependency whose presence shows it is installed).
+pub fn node_project(folder: &str, package: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(folder);
+    if !dir.join("node_modules").join(package).exists() {
+        let status = Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund"])
+            .current_dir(&dir)
+            .status()
+            .expect("npm (install nodejs and npm to run this test)");
+        assert!(status.success(), "npm ci failed in {}", dir.display());
+    }
+    dir
 }
