@@ -176,6 +176,9 @@ async fn login_exchange(
         .map_err(backend_io)?;
     let mut to_client: Vec<u8> = Vec::with_capacity(512);
     let mut registration = None;
+    // Whether the client has seen anything of this login yet: until then a refusal can be
+    // retried on a new connection without the client noticing.
+    let mut relayed = false;
     loop {
         let msg = read_message(backend, link.max_message)
             .await
@@ -202,6 +205,7 @@ async fn login_exchange(
                     | auth_code::CLEARTEXT
                     | auth_code::MD5 => {
                         to_client.extend_from_slice(&msg.bytes);
+                        relayed = true;
                         client
                             .write_all(&to_client)
                             .await
@@ -241,6 +245,20 @@ async fn login_exchange(
                 });
                 to_client.extend_from_slice(&backend_key_data(reg.pid, reg.secret));
                 registration = Some(reg);
+            }
+            b'E' if !relayed => {
+                let fields = pgwake_protocol::frontend::error_fields(msg.body());
+                if fields.code == pgwake_protocol::sqlstate::CANNOT_CONNECT_NOW {
+                    // Starting up, or in crash recovery: the caller may hold the client and
+                    // try again, as during a wake.
+                    return Err(SessionError::BackendNotReady(fields.message));
+                }
+                client
+                    .write_all(&[&to_client[..], &msg.bytes[..]].concat())
+                    .await
+                    .map_err(SessionError::ClientIo)?;
+                client.flush().await.map_err(SessionError::ClientIo)?;
+                return Err(SessionError::LoginRefused);
             }
             b'Z' | b'E' => {
                 to_client.extend_from_slice(&msg.bytes);

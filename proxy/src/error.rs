@@ -93,6 +93,10 @@ pub enum SessionError {
     /// The client did not finish authenticating within `limits.auth_timeout`.
     #[error("authentication not finished within the time limit")]
     AuthTimeout,
+    /// The backend does not accept logins yet (`57P03`: starting up, or in crash recovery) and
+    /// did not within the wait.
+    #[error("backend not ready: {0}")]
+    BackendNotReady(String),
     /// Ended while still logging in, to make room for newer connections.
     #[error("ended while logging in to make room for newer connections")]
     Evicted,
@@ -131,6 +135,7 @@ impl SessionError {
             SessionError::Full(crate::capacity::Full::Tenant { .. }) => "tenant_full",
             SessionError::AuthTimeout => "auth_timeout",
             SessionError::Evicted => "login_evicted",
+            SessionError::BackendNotReady(_) => "backend_not_ready",
         }
     }
 
@@ -263,6 +268,11 @@ impl SessionError {
                 PROTOCOL_VIOLATION,
                 "timeout: authentication did not finish in time",
             ),
+            SessionError::BackendNotReady(why) => ErrorMessage::fatal(
+                CANNOT_CONNECT_NOW,
+                format!("the tenant's database is not accepting connections yet: {why}"),
+            )
+            .with_hint("retry in a moment"),
             SessionError::Evicted => ErrorMessage::fatal(
                 TOO_MANY_CONNECTIONS,
                 "too many connections are logging in; this one took too long",

@@ -70,6 +70,8 @@ pub struct Gateway {
     pub resolver: TenantResolver,
     /// How clients naming a tenant that does not exist (or is forbidden to them) are answered.
     pub unknown_tenant: UnknownTenant,
+    /// How long a client is held while its backend answers `57P03` (the wake timeout).
+    pub not_ready_wait: Duration,
     /// Configured and discovered tenants.
     pub directory: Arc<TenantDirectory>,
     /// Wakes tenants and holds connections while they wake.
@@ -414,25 +416,16 @@ async fn open_session(
             returnable: Some(taken.returnable),
         });
     }
-    let mode = gw.backend_tls_for(&tenant.id);
-    let connect_deadline = Instant::now() + gw.limits.connect_timeout;
-    let mut stream = connect(&gw.link, &endpoint, mode, connect_deadline).await?;
-    let login_deadline = Instant::now() + gw.limits.login_timeout;
-    let backend_auth = match (&material, &user) {
-        (Some(m), Some(u)) => BackendAuth::OnBehalf(OnBehalf::new(u, m, gw.max_backend_iterations)),
-        _ => BackendAuth::Relay,
-    };
     let mut parameters = key.as_ref().map(|_| Vec::new());
-    let cancel = login(
-        &gw.link,
+    let who = material.as_ref().zip(user.as_deref());
+    let (stream, cancel) = log_in_to_backend(
+        gw,
         client,
-        &mut stream,
-        &params,
+        &tenant.id,
         &endpoint,
-        &gw.cancels,
-        backend_auth,
-        login_deadline,
-        parameters.as_mut(),
+        &params,
+        who,
+        &mut parameters,
     )
     .await?;
     debug!(elapsed_ms = accepted_at.elapsed().as_millis() as u64, backend = %endpoint, "login relayed");
@@ -459,6 +452,66 @@ async fn open_session(
         revivable,
         returnable,
     })
+}
+
+/// Pause between logins to a backend that answered `57P03`.
+const NOT_READY_PAUSE: Duration = Duration::from_millis(50);
+
+/// Connects and logs in to the tenant's backend, as the gateway for `who` or relaying the
+/// client's own login. While the backend answers `57P03` before the client has seen anything of
+/// the login (starting up, or in crash recovery) the client is held and the login tried again,
+/// as during a wake, for up to `wake.wake_timeout`.
+async fn log_in_to_backend(
+    gw: &Gateway,
+    client: &mut Stream,
+    tenant: &TenantId,
+    endpoint: &pgwake_routing::Endpoint,
+    params: &[(String, String)],
+    who: Option<(&LoginMaterial, &str)>,
+    parameters: &mut Option<Vec<u8>>,
+) -> Result<(Stream, Option<crate::cancel::CancelRegistration>), SessionError> {
+    let mode = gw.backend_tls_for(tenant);
+    let hold_until = Instant::now() + gw.not_ready_wait;
+    loop {
+        let connect_deadline = Instant::now() + gw.limits.connect_timeout;
+        let mut stream = connect(&gw.link, endpoint, mode, connect_deadline).await?;
+        let login_deadline = Instant::now() + gw.limits.login_timeout;
+        let backend_auth = match who {
+            Some((m, u)) => BackendAuth::OnBehalf(OnBehalf::new(u, m, gw.max_backend_iterations)),
+            None => BackendAuth::Relay,
+        };
+        if let Some(p) = parameters.as_mut() {
+            p.clear();
+        }
+        let login = login(
+            &gw.link,
+            client,
+            &mut stream,
+            params,
+            endpoint,
+            &gw.cancels,
+            backend_auth,
+            login_deadline,
+            parameters.as_mut(),
+        )
+        .await;
+        match login {
+            Ok(cancel) => return Ok((stream, cancel)),
+            Err(SessionError::BackendNotReady(why)) if Instant::now() < hold_until => {
+                debug!(reason = %why, "backend not ready; holding the client");
+                tokio::select! {
+                    _ = tokio::time::sleep(NOT_READY_PAUSE) => {}
+                    _ = client.hung_up() => {
+                        return Err(SessionError::ClientIo(std::io::Error::new(
+                            std::io::ErrorKind::ConnectionAborted,
+                            "the client closed the connection while its database was recovering",
+                        )));
+                    }
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// The answer to a client naming a tenant that does not exist or is forbidden to it: by default

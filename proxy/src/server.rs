@@ -479,6 +479,7 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
             default_tenant: config.routing.default_tenant.clone(),
         }),
         unknown_tenant: config.routing.unknown_tenant,
+        not_ready_wait: w.wake_timeout,
         directory,
         coordinator,
         local,

@@ -829,3 +829,71 @@ fn curl_over_http2_gets_early_answers_whole() {
     // The listener still serves.
     assert_eq!(gw.tenant_state("edge").0, "asleep");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_wait_through_crash_recovery() {
+    let gw = tokio::task::spawn_blocking(|| {
+        Gateway::start_local(&["edge"], "allow_plaintext = true\n", "", &[])
+    })
+    .await
+    .unwrap();
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user=pgwake password={LOCAL_PASSWORD} dbname=edge.postgres \
+         sslmode=disable connect_timeout=30",
+        gw.port
+    );
+    let (victim, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let pid: i32 = victim
+        .query_one("select pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    // New clients keep coming while a backend crashes and Postgres recovers.
+    let until = Instant::now() + Duration::from_secs(3);
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            let conninfo = conninfo.clone();
+            tokio::spawn(async move {
+                let mut logins = 0;
+                while Instant::now() < until {
+                    let (c, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
+                        .await
+                        .map_err(|e| format!("login failed: {e:?}"))?;
+                    tokio::spawn(conn);
+                    logins += 1;
+                    // A session open when the backend crashed is ended by Postgres (57P02), as
+                    // it would be without the gateway; only logins must not fail.
+                    if let Err(e) = c.simple_query("select 1").await {
+                        let code = e.code().map(|c| c.code().to_owned());
+                        if code.as_deref() != Some("57P02") && !e.is_closed() {
+                            return Err(format!("query failed: {e:?}"));
+                        }
+                    }
+                }
+                Ok::<_, String>(logins)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A backend killed: the postmaster ends every session and runs crash recovery.
+    assert!(
+        Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let mut logins = 0;
+    for c in clients {
+        logins += c.await.unwrap().expect("no client sees the recovery");
+    }
+    let held = gw
+        .log()
+        .matches("backend not ready; holding the client")
+        .count();
+    eprintln!("{logins} logins during the crash; {held} held while Postgres recovered");
+    assert!(held > 0, "the crash recovery was not reached: {}", gw.log());
+}
