@@ -325,7 +325,8 @@ impl RevivalClaims {
         w
     }
 
-    fn decode(mut r: &[u8]) -> Option<RevivalClaims> {
+    /// Claims from their encoded form (a token's plaintext), or `None` when malformed.
+    pub fn decode(mut r: &[u8]) -> Option<RevivalClaims> {
         let r = &mut r;
         let tenant = get_string(r)?;
         let user = get_string(r)?;

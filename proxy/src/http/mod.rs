@@ -5,6 +5,7 @@
 //! HTTP/1.1 and HTTP/2 (by ALPN), TLS with the Postgres listener's certificates; plaintext only
 //! when `listen.allow_plaintext` is set.
 
+pub mod body;
 mod query;
 mod sql;
 mod websocket;

@@ -13,13 +13,7 @@ use tokio::io::AsyncWriteExt;
 use crate::connect::read_message;
 use crate::pool::BackendConn;
 
-/// One statement and its parameters (`None` is SQL NULL).
-pub struct Statement {
-    /// SQL text with `$n` placeholders.
-    pub query: String,
-    /// Parameter values in text form.
-    pub params: Vec<Option<String>>,
-}
+pub use super::body::Statement;
 
 /// How results are shaped.
 #[derive(Clone, Copy)]

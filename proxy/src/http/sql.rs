@@ -12,11 +12,10 @@ use hyper::body::Incoming;
 use hyper::header::HeaderMap;
 use hyper::{Request, Response, StatusCode};
 use percent_encoding::percent_decode_str;
-use serde::Deserialize;
 use serde_json::{Map, Value};
 use tracing::{Instrument, debug, info};
 
-use super::query::{self, QueryError, Shape, Statement, client_error};
+use super::query::{self, QueryError, Shape, client_error};
 use super::{Body, HttpState, json, plain};
 use crate::auth::NoUsers;
 use crate::auth::backend_login::OnBehalf;
@@ -64,39 +63,6 @@ impl From<SessionError> for Refusal {
 
 fn bad_request(message: impl Into<String>) -> Refusal {
     Refusal::Error(client_error("08P01", &message.into()))
-}
-
-/// The body: one statement, or a batch.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Payload {
-    Batch { queries: Vec<QueryJson> },
-    Single(QueryJson),
-}
-
-#[derive(Deserialize)]
-struct QueryJson {
-    query: String,
-    #[serde(default)]
-    params: Vec<Value>,
-}
-
-impl QueryJson {
-    fn statement(self) -> Statement {
-        let params = self
-            .params
-            .into_iter()
-            .map(|p| match p {
-                Value::Null => None,
-                Value::String(s) => Some(s),
-                other => Some(other.to_string()),
-            })
-            .collect();
-        Statement {
-            query: self.query,
-            params,
-        }
-    }
 }
 
 /// The parts of a `postgres://` URL the gateway needs.
@@ -276,18 +242,15 @@ async fn execute(
         raw_text: flag(&headers, "neon-raw-text-output"),
         array_mode: flag(&headers, "neon-array-mode"),
     };
-    let payload: Payload = serde_json::from_slice(&body).map_err(|e| {
+    let (statements, batch) = super::body::parse(&body).map_err(|e| {
         bad_request(format!(
             "the body must be {{\"query\", \"params\"}} or {{\"queries\": [...]}}: {e}"
         ))
     })?;
-    let (statements, begin, batch) = match payload {
-        Payload::Single(q) => (vec![q.statement()], None, false),
-        Payload::Batch { queries } => {
-            let begin = begin_statement(&headers)?;
-            let statements: Vec<_> = queries.into_iter().map(QueryJson::statement).collect();
-            (statements, Some(begin), true)
-        }
+    let begin = if batch {
+        Some(begin_statement(&headers)?)
+    } else {
+        None
     };
 
     // Route as the TCP path does: the host stands in for the TLS server name.
