@@ -390,6 +390,9 @@ pub struct HttpConfig {
     pub max_request_size: ByteSize,
     /// Largest response body; a larger result is answered 507.
     pub max_response_size: ByteSize,
+    /// Memory one `/sql` response may take while it is built; beyond it the body goes to an
+    /// unnamed temporary file (in `$TMPDIR`) and is sent from there.
+    pub response_memory: ByteSize,
     /// Time a `/sql` request may take once its backend connection is ready.
     #[serde(with = "humantime_serde")]
     pub query_timeout: Duration,
@@ -417,6 +420,7 @@ impl Default for HttpConfig {
         HttpConfig {
             max_request_size: ByteSize::mib(10),
             max_response_size: ByteSize::mib(10),
+            response_memory: ByteSize::mib(1),
             query_timeout: Duration::from_secs(300),
             pool_max_per_key: 20,
             pool_max_total: 500,

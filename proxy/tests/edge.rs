@@ -395,7 +395,19 @@ fn psql_refusal(gw: &Gateway, tenant: &str, password: &str) -> String {
 
 /// `POST /sql` of `select 1` as `user` on `tenant`: (status, body).
 async fn post_sql(http: u16, user: &str, tenant: &str, password: &str) -> (u16, String) {
-    let body = br#"{"query": "select 1", "params": []}"#;
+    post_query(http, user, tenant, password, "select 1").await
+}
+
+/// `POST /sql` of `sql` as `user` on `tenant`: (status, body).
+async fn post_query(
+    http: u16,
+    user: &str,
+    tenant: &str,
+    password: &str,
+    sql: &str,
+) -> (u16, String) {
+    let body = serde_json::to_vec(&serde_json::json!({ "query": sql, "params": [] })).unwrap();
+    let body = body.as_slice();
     let mut s = TcpStream::connect(("127.0.0.1", http)).await.unwrap();
     let head = format!(
         "POST /sql HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
@@ -898,4 +910,107 @@ async fn clients_wait_through_crash_recovery() {
         .count();
     eprintln!("{logins} logins during the crash; {held} held while Postgres recovered");
     assert!(held > 0, "the crash recovery was not reached: {}", gw.log());
+}
+
+/// Resident memory of process `pid`, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS in /proc/<pid>/status");
+    kib * 1024
+}
+
+/// The most of `pid`'s resident memory seen while `work` runs, sampled every 5 ms.
+async fn peak_rss_during<T>(pid: u32, work: impl std::future::Future<Output = T>) -> (T, u64) {
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = tokio::spawn({
+        let done = done.clone();
+        async move {
+            let mut peak = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(rss(pid));
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            peak.max(rss(pid))
+        }
+    });
+    let out = work.await;
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    (out, sampler.await.unwrap())
+}
+
+const MIB: u64 = 1024 * 1024;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_sql_results_keep_the_gateway_within_a_fixed_memory_bound() {
+    let (gw, http) = with_http("", &[]).await;
+    let pid = gw.pid();
+    let (status, _) = post_sql(http, "pgwake", "edge", LOCAL_PASSWORD).await;
+    assert_eq!(status, 200);
+    let baseline = rss(pid);
+
+    // Twenty results of about 100 MB each, all over http.max_response_size (10 MiB).
+    let huge = "select g, repeat('y', 90) from generate_series(1, 1000000) g";
+    let (answers, peak) = peak_rss_during(pid, async {
+        let requests: Vec<_> = (0..20)
+            .map(|_| tokio::spawn(post_query(http, "pgwake", "edge", LOCAL_PASSWORD, huge)))
+            .collect();
+        let mut answers = Vec::new();
+        for r in requests {
+            answers.push(r.await.unwrap());
+        }
+        answers
+    })
+    .await;
+    for (status, body) in &answers {
+        assert_eq!(*status, 507, "{body}");
+        assert!(body.contains("http.max_response_size"), "{body}");
+    }
+    println!(
+        "20 oversized results: baseline {} MiB, peak {} MiB",
+        baseline / MIB,
+        peak / MIB
+    );
+    assert!(peak < 100 * MIB, "peak RSS {peak} bytes");
+
+    // Twenty results of about 6.5 MB each, under the limit: spilled, then sent whole.
+    let large = "select g, repeat('y', 90) from generate_series(1, 60000) g";
+    let (answers, peak) = peak_rss_during(pid, async {
+        let requests: Vec<_> = (0..20)
+            .map(|_| tokio::spawn(post_query(http, "pgwake", "edge", LOCAL_PASSWORD, large)))
+            .collect();
+        let mut answers = Vec::new();
+        for r in requests {
+            answers.push(r.await.unwrap());
+        }
+        answers
+    })
+    .await;
+    for (status, body) in &answers {
+        assert_eq!(*status, 200, "{}", &body[..body.len().min(300)]);
+        let v: serde_json::Value = serde_json::from_str(body).expect("a JSON body");
+        assert_eq!(v["rowCount"], 60000);
+        let rows = v["rows"].as_array().expect("rows");
+        assert_eq!(rows.len(), 60000);
+        assert_eq!(rows[59999]["g"], 60000);
+        assert_eq!(rows[0]["repeat"].as_str().map(str::len), Some(90));
+    }
+    println!("20 results of 6.5 MB: peak {} MiB", peak / MIB);
+    assert!(peak < 100 * MIB, "peak RSS {peak} bytes");
+
+    // What the requests took is given back.
+    let settle = Instant::now() + Duration::from_secs(10);
+    let mut now = rss(pid);
+    while now > baseline + 16 * MIB && Instant::now() < settle {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        now = rss(pid);
+    }
+    println!("after: {} MiB", now / MIB);
+    assert!(
+        now <= baseline + 16 * MIB,
+        "RSS {now} bytes after the requests, {baseline} before"
+    );
 }

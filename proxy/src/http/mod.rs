@@ -7,6 +7,7 @@
 
 pub mod body;
 mod query;
+mod spill;
 mod sql;
 mod websocket;
 
@@ -16,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
@@ -84,8 +85,15 @@ impl HttpState {
     }
 }
 
-/// A response body: whole, in memory (results are bounded by `http.max_response_size`).
-type Body = Full<Bytes>;
+/// A response body: in memory, or read back from a `/sql` result spilled to disk.
+type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, std::io::Error>;
+
+/// A body that is all in memory.
+fn full(bytes: Bytes) -> Body {
+    Full::new(bytes)
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
 
 /// Accepts HTTP connections until `stop` fires; each runs as a task in `tasks`, so shutdown
 /// waits for requests and WebSocket sessions in flight like for TCP sessions.
@@ -260,7 +268,7 @@ fn preflight() -> Response<Body> {
              Neon-Batch-Deferrable",
         )
         .header("access-control-max-age", "86400")
-        .body(Body::default())
+        .body(full(Bytes::new()))
         .expect("valid response")
 }
 
@@ -268,7 +276,7 @@ fn preflight() -> Response<Body> {
 fn plain(status: StatusCode, text: &str) -> Response<Body> {
     cors(Response::builder().status(status))
         .header("content-type", "text/plain; charset=utf-8")
-        .body(Body::new(Bytes::from(format!("{text}\n"))))
+        .body(full(Bytes::from(format!("{text}\n"))))
         .expect("valid response")
 }
 
@@ -277,6 +285,6 @@ fn json(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
     let body = serde_json::to_vec(value).unwrap_or_default();
     cors(Response::builder().status(status))
         .header("content-type", "application/json")
-        .body(Body::new(Bytes::from(body)))
+        .body(full(Bytes::from(body)))
         .expect("valid response")
 }

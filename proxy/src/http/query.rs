@@ -8,9 +8,9 @@
 
 use bytes::BufMut;
 use serde_json::{Map, Number, Value};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::connect::read_message;
+use super::spill::SpillBuffer;
 use crate::pool::BackendConn;
 
 pub use super::body::Statement;
@@ -37,6 +37,9 @@ pub enum QueryError {
     /// The backend connection failed.
     #[error("backend I/O: {0}")]
     Io(#[from] std::io::Error),
+    /// The response outgrew memory and could not be written to a temporary file.
+    #[error("spilling the response to disk: {0}")]
+    Spill(std::io::Error),
     /// The backend sent something unexpected.
     #[error("backend protocol: {0}")]
     Protocol(String),
@@ -53,56 +56,86 @@ mod oid {
     pub const JSONB: u32 = 3802;
 }
 
-/// Runs `statements` (in one transaction opened by `begin`, when given) and returns one result
-/// object per statement, or the first error.
+/// Bounds on one request's results.
+#[derive(Clone, Copy)]
+pub struct Limits {
+    /// Largest response: rows read from the backend and the JSON body alike.
+    pub max_response: usize,
+    /// Largest single message from the backend other than a DataRow.
+    pub max_message: usize,
+}
+
+/// Runs `statements` (in one transaction opened by `begin`, when given) and writes the response
+/// body to `out`: one result object, or `{"results": [...]}` for a batch. Rows go to `out` as
+/// they arrive; on an error whatever `out` holds is to be dropped.
 pub async fn run(
     conn: &mut BackendConn,
     statements: &[Statement],
     begin: Option<&str>,
     shape: Shape,
-    max_response: usize,
-    max_message: usize,
-) -> Result<Vec<Value>, QueryError> {
-    let mut out = Vec::with_capacity(256);
-    let resets = conn.take_reset(&mut out);
+    limits: Limits,
+    out: &mut SpillBuffer,
+) -> Result<(), QueryError> {
+    let mut request = Vec::with_capacity(256);
+    let resets = conn.take_reset(&mut request);
     if let Some(begin) = begin {
-        simple(&mut out, begin);
+        simple(&mut request, begin);
     }
     for s in statements {
-        extended(&mut out, s)?;
+        extended(&mut request, s)?;
     }
     if begin.is_some() {
-        simple(&mut out, "COMMIT");
+        simple(&mut request, "COMMIT");
     }
-    conn.stream.write_all(&out).await?;
+    conn.stream.write_all(&request).await?;
     conn.stream.flush().await?;
+    drop(request);
 
+    let batch = begin.is_some();
+    if batch {
+        out.buf().extend_from_slice(b"{\"results\":[");
+    }
     // Each statement (and each reset, BEGIN, COMMIT) ends with one ReadyForQuery.
-    let mut results = Vec::with_capacity(statements.len());
     let mut first_error: Option<Map<String, Value>> = None;
-    let mut size = 0usize;
-    let mut replies_left = resets + statements.len() + if begin.is_some() { 2 } else { 0 };
+    let mut rows_read = 0usize;
+    let mut replies_left = resets + statements.len() + if batch { 2 } else { 0 };
     let mut reply = 0usize;
-    let first_statement = resets + usize::from(begin.is_some());
-    let mut current = ResultBuilder::new(shape);
+    let first_statement = resets + usize::from(batch);
+    let mut current = ResultWriter::new(shape);
+    let mut header = [0u8; 5];
+    // One buffer for every message of the request: a result costs one row at a time here.
+    let mut body = Vec::new();
     while replies_left > 0 {
-        let msg = read_message(&mut conn.stream, max_message)
-            .await?
-            .ok_or_else(|| QueryError::Protocol("message length out of range".into()))?;
-        let body = msg.body();
+        conn.stream.read_exact(&mut header).await?;
+        let tag = header[0];
+        let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
         let in_statement = reply >= first_statement && reply < first_statement + statements.len();
-        match msg.tag() {
+        let Some(size) = len.checked_sub(4) else {
+            return Err(QueryError::Protocol("message length out of range".into()));
+        };
+        if tag == b'D' && in_statement {
+            // Counted before the row is read, so one huge row is refused without being held.
+            rows_read = rows_read.saturating_add(size + 5);
+            if rows_read > limits.max_response {
+                return Err(QueryError::TooLarge(limits.max_response));
+            }
+        } else if size > limits.max_message {
+            return Err(QueryError::Protocol("message length out of range".into()));
+        }
+        body.clear();
+        body.resize(size, 0);
+        conn.stream.read_exact(&mut body).await?;
+        match tag {
             b'Z' => {
                 conn.status = body.first().copied().unwrap_or(b'E');
                 if in_statement && first_error.is_none() {
-                    results
-                        .push(std::mem::replace(&mut current, ResultBuilder::new(shape)).finish());
+                    current.finish(out.buf())?;
                 }
                 replies_left -= 1;
                 reply += 1;
             }
             b'E' => {
-                let fields = error_fields(body);
+                let fields = error_fields(&body);
                 if reply < resets {
                     return Err(QueryError::Protocol("the session reset failed".into()));
                 }
@@ -110,25 +143,29 @@ pub async fn run(
                     first_error = Some(fields);
                 }
             }
-            b'T' if in_statement => current.fields(body)?,
-            b'D' if in_statement => {
-                size += body.len() + 8;
-                if size > max_response {
-                    return Err(QueryError::TooLarge(max_response));
+            _ if !in_statement || first_error.is_some() => {}
+            b'T' => current.fields(out.buf(), &body)?,
+            b'D' => {
+                current.row(out.buf(), &body)?;
+                if out.len() > limits.max_response as u64 {
+                    return Err(QueryError::TooLarge(limits.max_response));
                 }
-                current.row(body)?;
+                out.settle().await.map_err(QueryError::Spill)?;
             }
-            b'C' if in_statement => current.complete(body),
+            b'C' => current.complete(&body),
             // Parse/Bind complete, NoData, empty query, notices, parameter changes,
             // notifications and the replies to the reset, BEGIN and COMMIT carry nothing the
             // response needs.
             _ => {}
         }
     }
-    match first_error {
-        Some(e) => Err(QueryError::Postgres(e)),
-        None => Ok(results),
+    if let Some(e) = first_error {
+        return Err(QueryError::Postgres(e));
     }
+    if batch {
+        out.buf().extend_from_slice(b"]}");
+    }
+    Ok(())
 }
 
 fn simple(out: &mut Vec<u8>, sql: &str) {
@@ -243,37 +280,54 @@ pub fn error_fields(body: &[u8]) -> Map<String, Value> {
     m
 }
 
-struct Column {
-    name: String,
-    type_oid: u32,
-}
-
-/// One statement's result as it arrives.
-struct ResultBuilder {
+/// Writes one statement's result object at a time, straight from the backend's messages.
+///
+/// Its keys are written in the order the facts arrive (`fields`, `rows`, then `command` and
+/// `rowCount` from CommandComplete), so no row is held once it is written.
+struct ResultWriter {
     shape: Shape,
-    columns: Vec<Column>,
-    fields: Vec<Value>,
-    rows: Vec<Value>,
+    /// Each column's key in object mode, escaped and followed by a colon.
+    keys: Vec<Vec<u8>>,
+    type_oids: Vec<u32>,
+    started: bool,
+    rows: usize,
+    /// Results finished so far, for the commas of a batch.
+    finished: usize,
     command: String,
-    row_count: Value,
+    row_count: Option<u64>,
 }
 
-impl ResultBuilder {
+impl ResultWriter {
     fn new(shape: Shape) -> Self {
-        ResultBuilder {
+        ResultWriter {
             shape,
-            columns: Vec::new(),
-            fields: Vec::new(),
-            rows: Vec::new(),
+            keys: Vec::new(),
+            type_oids: Vec::new(),
+            started: false,
+            rows: 0,
+            finished: 0,
             command: String::new(),
-            row_count: Value::Null,
+            row_count: None,
         }
     }
 
-    fn fields(&mut self, body: &[u8]) -> Result<(), QueryError> {
+    /// Opens the result object, with `fields` as its field descriptions.
+    fn begin(&mut self, out: &mut Vec<u8>, fields: &[Value]) -> Result<(), QueryError> {
+        if self.finished > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"fields\":");
+        write_json(out, fields)?;
+        out.extend_from_slice(b",\"rows\":[");
+        self.started = true;
+        Ok(())
+    }
+
+    fn fields(&mut self, out: &mut Vec<u8>, body: &[u8]) -> Result<(), QueryError> {
         let bad = || QueryError::Protocol("malformed RowDescription".into());
         let mut r = Reader(body);
         let n = r.i16().ok_or_else(bad)?;
+        let mut fields = Vec::with_capacity(n.max(0) as usize);
         for _ in 0..n {
             let name = r.cstr().ok_or_else(bad)?;
             let table = r.u32().ok_or_else(bad)?;
@@ -282,7 +336,12 @@ impl ResultBuilder {
             let size = r.i16().ok_or_else(bad)?;
             let modifier = r.i32().ok_or_else(bad)?;
             r.i16().ok_or_else(bad)?;
-            self.fields.push(serde_json::json!({
+            let mut key = Vec::with_capacity(name.len() + 3);
+            write_json(&mut key, &name)?;
+            key.push(b':');
+            self.keys.push(key);
+            self.type_oids.push(type_oid);
+            fields.push(serde_json::json!({
                 "name": name,
                 "dataTypeID": type_oid,
                 "tableID": table,
@@ -291,44 +350,46 @@ impl ResultBuilder {
                 "dataTypeModifier": modifier,
                 "format": "text",
             }));
-            self.columns.push(Column { name, type_oid });
         }
-        Ok(())
+        self.begin(out, &fields)
     }
 
-    fn row(&mut self, body: &[u8]) -> Result<(), QueryError> {
+    fn row(&mut self, out: &mut Vec<u8>, body: &[u8]) -> Result<(), QueryError> {
         let bad = || QueryError::Protocol("malformed DataRow".into());
+        if !self.started {
+            return Err(QueryError::Protocol("DataRow before RowDescription".into()));
+        }
         let mut r = Reader(body);
         let n = r.i16().ok_or_else(bad)? as usize;
-        if n != self.columns.len() {
+        if n != self.type_oids.len() {
             return Err(bad());
         }
-        let mut values = Vec::with_capacity(n);
-        for c in &self.columns {
-            let len = r.i32().ok_or_else(bad)?;
-            let v = if len < 0 {
-                Value::Null
-            } else {
-                let bytes = r.take(len as usize).ok_or_else(bad)?;
-                let text = String::from_utf8_lossy(bytes);
-                if self.shape.raw_text {
-                    Value::String(text.into_owned())
-                } else {
-                    typed(&text, c.type_oid)
-                }
-            };
-            values.push(v);
+        if self.rows > 0 {
+            out.push(b',');
         }
-        let row = if self.shape.array_mode {
-            Value::Array(values)
-        } else {
-            let mut obj = Map::with_capacity(n);
-            for (c, v) in self.columns.iter().zip(values) {
-                obj.insert(c.name.clone(), v);
+        out.push(if self.shape.array_mode { b'[' } else { b'{' });
+        for (i, &type_oid) in self.type_oids.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
             }
-            Value::Object(obj)
-        };
-        self.rows.push(row);
+            if !self.shape.array_mode {
+                out.extend_from_slice(&self.keys[i]);
+            }
+            let len = r.i32().ok_or_else(bad)?;
+            if len < 0 {
+                out.extend_from_slice(b"null");
+                continue;
+            }
+            let bytes = r.take(len as usize).ok_or_else(bad)?;
+            let text = String::from_utf8_lossy(bytes);
+            if self.shape.raw_text {
+                write_json(out, text.as_ref())?;
+            } else {
+                write_typed(out, &text, type_oid)?;
+            }
+        }
+        out.push(if self.shape.array_mode { b']' } else { b'}' });
+        self.rows += 1;
         Ok(())
     }
 
@@ -336,44 +397,59 @@ impl ResultBuilder {
         let tag = String::from_utf8_lossy(body.strip_suffix(&[0]).unwrap_or(body)).into_owned();
         let mut words = tag.split(' ');
         self.command = words.next().unwrap_or_default().to_owned();
-        self.row_count = tag
-            .rsplit(' ')
-            .next()
-            .and_then(|n| n.parse::<u64>().ok())
-            .map(Value::from)
-            .unwrap_or(Value::Null);
+        self.row_count = tag.rsplit(' ').next().and_then(|n| n.parse::<u64>().ok());
     }
 
-    fn finish(self) -> Value {
-        serde_json::json!({
-            "command": self.command,
-            "fields": self.fields,
-            "rowCount": self.row_count,
-            "rows": self.rows,
-            "rowAsArray": self.shape.array_mode,
-        })
+    /// Closes the result object and makes ready for the next statement's.
+    fn finish(&mut self, out: &mut Vec<u8>) -> Result<(), QueryError> {
+        if !self.started {
+            self.begin(out, &[])?;
+        }
+        out.extend_from_slice(b"],\"command\":");
+        write_json(out, &self.command)?;
+        out.extend_from_slice(b",\"rowCount\":");
+        write_json(out, &self.row_count)?;
+        out.extend_from_slice(b",\"rowAsArray\":");
+        write_json(out, &self.shape.array_mode)?;
+        out.push(b'}');
+        let finished = self.finished + 1;
+        *self = ResultWriter::new(self.shape);
+        self.finished = finished;
+        Ok(())
     }
 }
 
-/// A value's JSON form outside raw-text mode: numbers and booleans and JSON documents as such,
-/// everything else (int8 and numeric included, to keep precision) as text.
-fn typed(text: &str, type_oid: u32) -> Value {
+/// Appends `value` as compact JSON.
+fn write_json<T: serde::Serialize + ?Sized>(
+    out: &mut Vec<u8>,
+    value: &T,
+) -> Result<(), QueryError> {
+    serde_json::to_writer(out, value)
+        .map_err(|e| QueryError::Protocol(format!("cannot encode a value as JSON: {e}")))
+}
+
+/// Appends a value's JSON form outside raw-text mode: numbers and booleans and JSON documents as
+/// such, everything else (int8 and numeric included, to keep precision) as text.
+fn write_typed(out: &mut Vec<u8>, text: &str, type_oid: u32) -> Result<(), QueryError> {
     match type_oid {
-        oid::BOOL => Value::Bool(text == "t"),
-        oid::INT2 | oid::INT4 => text
-            .parse::<i32>()
-            .map(Value::from)
-            .unwrap_or_else(|_| text.into()),
+        oid::BOOL => out.extend_from_slice(if text == "t" { b"true" } else { b"false" }),
+        oid::INT2 | oid::INT4 => match text.parse::<i32>() {
+            Ok(v) => write_json(out, &v)?,
+            Err(_) => write_json(out, text)?,
+        },
         // NaN and infinities have no JSON number: they stay text.
-        oid::FLOAT4 | oid::FLOAT8 => text
-            .parse::<f64>()
-            .ok()
-            .and_then(Number::from_f64)
-            .map(Value::Number)
-            .unwrap_or_else(|| text.into()),
-        oid::JSON | oid::JSONB => serde_json::from_str(text).unwrap_or_else(|_| text.into()),
-        _ => text.into(),
+        oid::FLOAT4 | oid::FLOAT8 => match text.parse::<f64>().ok().and_then(Number::from_f64) {
+            Some(n) => write_json(out, &n)?,
+            None => write_json(out, text)?,
+        },
+        // Postgres only ever prints valid JSON for these; checking costs no allocation and
+        // keeps a malformed value from breaking the whole body.
+        oid::JSON | oid::JSONB if serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok() => {
+            out.extend_from_slice(text.as_bytes())
+        }
+        _ => write_json(out, text)?,
     }
+    Ok(())
 }
 
 /// Reads big-endian fields from a message body.
@@ -409,13 +485,51 @@ impl<'a> Reader<'a> {
 mod tests {
     use super::*;
 
+    fn typed(text: &str, type_oid: u32) -> Value {
+        let mut out = Vec::new();
+        write_typed(&mut out, text, type_oid).expect("encodes");
+        serde_json::from_slice(&out).expect("valid JSON")
+    }
+
+    fn row_description(columns: &[(&str, u32)]) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.put_i16(columns.len() as i16);
+        for (name, oid) in columns {
+            b.put_slice(name.as_bytes());
+            b.put_u8(0);
+            b.put_u32(0);
+            b.put_i16(0);
+            b.put_u32(*oid);
+            b.put_i16(-1);
+            b.put_i32(-1);
+            b.put_i16(0);
+        }
+        b
+    }
+
+    fn data_row(values: &[Option<&str>]) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.put_i16(values.len() as i16);
+        for v in values {
+            match v {
+                Some(v) => {
+                    b.put_i32(v.len() as i32);
+                    b.put_slice(v.as_bytes());
+                }
+                None => b.put_i32(-1),
+            }
+        }
+        b
+    }
+
     #[test]
     fn typed_values_follow_the_driver() {
         assert_eq!(typed("t", oid::BOOL), Value::Bool(true));
         assert_eq!(typed("42", oid::INT4), Value::from(42));
         assert_eq!(typed("1.5", oid::FLOAT8), Value::from(1.5));
         assert_eq!(typed("NaN", oid::FLOAT8), Value::from("NaN"));
-        assert_eq!(typed("{\"a\":1}", oid::JSONB), serde_json::json!({"a": 1}));
+        assert_eq!(typed("{\"a\": 1}", oid::JSONB), serde_json::json!({"a": 1}));
+        assert_eq!(typed("{\"a\": ", oid::JSON), Value::from("{\"a\": "));
         assert_eq!(
             typed("9007199254740993", 20),
             Value::from("9007199254740993")
@@ -423,21 +537,55 @@ mod tests {
     }
 
     #[test]
-    fn command_tags_give_command_and_count() {
-        let mut b = ResultBuilder::new(Shape {
+    fn results_are_written_as_the_driver_reads_them() {
+        for array_mode in [false, true] {
+            let mut w = ResultWriter::new(Shape {
+                raw_text: false,
+                array_mode,
+            });
+            let mut out = b"{\"results\":[".to_vec();
+            w.fields(&mut out, &row_description(&[("n", oid::INT4), ("s", 25)]))
+                .expect("fields");
+            w.row(&mut out, &data_row(&[Some("1"), Some("a\"b\n")]))
+                .expect("row");
+            w.row(&mut out, &data_row(&[None, Some("")])).expect("row");
+            w.complete(b"SELECT 2\0");
+            w.finish(&mut out).expect("finish");
+            w.complete(b"CREATE TABLE\0");
+            w.finish(&mut out).expect("finish");
+            out.extend_from_slice(b"]}");
+            let v: Value = serde_json::from_slice(&out).expect("valid JSON");
+            let rows = if array_mode {
+                serde_json::json!([[1, "a\"b\n"], [null, ""]])
+            } else {
+                serde_json::json!([{"n": 1, "s": "a\"b\n"}, {"n": null, "s": ""}])
+            };
+            assert_eq!(v["results"][0]["rows"], rows);
+            assert_eq!(v["results"][0]["command"], "SELECT");
+            assert_eq!(v["results"][0]["rowCount"], 2);
+            assert_eq!(v["results"][0]["rowAsArray"], array_mode);
+            assert_eq!(v["results"][0]["fields"][1]["name"], "s");
+            assert_eq!(v["results"][0]["fields"][1]["dataTypeID"], 25);
+            assert_eq!(v["results"][1]["command"], "CREATE");
+            assert_eq!(v["results"][1]["rowCount"], Value::Null);
+            assert_eq!(v["results"][1]["rows"], serde_json::json!([]));
+            assert_eq!(v["results"][1]["fields"], serde_json::json!([]));
+        }
+    }
+
+    #[test]
+    fn a_row_that_does_not_match_its_description_is_refused() {
+        let shape = Shape {
             raw_text: true,
             array_mode: true,
-        });
-        b.complete(b"INSERT 0 5\0");
-        assert_eq!(
-            (b.command.as_str(), b.row_count.clone()),
-            ("INSERT", Value::from(5))
-        );
-        b.complete(b"CREATE TABLE\0");
-        assert_eq!(
-            (b.command.as_str(), b.row_count.clone()),
-            ("CREATE", Value::Null)
-        );
+        };
+        let mut w = ResultWriter::new(shape);
+        let mut out = Vec::new();
+        assert!(w.row(&mut out, &data_row(&[Some("1")])).is_err());
+        w.fields(&mut out, &row_description(&[("n", oid::INT4)]))
+            .expect("fields");
+        assert!(w.row(&mut out, &data_row(&[Some("1"), None])).is_err());
+        assert!(w.row(&mut out, &[0, 1, 0, 0, 0, 9, b'x']).is_err());
     }
 
     #[test]

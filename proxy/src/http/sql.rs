@@ -15,7 +15,8 @@ use percent_encoding::percent_decode_str;
 use serde_json::{Map, Value};
 use tracing::{Instrument, debug, info};
 
-use super::query::{self, QueryError, Shape, client_error};
+use super::query::{self, Limits, QueryError, Shape, client_error};
+use super::spill::SpillBuffer;
 use super::{Body, HttpState, json, plain};
 use crate::auth::NoUsers;
 use crate::auth::backend_login::OnBehalf;
@@ -169,7 +170,11 @@ pub async fn handle(
     let result = execute(req, peer, state).instrument(span).await;
     state.record_pool();
     let response = match result {
-        Ok(v) => json(StatusCode::OK, &v),
+        Ok((body, len)) => super::cors(Response::builder().status(StatusCode::OK))
+            .header("content-type", "application/json")
+            .header("content-length", len)
+            .body(body)
+            .expect("valid response"),
         Err(Refusal::Error(fields)) => json(StatusCode::BAD_REQUEST, &Value::Object(fields)),
         Err(Refusal::Status(status, text)) => plain(status, &text),
     };
@@ -184,7 +189,7 @@ async fn execute(
     req: Request<Incoming>,
     peer: SocketAddr,
     state: &Arc<HttpState>,
-) -> Result<Value, Refusal> {
+) -> Result<(Body, u64), Refusal> {
     let gw = &state.gateway;
     let max_request = state.config.max_request_size.as_u64() as usize;
     let too_large = || {
@@ -355,20 +360,24 @@ async fn execute(
             break conn;
         }
     };
-    let max_response = state.config.max_response_size.as_u64() as usize;
+    let limits = Limits {
+        max_response: state.config.max_response_size.as_u64() as usize,
+        max_message: gw.link.max_message,
+    };
     // Armed until the answer is complete: a client that goes away, or the query timeout, drops
     // it and so cancels the query on the backend.
     let guard = CancelOnDrop::new(
         conn.cancel.as_ref().and_then(|r| r.target()),
         gw.limits.connect_timeout,
     );
+    let mut out = SpillBuffer::new(state.config.response_memory.as_u64() as usize);
     let run = query::run(
         &mut conn,
         &statements,
         begin.as_deref(),
         shape,
-        max_response,
-        gw.link.max_message,
+        limits,
+        &mut out,
     );
     let Ok(outcome) = tokio::time::timeout(state.config.query_timeout, run).await else {
         // The connection is mid-reply; dropping it closes it.
@@ -385,20 +394,37 @@ async fn execute(
         guard.disarm();
     }
     match outcome {
-        Ok(results) => {
+        Ok(()) => {
             conn.needs_reset = true;
             conn.release();
-            debug!(statements = statements.len(), "sql over http done");
-            Ok(if batch {
-                serde_json::json!({ "results": results })
-            } else {
-                results.into_iter().next().unwrap_or(Value::Null)
-            })
+            debug!(
+                statements = statements.len(),
+                bytes = out.len(),
+                spilled = !out.in_memory(),
+                "sql over http done"
+            );
+            let len = out.len();
+            let body = out.into_body().await.map_err(|e| {
+                info!(error = %e, "sql over http: the spilled response could not be read back");
+                Refusal::Status(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "the response could not be assembled".into(),
+                )
+            })?;
+            Ok((body, len))
         }
         Err(QueryError::Postgres(fields)) => {
             conn.needs_reset = true;
             conn.release();
             Err(Refusal::Error(fields))
+        }
+        Err(QueryError::Spill(e)) => {
+            info!(error = %e, "sql over http: no room for a large response");
+            gw.metrics.error("http_response_spill");
+            Err(Refusal::Status(
+                StatusCode::INSUFFICIENT_STORAGE,
+                "the response could not be stored: no room in the temporary folder".into(),
+            ))
         }
         Err(QueryError::TooLarge(limit)) => {
             gw.metrics.error("http_response_too_large");

@@ -81,7 +81,7 @@ pub fn upgrade(
         return Response::builder()
             .status(StatusCode::UPGRADE_REQUIRED)
             .header("sec-websocket-version", "13")
-            .body(Body::default())
+            .body(super::full(Bytes::new()))
             .expect("valid response");
     }
     let name = server_name(&req);
@@ -127,7 +127,7 @@ pub fn upgrade(
         .header(UPGRADE, HeaderValue::from_static("websocket"))
         .header(CONNECTION, HeaderValue::from_static("Upgrade"))
         .header("sec-websocket-accept", derive_accept_key(key.as_bytes()))
-        .body(Body::default())
+        .body(super::full(Bytes::new()))
         .expect("valid response")
 }
 

@@ -1,0 +1,139 @@
+//! A `/sql` response body assembled in memory up to a bound and in an unnamed temporary file
+//! beyond it. The status of a response is known only once its last statement has run (a later
+//! statement of a batch may fail), so the body cannot go out while it is built; spilling keeps
+//! what a large result costs on disk rather than in the gateway's memory.
+
+use std::io::{Seek, SeekFrom, Write};
+
+use bytes::Bytes;
+use futures_util::TryStreamExt;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Frame;
+use tokio_util::io::ReaderStream;
+
+use super::Body;
+
+/// Size of the reads that send a spilled body.
+const SEND_CHUNK: usize = 64 * 1024;
+
+/// A response body under construction: append with [`SpillBuffer::buf`], then call
+/// [`SpillBuffer::settle`] so that what outgrew the memory bound moves to disk.
+pub struct SpillBuffer {
+    mem: Vec<u8>,
+    file: Option<std::fs::File>,
+    spilled: u64,
+    memory: usize,
+}
+
+impl SpillBuffer {
+    /// An empty body that keeps at most about `memory` bytes in memory.
+    pub fn new(memory: usize) -> SpillBuffer {
+        SpillBuffer {
+            mem: Vec::new(),
+            file: None,
+            spilled: 0,
+            memory,
+        }
+    }
+
+    /// The in-memory tail, to append to.
+    pub fn buf(&mut self) -> &mut Vec<u8> {
+        &mut self.mem
+    }
+
+    /// Bytes written so far, in memory and on disk.
+    pub fn len(&self) -> u64 {
+        self.spilled + self.mem.len() as u64
+    }
+
+    /// Whether the body is still only in memory.
+    pub fn in_memory(&self) -> bool {
+        self.file.is_none()
+    }
+
+    /// Moves the in-memory tail to the temporary file once it has reached the memory bound.
+    pub async fn settle(&mut self) -> std::io::Result<()> {
+        if self.mem.len() < self.memory {
+            return Ok(());
+        }
+        // The buffer itself travels to the blocking thread and back: no copy of it is made.
+        let mem = std::mem::take(&mut self.mem);
+        let file = self.file.take();
+        let (file, mut mem) = tokio::task::spawn_blocking(move || {
+            // The file has no name from the start, so it vanishes with its last handle
+            // whatever way the request ends.
+            let mut file = match file {
+                Some(f) => f,
+                None => tempfile::tempfile()?,
+            };
+            file.write_all(&mem)?;
+            Ok::<_, std::io::Error>((file, mem))
+        })
+        .await
+        .map_err(std::io::Error::other)??;
+        self.spilled += mem.len() as u64;
+        mem.clear();
+        // Capacity beyond the bound (one oversized row) is given back rather than kept.
+        mem.shrink_to(self.memory);
+        self.mem = mem;
+        self.file = Some(file);
+        Ok(())
+    }
+
+    /// The finished body: the bytes themselves, or a stream reading them back from disk.
+    pub async fn into_body(self) -> std::io::Result<Body> {
+        let Some(file) = self.file else {
+            return Ok(super::full(Bytes::from(self.mem)));
+        };
+        let mem = self.mem;
+        let file = tokio::task::spawn_blocking(move || {
+            let mut file = file;
+            file.write_all(&mem)?;
+            file.seek(SeekFrom::Start(0))?;
+            Ok::<_, std::io::Error>(file)
+        })
+        .await
+        .map_err(std::io::Error::other)??;
+        let file = tokio::fs::File::from_std(file);
+        let frames = ReaderStream::with_capacity(file, SEND_CHUNK).map_ok(Frame::data);
+        Ok(BodyExt::boxed_unsync(StreamBody::new(frames)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn collect(body: Body) -> Vec<u8> {
+        body.collect().await.expect("readable").to_bytes().to_vec()
+    }
+
+    #[tokio::test]
+    async fn small_bodies_stay_in_memory() {
+        let mut b = SpillBuffer::new(1024);
+        b.buf().extend_from_slice(b"{\"rows\":[]}");
+        b.settle().await.expect("settle");
+        assert!(b.in_memory());
+        assert_eq!(b.len(), 11);
+        assert_eq!(
+            collect(b.into_body().await.expect("body")).await,
+            b"{\"rows\":[]}"
+        );
+    }
+
+    #[tokio::test]
+    async fn large_bodies_spill_and_come_back_whole_and_in_order() {
+        let mut b = SpillBuffer::new(1000);
+        let mut expected = Vec::new();
+        for i in 0..10_000u32 {
+            let piece = format!("{i},");
+            b.buf().extend_from_slice(piece.as_bytes());
+            expected.extend_from_slice(piece.as_bytes());
+            b.settle().await.expect("settle");
+            assert!(b.buf().len() < 1000);
+        }
+        assert!(!b.in_memory());
+        assert_eq!(b.len(), expected.len() as u64);
+        assert_eq!(collect(b.into_body().await.expect("body")).await, expected);
+    }
+}
