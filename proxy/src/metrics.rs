@@ -8,6 +8,51 @@ use prometheus::{
     IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+/// Every `kind` that `pgwake_errors_total` counts. Each starts at zero, so that `rate()`,
+/// `increase()` and alerts on one kind work from the first scrape rather than from the second
+/// error of that kind.
+pub const ERROR_KINDS: &[&str] = &[
+    "auth_failed",
+    "auth_throttled",
+    "auth_timeout",
+    "auth_unavailable",
+    "backend_io",
+    "backend_login",
+    "backend_not_ready",
+    "backend_protocol",
+    "backend_unreachable",
+    "client_io",
+    "client_protocol",
+    "gateway_full",
+    "http_response_too_large",
+    "internal",
+    "login_evicted",
+    "login_refused",
+    "login_timeout",
+    "pinned_session_ended",
+    "plaintext_refused",
+    "revival_failed",
+    "routing",
+    "shutdown",
+    "startup_timeout",
+    "tenant_full",
+    "tls_handshake",
+    "wake_failed",
+    "wake_queue_full",
+    "wake_timeout",
+];
+
+/// Outcomes of `pgwake_auth_attempts_total`, each started at zero.
+const AUTH_OUTCOMES: &[&str] = &["ok", "failed", "throttled", "error"];
+/// Reasons a session leaves its backend (`pgwake_parks_total`, `pgwake_revivals_total`).
+const PARK_REASONS: &[&str] = &["idle_sleep", "backend_ended", "migrate"];
+/// Outcomes of wakes and revivals.
+const OUTCOMES: &[&str] = &["ok", "error"];
+/// Outcomes of `pgwake_backend_reuse_total`.
+const REUSE_OUTCOMES: &[&str] = &["hit", "miss", "stale"];
+/// Outcomes of `pgwake_backend_reuse_returns_total`.
+const REUSE_RETURN_OUTCOMES: &[&str] = &["kept", "not_safe", "reset_failed", "full"];
+
 /// The gateway's metrics and the registry they are exported from.
 pub struct Metrics {
     registry: Registry,
@@ -271,6 +316,26 @@ impl Metrics {
             "pgwake_backend_reuse_idle_connections",
             "Backend connections kept idle for reuse by the next client.",
         );
+        // Counters with labels exist only once a label set is used; the known ones are
+        // created at zero so that dashboards and alerts see them before the first event.
+        for kind in ERROR_KINDS {
+            errors.with_label_values(&[kind]);
+        }
+        for outcome in AUTH_OUTCOMES {
+            auth_attempts.with_label_values(&[outcome]);
+        }
+        for reason in PARK_REASONS {
+            parks.with_label_values(&[reason]);
+            for outcome in OUTCOMES {
+                revivals.with_label_values(&[reason, outcome]);
+            }
+        }
+        for outcome in REUSE_OUTCOMES {
+            reuse.with_label_values(&[outcome]);
+        }
+        for outcome in REUSE_RETURN_OUTCOMES {
+            reuse_returns.with_label_values(&[outcome]);
+        }
         Metrics {
             reuse,
             reuse_returns,
@@ -300,9 +365,23 @@ impl Metrics {
         }
     }
 
-    /// Counts a connection that ended with an error of this kind.
+    /// Counts a connection that ended with an error of this kind (one of [`ERROR_KINDS`]).
     pub fn error(&self, kind: &'static str) {
+        debug_assert!(
+            ERROR_KINDS.contains(&kind),
+            "error kind {kind:?} is missing from metrics::ERROR_KINDS"
+        );
         self.errors.with_label_values(&[kind]).inc();
+    }
+
+    /// Creates the per-backend series (wakes by outcome, awake time) of a backend kind that
+    /// tenants use, at zero, so that wake alerts see them before the first wake.
+    pub fn backend_in_use(&self, backend: &'static str) {
+        for outcome in OUTCOMES {
+            self.wakes.with_label_values(&[backend, outcome]);
+            self.wake_duration.with_label_values(&[backend, outcome]);
+        }
+        self.tenant_awake.with_label_values(&[backend]);
     }
 
     /// Counts an answered `POST /sql` by its status (a handful of values: 200, 400, 413, 507).

@@ -319,8 +319,18 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
             idle_timeout: t.idle_timeout.unwrap_or(config.wake.idle_timeout),
         });
     }
+    // The backend kinds in use: the configured tenants', and cnpg's when discovery may add
+    // tenants on it later.
+    let backend_kinds: Vec<&'static str> = tenants
+        .iter()
+        .map(|t| t.backend.kind())
+        .chain(cnpg.as_ref().map(|c| c.kind()))
+        .collect();
     let directory = Arc::new(TenantDirectory::new(tenants));
     let metrics = Arc::new(Metrics::new());
+    for kind in backend_kinds {
+        metrics.backend_in_use(kind);
+    }
     let w = &config.wake;
     let wake_metrics = metrics.clone();
     let coordinator = WakeCoordinator::new(

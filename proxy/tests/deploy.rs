@@ -119,6 +119,24 @@ fn rendered_manifests_pass_a_server_side_dry_run() {
     misspelt["spec"]["replcas"] = json!(2);
     let err = lab.dry_run(&[misspelt]).unwrap_err().to_string();
     assert!(err.contains("replcas"), "{err}");
+    // The same for CloudNativePG Clusters: the lab serves the operator's own CRD, so its schema
+    // knows every field, at every depth, and their types.
+    let cluster = find(&objects, "Cluster", "alpha");
+    for (path, value) in [
+        (&["spec", "instancess"][..], json!(1)),
+        (&["spec", "storage", "sise"][..], json!("1Gi")),
+        (&["spec", "instances"][..], json!("one")),
+    ] {
+        let mut wrong = cluster.clone();
+        let (last, parents) = path.split_last().unwrap();
+        let parent = parents.iter().fold(&mut wrong, |v, key| &mut v[*key]);
+        parent[*last] = value;
+        let err = lab.dry_run(&[wrong]).unwrap_err().to_string();
+        assert!(
+            err.contains("Cluster/alpha") && err.contains(last),
+            "{path:?}: {err}"
+        );
+    }
 }
 
 /// The container's `--config` path, and the ConfigMap mounted at that file's folder.

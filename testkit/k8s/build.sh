@@ -3,6 +3,7 @@
 #
 # usage: testkit/k8s/build.sh [KUBERNETES_VERSION]        (default 1.37.2)
 #        testkit/k8s/build.sh kustomize [KUSTOMIZE_VERSION] (default 5.8.2)
+#        testkit/k8s/build.sh cnpg-crd [CLOUDNATIVEPG_VERSION] (default 1.28.1)
 #
 # The binaries land in ${XDG_CACHE_HOME:-$HOME/.cache}/pgwake/k8s/<version>/bin/ and the script
 # returns at once when both are already there: a cold kube-apiserver build costs 10-18 minutes on
@@ -12,6 +13,11 @@
 # With `kustomize`, it builds kustomize (which renders deploy/) into
 # ${XDG_CACHE_HOME:-$HOME/.cache}/pgwake/k8s/kustomize-<version>/ instead (about a minute cold)
 # and prints the path of the binary last.
+#
+# With `cnpg-crd`, it fetches the CloudNativePG `Cluster` CRD from the
+# github.com/cloudnative-pg/cloudnative-pg Go module, exactly as that operator release ships it,
+# into ${XDG_CACHE_HOME:-$HOME/.cache}/pgwake/k8s/cnpg-<version>/ (a few seconds: one module
+# download, nothing built) and prints the path of the YAML file last.
 #
 # Environment: PGWAKE_GO (path of the go command; else `go` on PATH, else /usr/local/go/bin/go).
 set -euo pipefail
@@ -57,6 +63,40 @@ if [[ ${1:-} == kustomize ]]; then
     fi
   fi
   echo "$kdir/kustomize"
+  exit 0
+fi
+
+if [[ ${1:-} == cnpg-crd ]]; then
+  cversion=${2:-1.28.1}
+  if [[ ! $cversion =~ ^1\.[0-9]+\.[0-9]+$ ]]; then
+    echo "build.sh: CloudNativePG version must look like 1.28.1, got '$cversion'" >&2
+    exit 2
+  fi
+  cdir=${XDG_CACHE_HOME:-$HOME/.cache}/pgwake/k8s/cnpg-$cversion
+  crd=$cdir/postgresql.cnpg.io_clusters.yaml
+  if [[ ! -s $crd ]]; then
+    find_go "the CloudNativePG CRD into $cdir"
+    mkdir -p "$cdir"
+    exec 9>"$cdir/fetch.lock"
+    flock 9
+    if [[ ! -s $crd ]]; then
+      # `go mod download` works outside any module and checks the zip against the checksum
+      # database, so the file is exactly the one tagged in the operator's repository.
+      moddir=$(cd "$cdir" && run_go mod download -json "github.com/cloudnative-pg/cloudnative-pg@v$cversion" |
+        sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')
+      source=$moddir/config/crd/bases/postgresql.cnpg.io_clusters.yaml
+      if [[ ! -f $source ]]; then
+        echo "build.sh: no Cluster CRD in github.com/cloudnative-pg/cloudnative-pg@v$cversion" \
+          "(looked for $source)" >&2
+        exit 1
+      fi
+      # The module cache holds its files read-only; the copy should not be.
+      install -m 0644 "$source" "$cdir/.partial.yaml"
+      mv -f "$cdir/.partial.yaml" "$crd"
+      echo "build.sh: CloudNativePG v$cversion Cluster CRD fetched" >&2
+    fi
+  fi
+  echo "$crd"
   exit 0
 fi
 

@@ -22,7 +22,7 @@ use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Value, json};
 
@@ -38,6 +38,18 @@ const HIBERNATION: &str = "cnpg.io/hibernation";
 const LAST_OCTET: u8 = 61;
 /// How long one watch call lasts before it is renewed (and the stop flag looked at).
 const WATCH_SECONDS: u32 = 1;
+
+/// The condition CloudNativePG puts on a hibernated Cluster's status, with every field the
+/// CRD's schema requires of a condition (`reason`, `message`, `lastTransitionTime`).
+pub fn hibernated_condition() -> Value {
+    json!({
+        "type": HIBERNATION,
+        "status": "True",
+        "reason": "Hibernated",
+        "message": "Cluster has been hibernated",
+        "lastTransitionTime": humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
+    })
+}
 
 /// One wake the fake operator answered.
 #[derive(Clone, Copy, Debug)]
@@ -278,7 +290,7 @@ impl Operator {
             let patch = json!({ "status": {
                 "readyInstances": null,
                 "phase": "Cluster in healthy state",
-                "conditions": [{ "type": HIBERNATION, "status": "True", "reason": "Hibernated" }]
+                "conditions": [hibernated_condition()]
             }});
             if self
                 .lab

@@ -10,6 +10,9 @@
 //! `${XDG_CACHE_HOME:-$HOME/.cache}/pgwake/k8s/<version>/bin` (10-18 minutes on two cores, once
 //! per machine). `PGWAKE_K8S_BIN` points at prebuilt binaries instead; `PGWAKE_K8S_VERSION` picks
 //! another Kubernetes version; `PGWAKE_GO` names the `go` command to build with.
+//! CloudNativePG's own `Cluster` CRD comes the same way, from the operator's Go module
+//! (`build.sh cnpg-crd`, seconds; `PGWAKE_CNPG_CRD` names another copy), so `Cluster` objects
+//! are validated against the real schema.
 //!
 //! `deploy/` is tested here too: [`render_kustomization`] renders one of its kustomizations with
 //! kustomize (built by `build.sh kustomize` and cached the same way), [`KubeLab::dry_run`] has the
@@ -47,16 +50,12 @@ use crate::free_port;
 /// The Kubernetes version built when `PGWAKE_K8S_VERSION` is unset.
 pub const DEFAULT_K8S_VERSION: &str = "1.37.2";
 
-/// The minimal CloudNativePG `Cluster` CRD (`testkit/k8s/cnpg-cluster-crd.yaml`) that every lab
-/// installs: namespaced, `postgresql.cnpg.io/v1`, status subresource, open schema.
-pub const CNPG_CLUSTER_CRD: &str = include_str!("../k8s/cnpg-cluster-crd.yaml");
-
 /// Where the `Cluster` objects of a namespace live, for building request paths.
 pub fn clusters_path(namespace: &str) -> String {
     format!("/apis/postgresql.cnpg.io/v1/namespaces/{namespace}/clusters")
 }
 
-/// The directory holding `build.sh`, `up.sh`, `down.sh` and the CRD.
+/// The directory holding `build.sh`, `up.sh` and `down.sh`.
 pub fn scripts_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("k8s")
 }
@@ -104,22 +103,35 @@ pub fn ensure_binaries() -> io::Result<PathBuf> {
 /// Runs `build.sh kustomize` (a no-op when it is cached) and returns the path of the `kustomize`
 /// binary. `PGWAKE_KUSTOMIZE` names a prebuilt one instead.
 pub fn ensure_kustomize() -> io::Result<PathBuf> {
-    if let Some(path) = std::env::var_os("PGWAKE_KUSTOMIZE") {
+    build_sh_path("kustomize", "PGWAKE_KUSTOMIZE")
+}
+
+/// Runs `build.sh cnpg-crd` (a no-op when it is cached) and returns the path of CloudNativePG's
+/// own `Cluster` CRD, fetched from the operator's Go module at the release `build.sh` pins.
+/// `PGWAKE_CNPG_CRD` names another copy of that file instead.
+pub fn ensure_cnpg_crd() -> io::Result<PathBuf> {
+    build_sh_path("cnpg-crd", "PGWAKE_CNPG_CRD")
+}
+
+/// Runs `build.sh MODE`, which prints the path of what it built or fetched last, unless the
+/// environment variable `override_var` already names that path.
+fn build_sh_path(mode: &str, override_var: &str) -> io::Result<PathBuf> {
+    if let Some(path) = std::env::var_os(override_var) {
         return Ok(PathBuf::from(path));
     }
     let out = Command::new(scripts_dir().join("build.sh"))
-        .arg("kustomize")
+        .arg(mode)
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .output()?;
     if !out.status.success() {
         return Err(io::Error::other(format!(
-            "testkit/k8s/build.sh kustomize failed ({}); its output is above{}",
+            "testkit/k8s/build.sh {mode} failed ({}); its output is above{}",
             out.status,
             if out.status.code() == Some(127) {
-                " (no Go toolchain: install Go or set PGWAKE_KUSTOMIZE)"
+                format!(" (no Go toolchain: install Go or set {override_var})")
             } else {
-                ""
+                String::new()
             }
         )));
     }
@@ -128,7 +140,7 @@ pub fn ensure_kustomize() -> io::Result<PathBuf> {
         .lines()
         .last()
         .map(|l| PathBuf::from(l.trim()))
-        .ok_or_else(|| io::Error::other("build.sh kustomize printed no path"))
+        .ok_or_else(|| io::Error::other(format!("build.sh {mode} printed no path")))
 }
 
 /// The repository's `deploy/` folder.
@@ -358,12 +370,19 @@ impl KubeLab {
         }
     }
 
-    /// Creates the CRD and waits until `Cluster` objects can be listed: a CRD is served only
-    /// after it is `Established`, a moment after it is created.
+    /// Creates CloudNativePG's `Cluster` CRD and waits until `Cluster` objects can be listed: a
+    /// CRD is served only after it is `Established`, a moment after it is created.
+    ///
+    /// The operator's own CRD, schema and all, so that a misspelt or mistyped `Cluster` field
+    /// fails here as it would in a real cluster. Created rather than applied: its schema is
+    /// larger than a client-side apply annotation may hold.
     fn install_crd(&self) -> io::Result<()> {
+        let path = ensure_cnpg_crd()?;
+        let crd = fs::read_to_string(&path)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
         let created = self.create(
             "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-            CNPG_CLUSTER_CRD,
+            &crd,
         )?;
         if created.status != 409 {
             created.success_json()?;
@@ -827,7 +846,10 @@ mod tests {
     #[test]
     fn manifests_are_sent_with_the_right_content_type() {
         assert_eq!(content_type_of("  {\"kind\":\"x\"}"), "application/json");
-        assert_eq!(content_type_of(CNPG_CLUSTER_CRD), "application/yaml");
+        assert_eq!(
+            content_type_of("---\napiVersion: v1\nkind: ConfigMap\n"),
+            "application/yaml"
+        );
     }
 
     #[test]

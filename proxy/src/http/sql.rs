@@ -38,27 +38,35 @@ enum Refusal {
     Error(Map<String, Value>),
     /// Another status with a text body.
     Status(StatusCode, String),
+    /// Refused on the way to the database (route, authenticate, admit, wake) as a TCP login
+    /// would be: answered like [`Refusal::Error`], and counted in `pgwake_errors_total` by kind.
+    Session(SessionError),
 }
 
 impl From<SessionError> for Refusal {
     fn from(e: SessionError) -> Self {
-        match e.client_message() {
-            Some(m) => {
-                let mut fields = client_error(m.code, &m.message);
-                if let Some(d) = m.detail {
-                    fields.insert("detail".into(), d.into());
-                }
-                if let Some(h) = m.hint {
-                    fields.insert("hint".into(), h.into());
-                }
-                Refusal::Error(fields)
+        Refusal::Session(e)
+    }
+}
+
+/// The error object telling a client why its request was refused on the way to the database.
+fn session_error_fields(e: &SessionError) -> Map<String, Value> {
+    match e.client_message() {
+        Some(m) => {
+            let mut fields = client_error(m.code, &m.message);
+            if let Some(d) = m.detail {
+                fields.insert("detail".into(), d.into());
             }
-            // Client I/O and TLS failures cannot happen here; keep a generic answer anyway.
-            None => Refusal::Error(client_error(
-                pgwake_protocol::sqlstate::CONNECTION_FAILURE,
-                "the connection to the tenant's database failed",
-            )),
+            if let Some(h) = m.hint {
+                fields.insert("hint".into(), h.into());
+            }
+            fields
         }
+        // Client I/O and TLS failures cannot happen here; keep a generic answer anyway.
+        None => client_error(
+            pgwake_protocol::sqlstate::CONNECTION_FAILURE,
+            "the connection to the tenant's database failed",
+        ),
     }
 }
 
@@ -177,6 +185,13 @@ pub async fn handle(
             .expect("valid response"),
         Err(Refusal::Error(fields)) => json(StatusCode::BAD_REQUEST, &Value::Object(fields)),
         Err(Refusal::Status(status, text)) => plain(status, &text),
+        Err(Refusal::Session(e)) => {
+            state.gateway.metrics.error(e.kind());
+            json(
+                StatusCode::BAD_REQUEST,
+                &Value::Object(session_error_fields(&e)),
+            )
+        }
     };
     state
         .gateway

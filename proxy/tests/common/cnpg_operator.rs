@@ -9,6 +9,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use pgwake_testkit::TestPostgres;
+use pgwake_testkit::fake_operator::hibernated_condition;
 use pgwake_testkit::kube::{KubeLab, clusters_path};
 use serde_json::json;
 
@@ -48,7 +49,7 @@ impl FakeOperator {
                     Some(json!({ "status": {
                         "readyInstances": null,
                         "phase": "Cluster in healthy state",
-                        "conditions": [{ "type": "cnpg.io/hibernation", "status": "True", "reason": "Hibernated" }]
+                        "conditions": [hibernated_condition()]
                     }}))
                 } else if !hibernate && (!pg.is_running() || !ready) {
                     pg.resume().unwrap();
