@@ -234,7 +234,13 @@ impl Default for RoutingConfig {
     fn default() -> Self {
         RoutingConfig {
             sni_suffix: None,
-            rules: vec![Rule::Sni, Rule::Options, Rule::Database, Rule::User],
+            rules: vec![
+                Rule::Sni,
+                Rule::Options,
+                Rule::Database,
+                Rule::User,
+                Rule::Password,
+            ],
             default_tenant: None,
             unknown_tenant: UnknownTenant::default(),
         }

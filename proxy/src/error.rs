@@ -5,8 +5,8 @@ use pgwake_routing::{ResolveError, TenantId, WakeError};
 
 /// How to name tenants, given to clients that named none or an unknown one.
 const TENANT_HINT: &str = "name the tenant with the TLS server name <tenant>.<sni_suffix>, \
-     options=endpoint=<tenant> (or --tenant=<tenant>), database <tenant>.<database> or user \
-     <user>.<tenant>";
+     options=endpoint=<tenant> (or --tenant=<tenant>), database <tenant>.<database>, user \
+     <user>.<tenant>, or (over TLS) the password endpoint=<tenant>;<password>";
 
 /// A reason to end a client connection before or outside the relay.
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +41,10 @@ pub enum SessionError {
     /// Too many failed attempts from this address for this tenant.
     #[error("throttled for {0:?} after failed authentication attempts")]
     Throttled(std::time::Duration),
+    /// A client named tenant {0} in its password, but the gateway does not check that tenant's
+    /// passwords (passthrough), so it cannot log in with the rest of it.
+    #[error("tenant {0} uses passthrough authentication and cannot be named in the password")]
+    PasswordRouteNeedsGateway(TenantId),
     /// The startup message named no user.
     #[error("no user name in the startup message")]
     NoUser,
@@ -113,7 +117,9 @@ impl SessionError {
             SessionError::StartupTimeout => "startup_timeout",
             SessionError::PlaintextRefused => "plaintext_refused",
             SessionError::Handshake(_) => "tls_handshake",
-            SessionError::Route(_) | SessionError::UnknownTenant(_) => "routing",
+            SessionError::Route(_)
+            | SessionError::UnknownTenant(_)
+            | SessionError::PasswordRouteNeedsGateway(_) => "routing",
             SessionError::AuthFailed(_) => "auth_failed",
             SessionError::Throttled(_) => "auth_throttled",
             SessionError::NoUser => "client_protocol",
@@ -176,6 +182,11 @@ impl SessionError {
                 )
                 .with_hint(TENANT_HINT)
             }
+            SessionError::PasswordRouteNeedsGateway(_) => ErrorMessage::fatal(
+                INVALID_AUTHORIZATION_SPECIFICATION,
+                "this tenant cannot be named in the password",
+            )
+            .with_hint("name it with the TLS server name or options=endpoint=<tenant>"),
             SessionError::AuthFailed(user) => ErrorMessage::fatal(
                 INVALID_PASSWORD,
                 format!("password authentication failed for user \"{user}\""),

@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use pgwake_protocol::backend::backend_key_data;
 use pgwake_routing::backend::LocalBackend;
-use pgwake_routing::{Lease, TenantDirectory, TenantId, TenantResolver, WakeCoordinator};
+use pgwake_routing::resolver::tenant_in_password;
+use pgwake_routing::{
+    Lease, ResolveError, Tenant, TenantDirectory, TenantId, TenantResolver, WakeCoordinator,
+};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
@@ -326,36 +329,26 @@ async fn open_session(
             .map_err(SessionError::ClientIo)?;
     }
     let sni = client.sni().map(str::to_owned);
-    let resolved = gw.resolver.resolve(sni.as_deref(), &mut startup.params)?;
-    tracing::Span::current().record("tenant", resolved.tenant.as_str());
-    // A denied address learns no more than about a tenant that does not exist.
-    let known = gw
-        .directory
-        .get(&resolved.tenant)
-        .and_then(|t| gw.policy(&t.id).map(|p| (t, p)))
-        .filter(|(_, p)| p.access.permits(peer.ip()));
-    let Some((tenant, policy)) = known else {
-        let user = startup.get("user").map(str::to_owned);
-        return Err(
-            refuse_unknown_tenant(gw, client, peer, &resolved.tenant, user.as_deref()).await,
-        );
-    };
-    slot.claim_tenant(&tenant.id, policy.max_clients)
-        .map_err(SessionError::Full)?;
     let user = startup.get("user").map(str::to_owned);
-    // Authenticate first, then wake: a wrong password never starts a database.
-    let material = match (policy.auth, &policy.credentials) {
-        (AuthMode::Gateway, Some(source)) => {
-            let user = user.as_deref().ok_or(SessionError::NoUser)?;
-            let login = authenticate(gw, client, peer, &tenant.id, source.as_ref(), user);
-            let material = tokio::time::timeout(gw.limits.auth_timeout, login)
+    let named = match gw.resolver.resolve(sni.as_deref(), &mut startup.params) {
+        Ok(resolved) => Some(resolved.tenant),
+        // Only where the password travels encrypted may it carry the tenant's name.
+        Err(ResolveError::NotNamed)
+            if gw.resolver.routes_by_password() && (client.is_tls() || client.is_tunnel()) =>
+        {
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let (tenant, material) = match named {
+        Some(id) => authenticate_named(gw, client, peer, &id, user.as_deref(), slot).await?,
+        None => {
+            let routed = route_by_password(gw, client, peer, user.as_deref(), slot);
+            let (tenant, material) = tokio::time::timeout(gw.limits.auth_timeout, routed)
                 .await
                 .map_err(|_| SessionError::AuthTimeout)??;
-            // Proven: from here on a wait (for a wake) is no reason to be evicted.
-            slot.logged_in();
-            Some(material)
+            (tenant, Some(material))
         }
-        _ => None,
     };
     if material.is_some() && gw.wake_notice && !gw.coordinator.is_awake(&tenant.id) {
         let notice = pgwake_protocol::ErrorMessage::notice(
@@ -452,6 +445,99 @@ async fn open_session(
         revivable,
         returnable,
     })
+}
+
+/// What admission found for a connection: its tenant, and what the gateway's own
+/// authentication of the client left (none under passthrough).
+type Admitted = (Arc<Tenant>, Option<LoginMaterial>);
+
+/// The tenant `id`, when it exists and admits `peer`.
+fn admitted_tenant(
+    gw: &Gateway,
+    id: &TenantId,
+    peer: SocketAddr,
+) -> Option<(Arc<Tenant>, Arc<TenantPolicy>)> {
+    // A denied address learns no more than about a tenant that does not exist.
+    gw.directory
+        .get(id)
+        .and_then(|t| gw.policy(&t.id).map(|p| (t, p)))
+        .filter(|(_, p)| p.access.permits(peer.ip()))
+}
+
+/// Admits and authenticates a client whose startup named tenant `id`.
+async fn authenticate_named(
+    gw: &Gateway,
+    client: &mut Stream,
+    peer: SocketAddr,
+    id: &TenantId,
+    user: Option<&str>,
+    slot: &mut ClientSlot,
+) -> Result<Admitted, SessionError> {
+    tracing::Span::current().record("tenant", id.as_str());
+    let Some((tenant, policy)) = admitted_tenant(gw, id, peer) else {
+        return Err(refuse_unknown_tenant(gw, client, peer, id, user).await);
+    };
+    slot.claim_tenant(&tenant.id, policy.max_clients)
+        .map_err(SessionError::Full)?;
+    // Authenticate first, then wake: a wrong password never starts a database.
+    let material = match (policy.auth, &policy.credentials) {
+        (AuthMode::Gateway, Some(source)) => {
+            let user = user.ok_or(SessionError::NoUser)?;
+            let login = authenticate(gw, client, peer, &tenant.id, source.as_ref(), user);
+            let material = tokio::time::timeout(gw.limits.auth_timeout, login)
+                .await
+                .map_err(|_| SessionError::AuthTimeout)??;
+            // Proven: from here on a wait (for a wake) is no reason to be evicted.
+            slot.logged_in();
+            Some(material)
+        }
+        _ => None,
+    };
+    Ok((tenant, material))
+}
+
+/// Admits and authenticates a client that named no tenant but may name it in its password
+/// (`endpoint=<tenant>;<password>` or `endpoint=<tenant>$<password>`, the `password` rule): asks
+/// for the password in the clear (the link is encrypted), then checks the rest of it against
+/// the tenant's credentials, as Neon does for clients without SNI.
+async fn route_by_password(
+    gw: &Gateway,
+    client: &mut Stream,
+    peer: SocketAddr,
+    user: Option<&str>,
+    slot: &mut ClientSlot,
+) -> Result<(Arc<Tenant>, LoginMaterial), SessionError> {
+    let user = user.ok_or(SessionError::NoUser)?;
+    client
+        .write_all(&pgwake_protocol::auth::authentication_cleartext_password())
+        .await
+        .map_err(SessionError::ClientIo)?;
+    client.flush().await.map_err(SessionError::ClientIo)?;
+    let password = read_cleartext_password(client, gw.link.max_client_message).await?;
+    let Some((id, password)) = tenant_in_password(&password) else {
+        return Err(SessionError::Route(ResolveError::NotNamed));
+    };
+    tracing::Span::current().record("tenant", id.as_str());
+    let Some((tenant, policy)) = admitted_tenant(gw, &id, peer) else {
+        if gw.unknown_tenant == UnknownTenant::PasswordFailed {
+            // The same work and answer as a wrong password for a tenant that exists.
+            check_password(gw, peer, &id, &NoUsers, user, password).await?;
+        }
+        return Err(SessionError::UnknownTenant(id.to_string()));
+    };
+    slot.claim_tenant(&tenant.id, policy.max_clients)
+        .map_err(SessionError::Full)?;
+    let source = match (policy.auth, &policy.credentials) {
+        (AuthMode::Gateway, Some(source)) => source.clone(),
+        _ => return Err(SessionError::PasswordRouteNeedsGateway(tenant.id.clone())),
+    };
+    let material = check_password(gw, peer, &tenant.id, source.as_ref(), user, password).await?;
+    client
+        .write_all(&pgwake_protocol::auth::authentication_ok())
+        .await
+        .map_err(SessionError::ClientIo)?;
+    slot.logged_in();
+    Ok((tenant, material))
 }
 
 /// Pause between logins to a backend that answered `57P03`.

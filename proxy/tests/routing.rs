@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Gateway, backend, connections_seen};
+use common::{Gateway, LOCAL_PASSWORD, backend, connections_seen};
 use tokio_postgres::NoTls;
 
 fn stdout(o: &std::process::Output) -> String {
@@ -186,4 +186,61 @@ async fn direct_tls_with_sni_routes() {
     tokio::task::spawn_blocking(move || gw.wait_idle())
         .await
         .unwrap();
+}
+
+#[test]
+fn psql_without_sni_names_the_tenant_in_its_password() {
+    let tenants = Gateway::local_tenants(&["alpha"], "");
+    let gw = Gateway::launch_routed(
+        &[],
+        r#"["sni", "options", "database", "user", "password"]"#,
+        "",
+        &tenants,
+        &[],
+    );
+    // host=127.0.0.1: libpq sends no SNI for an address, and no options are given.
+    let psql = |password: &str, sslmode: &str| {
+        std::process::Command::new(pgwake_testkit::pg_bin_dir().unwrap().join("psql"))
+            .args(["-X", "-A", "-t", "-w", "-c", "select current_database()"])
+            .arg(format!(
+                "host=127.0.0.1 port={} sslmode={sslmode} user=pgwake dbname=postgres \
+                 password='{password}'",
+                gw.port
+            ))
+            .env("PGCONNECT_TIMEOUT", "10")
+            .output()
+            .expect("run psql")
+    };
+    // Wrong passwords, and a tenant that does not exist, get the same answer and wake nothing.
+    let wrong = psql("endpoint=alpha;not-the-password", "require");
+    let unknown = psql("endpoint=nosuch;not-the-password", "require");
+    for out in [&wrong, &unknown] {
+        assert!(
+            stderr(out).contains("password authentication failed for user \"pgwake\""),
+            "{}",
+            stderr(out)
+        );
+    }
+    assert_eq!(gw.local_starts("alpha"), 0, "a wrong password woke the tenant");
+    for password in [
+        format!("endpoint=alpha;{LOCAL_PASSWORD}"),
+        format!("endpoint=alpha${LOCAL_PASSWORD}"),
+    ] {
+        let out = psql(&password, "require");
+        assert_eq!(stdout(&out), "postgres", "{}\n{}", stderr(&out), gw.log());
+    }
+    // Without the prefix the client still names no tenant.
+    let out = psql(LOCAL_PASSWORD, "require");
+    assert!(
+        stderr(&out).contains("unknown or forbidden tenant"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(stderr(&out).contains("endpoint=<tenant>;<password>"));
+    // Over plaintext the password is never asked for in the clear.
+    let log_before = gw.log().len();
+    let out = psql(&format!("endpoint=alpha;{LOCAL_PASSWORD}"), "disable");
+    assert!(!out.status.success());
+    assert!(!gw.log()[log_before..].contains("login relayed"));
+    gw.wait_idle();
 }

@@ -22,6 +22,10 @@ pub enum Rule {
     Database,
     /// User name `<user>.<tenant>`.
     User,
+    /// The password, as `endpoint=<tenant>;<password>` or `endpoint=<tenant>$<password>`, for
+    /// clients that can send neither SNI nor `options`. It is read during authentication, so it
+    /// applies only when no other rule named a tenant (see [`tenant_in_password`]).
+    Password,
 }
 
 impl fmt::Display for Rule {
@@ -31,6 +35,7 @@ impl fmt::Display for Rule {
             Rule::Options => "options parameter",
             Rule::Database => "database name",
             Rule::User => "user name",
+            Rule::Password => "password",
         })
     }
 }
@@ -140,6 +145,8 @@ impl TenantResolver {
                         let t = TenantId::parse(t).ok()?;
                         (!db.is_empty()).then(|| (t, Some(("database", Some(db.to_owned())))))
                     }),
+                // Only a client that named no tenant is asked for its password in the clear.
+                Rule::Password => None,
                 Rule::User => {
                     user.as_deref()
                         .and_then(|u| u.rsplit_once('.'))
@@ -192,6 +199,12 @@ impl TenantResolver {
         Ok(resolved)
     }
 
+    /// Whether a connection that named no tenant may name it in its password
+    /// ([`Rule::Password`]); a default tenant makes that moot.
+    pub fn routes_by_password(&self) -> bool {
+        self.config.rules.contains(&Rule::Password) && self.config.default_tenant.is_none()
+    }
+
     fn tenant_in_sni(&self, sni: &str) -> Option<TenantId> {
         let suffix = self.config.sni_suffix.as_deref()?;
         let sni = sni.trim_end_matches('.').to_ascii_lowercase();
@@ -200,6 +213,17 @@ impl TenantResolver {
             .strip_suffix('.')?;
         TenantId::parse(label).ok()
     }
+}
+
+/// Splits a cleartext password of the form `endpoint=<tenant>;<password>` or
+/// `endpoint=<tenant>$<password>` into the tenant and the real password; `None` when it has
+/// another form or the tenant id is invalid.
+pub fn tenant_in_password(password: &str) -> Option<(TenantId, &str)> {
+    let rest = password.strip_prefix("endpoint=")?;
+    // Tenant ids never hold either separator, so the first one ends the id.
+    let at = rest.find([';', '$'])?;
+    let tenant = TenantId::parse(&rest[..at]).ok()?;
+    Some((tenant, &rest[at + 1..]))
 }
 
 fn set_param(params: &mut Vec<(String, String)>, key: &str, value: Option<String>) {
@@ -383,5 +407,26 @@ mod tests {
         let mut p = params(&[("user", "bob"), ("database", "postgres")]);
         let got = r.resolve(Some("alpha.db.localtest"), &mut p).unwrap();
         assert_eq!((got.tenant.as_str(), got.source), ("side", Source::Default));
+    }
+
+    #[test]
+    fn a_password_can_name_the_tenant() {
+        let (t, rest) = tenant_in_password("endpoint=alpha;s3cret;x$y").unwrap();
+        assert_eq!((t.as_str(), rest), ("alpha", "s3cret;x$y"));
+        let (t, rest) = tenant_in_password("endpoint=beta-1$").unwrap();
+        assert_eq!((t.as_str(), rest), ("beta-1", ""));
+        assert!(tenant_in_password("s3cret").is_none());
+        assert!(tenant_in_password("endpoint=alpha").is_none());
+        assert!(tenant_in_password("endpoint=al pha;x").is_none());
+        assert!(tenant_in_password("endpoint=;x").is_none());
+    }
+
+    #[test]
+    fn the_password_rule_names_nothing_before_authentication() {
+        let r = resolver(&[Rule::Sni, Rule::Password]);
+        assert!(r.routes_by_password());
+        let mut p = params(&[("user", "app"), ("database", "db")]);
+        assert_eq!(r.resolve(None, &mut p), Err(ResolveError::NotNamed));
+        assert!(!resolver(&[Rule::Sni]).routes_by_password());
     }
 }

@@ -134,6 +134,23 @@ impl Gateway {
         tenants: &str,
         env: &[(&str, &str)],
     ) -> Gateway {
+        Gateway::launch_routed(
+            wrapper,
+            r#"["sni", "options", "database", "user"]"#,
+            extra,
+            tenants,
+            env,
+        )
+    }
+
+    /// Like [`Gateway::launch_under`], with `rules` (a TOML array) as `routing.rules`.
+    pub fn launch_routed(
+        wrapper: &[&str],
+        rules: &str,
+        extra: &str,
+        tenants: &str,
+        env: &[(&str, &str)],
+    ) -> Gateway {
         let dir = tempfile::tempdir().unwrap();
         // The local backend's servers run as another account and must reach their folders.
         std::fs::set_permissions(
@@ -154,7 +171,7 @@ cert = "cert.pem"
 key = "key.pem"
 [routing]
 sni_suffix = "{SNI_SUFFIX}"
-rules = ["sni", "options", "database", "user"]
+rules = {rules}
 {tenants}"#
         );
         let path = dir.path().join("pgwake.toml");
