@@ -1,11 +1,12 @@
-//! The admin listener: Prometheus metrics, liveness, readiness, and the tenant API
-//! (`GET /v1/tenants`, `POST /v1/tenants/{id}/wake`, `POST /v1/tenants/{id}/sleep`,
-//! `POST /v1/tenants/{id}/migrate`: sessions move to a fresh backend connection at their next
-//! safe point).
+//! The admin listener: Prometheus metrics, liveness, readiness, the tenant API
+//! (`GET /v1/tenants`, `GET /v1/summary`, `POST /v1/tenants/{id}/wake`,
+//! `POST /v1/tenants/{id}/sleep`, `POST /v1/tenants/{id}/migrate`: sessions move to a fresh
+//! backend connection at their next safe point), and a status page at `/` that reads the API.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -19,7 +20,17 @@ use tokio::net::TcpListener;
 
 use pgwake_routing::{TenantId, WakeCoordinator, WakeError};
 
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Totals};
+
+/// The status page: one self-contained HTML file (inline CSS and script, nothing fetched from
+/// elsewhere) that polls `/v1/tenants` and `/v1/summary`.
+const STATUS_PAGE: &str = include_str!("status.html");
+
+/// What the page may do: run its own inline script and styles, fetch from this listener only,
+/// and never be framed by another page.
+const STATUS_PAGE_POLICY: &str = "default-src 'none'; script-src 'unsafe-inline'; \
+    style-src 'unsafe-inline'; img-src data:; connect-src 'self'; base-uri 'none'; \
+    form-action 'none'; frame-ancestors 'none'";
 
 /// What the admin endpoints report on.
 pub struct AdminState {
@@ -31,6 +42,26 @@ pub struct AdminState {
     pub ready: AtomicBool,
     /// The bearer token `/v1/…` requests must present, when one is configured.
     pub token: Option<String>,
+    /// When the gateway started, for the uptime in `/v1/summary`.
+    pub started: Instant,
+}
+
+/// The answer of `GET /v1/summary`: gateway-wide numbers for the status page.
+#[derive(serde::Serialize)]
+struct Summary {
+    /// The gateway's version.
+    version: &'static str,
+    /// The gateway's clock, seconds since the Unix epoch: the page shows the tenants' times
+    /// relative to it, not to the browser's clock.
+    now: f64,
+    /// Seconds since the gateway started serving.
+    uptime_s: f64,
+    /// Tenants the gateway serves.
+    tenants: usize,
+    /// Connections waiting for a wake, across all tenants.
+    waiters: usize,
+    #[serde(flatten)]
+    totals: Totals,
 }
 
 impl AdminState {
@@ -89,6 +120,17 @@ fn text(
         .status(status)
         .header("content-type", content_type)
         .body(Full::new(body.into()))
+        .unwrap_or_default()
+}
+
+fn status_page() -> Response<Full<Bytes>> {
+    Response::builder()
+        .header("content-type", "text/html; charset=utf-8")
+        .header("cache-control", "no-store")
+        .header("content-security-policy", STATUS_PAGE_POLICY)
+        .header("x-content-type-options", "nosniff")
+        .header("referrer-policy", "no-referrer")
+        .body(Full::new(Bytes::from_static(STATUS_PAGE.as_bytes())))
         .unwrap_or_default()
 }
 
@@ -158,6 +200,7 @@ async fn route(state: &AdminState, req: &Request<Incoming>) -> Response<Full<Byt
                 state.metrics.render(),
             )
         }
+        (&Method::GET, "/") => status_page(),
         (&Method::GET, "/healthz") => text(StatusCode::OK, PLAIN, "ok\n"),
         (&Method::GET, "/readyz") if state.ready.load(Ordering::Relaxed) => {
             text(StatusCode::OK, PLAIN, "ready\n")
@@ -170,13 +213,30 @@ async fn route(state: &AdminState, req: &Request<Incoming>) -> Response<Full<Byt
             JSON,
             serde_json::to_string(&state.coordinator.status()).unwrap_or_default(),
         ),
+        (&Method::GET, "/v1/summary") => {
+            let summary = Summary {
+                version: env!("CARGO_PKG_VERSION"),
+                now: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0.0, |d| d.as_secs_f64()),
+                uptime_s: state.started.elapsed().as_secs_f64(),
+                tenants: state.coordinator.status().len(),
+                waiters: state.coordinator.waiters_total(),
+                totals: state.metrics.totals(),
+            };
+            text(
+                StatusCode::OK,
+                JSON,
+                serde_json::to_string(&summary).unwrap_or_default(),
+            )
+        }
         (&Method::POST, p) if p.starts_with("/v1/tenants/") => {
             match p["/v1/tenants/".len()..].split_once('/') {
                 Some((id, action)) => tenant_action(state, id, action).await,
                 None => json_error(StatusCode::NOT_FOUND, "not found"),
             }
         }
-        (_, "/metrics" | "/healthz" | "/readyz" | "/v1/tenants") => text(
+        (_, "/" | "/metrics" | "/healthz" | "/readyz" | "/v1/tenants" | "/v1/summary") => text(
             StatusCode::METHOD_NOT_ALLOWED,
             PLAIN,
             "method not allowed\n",

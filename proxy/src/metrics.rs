@@ -1,8 +1,9 @@
 //! Every metric the gateway exports, declared in one place with its help text.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use pgwake_routing::{Phase, TenantStatus, WakeEvent};
+use prometheus::core::Collector;
 use prometheus::{
     CounterVec, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
     IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
@@ -24,6 +25,7 @@ pub const ERROR_KINDS: &[&str] = &[
     "client_io",
     "client_protocol",
     "gateway_full",
+    "http_response_spill",
     "http_response_too_large",
     "internal",
     "login_evicted",
@@ -52,6 +54,45 @@ const OUTCOMES: &[&str] = &["ok", "error"];
 const REUSE_OUTCOMES: &[&str] = &["hit", "miss", "stale"];
 /// Outcomes of `pgwake_backend_reuse_returns_total`.
 const REUSE_RETURN_OUTCOMES: &[&str] = &["kept", "not_safe", "reset_failed", "full"];
+
+/// The gateway-wide counters the admin API's `GET /v1/summary` reports (the status page's
+/// totals), read from the metrics below.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Totals {
+    /// Client connections accepted since start.
+    pub connections_accepted: u64,
+    /// Client connections open now.
+    pub connections_active: i64,
+    /// Client sessions parked now.
+    pub sessions_parked: i64,
+    /// Wakes that succeeded.
+    pub wakes_ok: u64,
+    /// Wakes that failed.
+    pub wakes_failed: u64,
+    /// Connections that ended in an error, by kind.
+    pub errors: BTreeMap<String, u64>,
+    /// Client authentications, by outcome (`ok`, `failed`, `throttled`, `error`).
+    pub auth_attempts: BTreeMap<String, u64>,
+    /// Bytes relayed from clients to backends.
+    pub bytes_client_to_backend: u64,
+    /// Bytes relayed from backends to clients.
+    pub bytes_backend_to_client: u64,
+}
+
+/// Sums a labelled counter's series by the value of one of its labels.
+fn sum_by_label(counters: &IntCounterVec, label: &str) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for family in counters.collect() {
+        for metric in family.get_metric() {
+            let Some(pair) = metric.get_label().iter().find(|p| p.name() == label) else {
+                continue;
+            };
+            *out.entry(pair.value().to_owned()).or_default() +=
+                metric.get_counter().get_value() as u64;
+        }
+    }
+    out
+}
 
 /// The gateway's metrics and the registry they are exported from.
 pub struct Metrics {
@@ -430,6 +471,22 @@ impl Metrics {
     /// Counts what became of a departed client's backend connection.
     pub fn reuse_return(&self, outcome: &'static str) {
         self.reuse_returns.with_label_values(&[outcome]).inc();
+    }
+
+    /// The gateway-wide counters as they are now.
+    pub fn totals(&self) -> Totals {
+        let wakes = sum_by_label(&self.wakes, "outcome");
+        Totals {
+            connections_accepted: self.connections_accepted.get(),
+            connections_active: self.connections_active.get(),
+            sessions_parked: self.sessions_parked.get(),
+            wakes_ok: wakes.get("ok").copied().unwrap_or(0),
+            wakes_failed: wakes.get("error").copied().unwrap_or(0),
+            errors: sum_by_label(&self.errors, "kind"),
+            auth_attempts: sum_by_label(&self.auth_attempts, "outcome"),
+            bytes_client_to_backend: self.bytes_client_to_backend.get(),
+            bytes_backend_to_client: self.bytes_backend_to_client.get(),
+        }
     }
 
     /// Sets the tenant gauges and awake-time counters from a snapshot of the coordinator.

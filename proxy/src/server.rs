@@ -570,6 +570,7 @@ pub async fn run(
         coordinator: gateway.coordinator.clone(),
         ready: true.into(),
         token: admin_token,
+        started: std::time::Instant::now(),
     });
     let sleeper_stop = CancellationToken::new();
     tokio::spawn(

@@ -392,10 +392,7 @@ async fn drive(
         };
         if !matches!(reason, Reason::Migrate) {
             let Attached { lease, .. } = current;
-            match reason {
-                Reason::IdleSleep => lease.release_parked(),
-                _ => drop(lease),
-            }
+            let mark = lease.park(matches!(reason, Reason::IdleSleep));
             info!(
                 reason = reason.as_str(),
                 statements = snapshot.statements.len(),
@@ -405,6 +402,7 @@ async fn drive(
             gw.metrics.sessions_parked.inc();
             let parked = wait_parked(client, gw).await;
             gw.metrics.sessions_parked.dec();
+            drop(mark);
             match parked {
                 Parked::Message(bytes) => preload = bytes,
                 Parked::Closed => return Ok(RelayEnd::ClientClosed),

@@ -103,6 +103,11 @@ async fn idle_session_survives_tenant_sleep() {
         "the postmaster process {postmaster} is gone"
     );
     assert_eq!(gw.metric("pgwake_sessions_parked"), 1.0);
+    let nap = gw.tenant("nap");
+    assert_eq!(
+        (&nap["connections"], &nap["parked"]),
+        (&0.into(), &1.into())
+    );
 
     let row = client.query_one(&by_id, &[&1i32]).await.unwrap();
     assert_eq!(row.get::<_, String>(0), "one");
@@ -114,6 +119,11 @@ async fn idle_session_survives_tenant_sleep() {
     assert_eq!(gw.tenant_state("nap").0, "awake");
     assert_eq!(revivals(&gw, "idle_sleep", "ok"), 1.0);
     assert_eq!(gw.metric("pgwake_sessions_parked"), 0.0);
+    let nap = gw.tenant("nap");
+    assert_eq!(
+        (&nap["connections"], &nap["parked"]),
+        (&1.into(), &0.into())
+    );
 
     // And again: the revived session parks and revives a second time.
     let gw = blocking(move || {

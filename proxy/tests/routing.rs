@@ -221,7 +221,11 @@ fn psql_without_sni_names_the_tenant_in_its_password() {
             stderr(out)
         );
     }
-    assert_eq!(gw.local_starts("alpha"), 0, "a wrong password woke the tenant");
+    assert_eq!(
+        gw.local_starts("alpha"),
+        0,
+        "a wrong password woke the tenant"
+    );
     for password in [
         format!("endpoint=alpha;{LOCAL_PASSWORD}"),
         format!("endpoint=alpha${LOCAL_PASSWORD}"),

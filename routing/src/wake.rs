@@ -5,7 +5,7 @@
 //! once. Otherwise it waits (bounded per tenant and in total) while a single wake task runs; the
 //! task outlives any one waiter, so a client giving up never cancels a wake others wait for.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, SystemTime};
@@ -18,6 +18,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::{BackendError, ComputeState, Endpoint, Tenant, TenantDirectory, TenantId};
+
+/// Finished wakes each tenant remembers for the admin API (`wakes` in its status): enough for a
+/// latency sparkline, few enough to copy on every status request.
+pub const WAKE_HISTORY: usize = 20;
 
 /// Limits and timings of the coordinator.
 #[derive(Clone, Debug)]
@@ -87,17 +91,34 @@ pub struct TenantStatus {
     pub state: Phase,
     /// When it entered that phase, seconds since the Unix epoch.
     pub since: f64,
-    /// Client connections open.
+    /// Client connections open with a backend connection (or about to get one).
     pub connections: usize,
+    /// Client sessions parked: connected, without a backend connection.
+    pub parked: usize,
     /// Connections waiting for a wake.
     pub waiters: usize,
     /// How long the last successful wake took, in milliseconds.
     pub last_wake_ms: Option<f64>,
+    /// When the last successful wake finished, seconds since the Unix epoch.
+    pub last_wake_at: Option<f64>,
+    /// The last [`WAKE_HISTORY`] finished wakes, successful or not, oldest first.
+    pub wakes: Vec<WakeRecord>,
     /// Why the last wake failed, while failed.
     pub last_error: Option<String>,
     /// Seconds the database has spent waking, awake or going to sleep since the gateway
     /// started: what sleeping saves is the rest.
     pub awake_s: f64,
+}
+
+/// One finished wake of a tenant, as its status lists it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct WakeRecord {
+    /// When the wake finished, seconds since the Unix epoch.
+    pub at: f64,
+    /// How long it took, in milliseconds.
+    pub ms: f64,
+    /// True when the tenant woke.
+    pub ok: bool,
 }
 
 /// Why a connection could not be admitted to its tenant.
@@ -149,12 +170,17 @@ struct Inner {
     connections: usize,
     /// Connections whose session has been idle at a safe point for the idle timeout.
     idle_connections: usize,
+    /// Sessions parked off this tenant's backend, each counted by its [`ParkedMark`].
+    parked: usize,
     waiters: usize,
     endpoint: Option<Endpoint>,
     idle_since: Instant,
     retry_at: Option<Instant>,
     last_error: Option<String>,
-    last_wake: Option<Duration>,
+    /// The last successful wake.
+    last_wake: Option<WakeRecord>,
+    /// Finished wakes, oldest first, at most [`WAKE_HISTORY`].
+    wakes: VecDeque<WakeRecord>,
     /// Time spent running (waking, awake, sleeping) in periods that have ended.
     awake_before: Duration,
     /// Start of the running period under way, if any.
@@ -191,12 +217,14 @@ impl Slot {
                 since: SystemTime::now(),
                 connections: 0,
                 idle_connections: 0,
+                parked: 0,
                 waiters: 0,
                 endpoint: None,
                 idle_since: Instant::now(),
                 retry_at: None,
                 last_error: None,
                 last_wake: None,
+                wakes: VecDeque::with_capacity(WAKE_HISTORY),
                 awake_before: Duration::ZERO,
                 running_since: None,
             }),
@@ -225,9 +253,29 @@ impl Slot {
         inner.since = SystemTime::now();
     }
 
+    fn record_wake(inner: &mut Inner, duration: Duration, ok: bool) {
+        let record = WakeRecord {
+            at: epoch_seconds(SystemTime::now()),
+            ms: duration.as_secs_f64() * 1000.0,
+            ok,
+        };
+        if inner.wakes.len() == WAKE_HISTORY {
+            inner.wakes.pop_front();
+        }
+        inner.wakes.push_back(record);
+        if ok {
+            inner.last_wake = Some(record);
+        }
+    }
+
     fn notify(&self) {
         self.changed.send_modify(|g| *g = g.wrapping_add(1));
     }
+}
+
+fn epoch_seconds(t: SystemTime) -> f64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// Proof that a connection counts against its tenant; dropping it ends the connection's claim
@@ -235,11 +283,12 @@ impl Slot {
 ///
 /// A session idle at a safe point marks its lease idle: when every lease of a tenant is idle,
 /// the idle sleeper asks them all to park (leave their backend connections), and a lease
-/// released by a parked session does not restart the idle clock.
+/// given up by a session parked for that reason does not restart the idle clock.
 pub struct Lease {
     slot: Arc<Slot>,
     idle: AtomicBool,
-    parked: bool,
+    /// Given up by a session parked because the tenant was idle.
+    parked_for_sleep: bool,
 }
 
 impl Lease {
@@ -247,7 +296,7 @@ impl Lease {
         Lease {
             slot,
             idle: AtomicBool::new(false),
-            parked: false,
+            parked_for_sleep: false,
         }
     }
 
@@ -281,10 +330,29 @@ impl Lease {
         self.slot.migrate.subscribe()
     }
 
-    /// Ends the claim of a session that parked because the tenant was idle: the idle clock is
-    /// not restarted, so the tenant can sleep at the sleeper's next look.
-    pub fn release_parked(mut self) {
-        self.parked = true;
+    /// Ends the claim of a session that left its backend connection but keeps its client; the
+    /// tenant counts it as parked until the returned mark is dropped. With `for_sleep` (it
+    /// parked because the tenant was idle) the idle clock is not restarted, so the tenant can
+    /// sleep at the sleeper's next look.
+    pub fn park(mut self, for_sleep: bool) -> ParkedMark {
+        self.parked_for_sleep = for_sleep;
+        self.slot.lock().parked += 1;
+        ParkedMark {
+            slot: self.slot.clone(),
+        }
+    }
+}
+
+/// Counts a parked session in its tenant's status while it waits for its client's next
+/// message.
+pub struct ParkedMark {
+    slot: Arc<Slot>,
+}
+
+impl Drop for ParkedMark {
+    fn drop(&mut self) {
+        let mut inner = self.slot.lock();
+        inner.parked = inner.parked.saturating_sub(1);
     }
 }
 
@@ -297,7 +365,7 @@ impl Drop for Lease {
         }
         if inner.connections == 0 {
             let now = Instant::now();
-            inner.idle_since = if self.parked {
+            inner.idle_since = if self.parked_for_sleep {
                 self.slot.sleeper.notify_one();
                 now.checked_sub(self.slot.tenant.idle_timeout)
                     .unwrap_or(now)
@@ -494,7 +562,7 @@ impl WakeCoordinator {
                     Ok(ep) => {
                         info!(tenant = %id, ms = duration.as_millis() as u64, "tenant awake");
                         inner.endpoint = Some(ep);
-                        inner.last_wake = Some(duration);
+                        Slot::record_wake(&mut inner, duration, true);
                         inner.last_error = None;
                         inner.retry_at = None;
                         inner.idle_since = Instant::now();
@@ -503,6 +571,7 @@ impl WakeCoordinator {
                     Err(e) => {
                         warn!(tenant = %id, error = %e, retry_in = ?settings.failed_retry_delay, "wake failed");
                         inner.endpoint = None;
+                        Slot::record_wake(&mut inner, duration, false);
                         inner.last_error = Some(e.to_string());
                         inner.retry_at = Some(Instant::now() + settings.failed_retry_delay);
                         slot.set_phase(&mut inner, Phase::Failed);
@@ -589,14 +658,13 @@ impl WakeCoordinator {
                     id: slot.tenant.id.to_string(),
                     backend: slot.tenant.backend.kind(),
                     state: inner.phase,
-                    since: inner
-                        .since
-                        .duration_since(SystemTime::UNIX_EPOCH)
-                        .map(|d| d.as_secs_f64())
-                        .unwrap_or(0.0),
+                    since: epoch_seconds(inner.since),
                     connections: inner.connections,
+                    parked: inner.parked,
                     waiters: inner.waiters,
-                    last_wake_ms: inner.last_wake.map(|d| d.as_secs_f64() * 1000.0),
+                    last_wake_ms: inner.last_wake.map(|w| w.ms),
+                    last_wake_at: inner.last_wake.map(|w| w.at),
+                    wakes: inner.wakes.iter().copied().collect(),
                     last_error: (inner.phase == Phase::Failed)
                         .then(|| inner.last_error.clone())
                         .flatten(),
@@ -706,5 +774,61 @@ impl WakeCoordinator {
                 slot.lock().awake().as_secs_f64();
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::FixedBackend;
+
+    fn coordinator() -> (Arc<WakeCoordinator>, TenantId) {
+        let id = TenantId::parse("t").unwrap();
+        let directory = Arc::new(TenantDirectory::new([Tenant {
+            id: id.clone(),
+            backend: Arc::new(FixedBackend::new(Endpoint::parse("127.0.0.1:1").unwrap())),
+            idle_timeout: Duration::from_secs(3600),
+        }]));
+        let settings = WakeSettings {
+            wake_timeout: Duration::from_secs(5),
+            max_waiters_per_tenant: 10,
+            max_waiters_total: 10,
+            attempts: 1,
+            retry_backoff: Duration::from_millis(10),
+            failed_retry_delay: Duration::from_secs(1),
+            idle_check_interval: Duration::from_secs(3600),
+        };
+        (WakeCoordinator::new(directory, settings, |_| {}), id)
+    }
+
+    #[tokio::test]
+    async fn wake_history_keeps_the_latest_wakes() {
+        let (coordinator, id) = coordinator();
+        for _ in 0..WAKE_HISTORY + 5 {
+            coordinator.wake(&id).await.unwrap();
+            coordinator.sleep(&id).await.unwrap();
+        }
+        let status = coordinator.status().remove(0);
+        assert_eq!(status.wakes.len(), WAKE_HISTORY);
+        assert!(status.wakes.windows(2).all(|w| w[0].at <= w[1].at));
+        let last = status.wakes.last().unwrap();
+        assert!(last.ok);
+        assert_eq!(status.last_wake_at, Some(last.at));
+        assert_eq!(status.last_wake_ms, Some(last.ms));
+    }
+
+    #[tokio::test]
+    async fn parked_sessions_are_counted_until_their_mark_drops() {
+        let (coordinator, id) = coordinator();
+        let admission = coordinator.ensure_awake(&id).await.unwrap();
+        let status = |c: &WakeCoordinator| {
+            let s = c.status().remove(0);
+            (s.connections, s.parked)
+        };
+        assert_eq!(status(&coordinator), (1, 0));
+        let mark = admission.lease.park(true);
+        assert_eq!(status(&coordinator), (0, 1));
+        drop(mark);
+        assert_eq!(status(&coordinator), (0, 0));
     }
 }

@@ -90,14 +90,19 @@ impl Gateway {
             .count()
     }
 
-    /// A tenant's entry from `GET /v1/tenants`, as (state, connections, waiters).
-    pub fn tenant_state(&self, tenant: &str) -> (String, u64, u64) {
+    /// A tenant's entry from `GET /v1/tenants`.
+    pub fn tenant(&self, tenant: &str) -> serde_json::Value {
         let (_, body) = self.http_get("/v1/tenants").expect("tenants");
         let all: serde_json::Value = serde_json::from_str(&body).expect("json");
-        let t = all
-            .as_array()
+        all.as_array()
             .and_then(|a| a.iter().find(|t| t["id"] == tenant))
-            .unwrap_or_else(|| panic!("no tenant {tenant} in {body}"));
+            .unwrap_or_else(|| panic!("no tenant {tenant} in {body}"))
+            .clone()
+    }
+
+    /// A tenant's entry from `GET /v1/tenants`, as (state, connections, waiters).
+    pub fn tenant_state(&self, tenant: &str) -> (String, u64, u64) {
+        let t = self.tenant(tenant);
         (
             t["state"].as_str().unwrap_or_default().to_owned(),
             t["connections"].as_u64().unwrap_or(0),
