@@ -508,12 +508,7 @@ async fn route_by_password(
     slot: &mut ClientSlot,
 ) -> Result<(Arc<Tenant>, LoginMaterial), SessionError> {
     let user = user.ok_or(SessionError::NoUser)?;
-    client
-        .write_all(&pgwake_protocol::auth::authentication_cleartext_password())
-        .await
-        .map_err(SessionError::ClientIo)?;
-    client.flush().await.map_err(SessionError::ClientIo)?;
-    let password = read_cleartext_password(client, gw.link.max_client_message).await?;
+    let password = ask_cleartext_password(gw, client).await?;
     let Some((id, password)) = tenant_in_password(&password) else {
         return Err(SessionError::Route(ResolveError::NotNamed));
     };
@@ -641,12 +636,7 @@ async fn authenticate(
     if client.is_tunnel() {
         // WebSocket clients (the serverless driver) send their password in the clear inside
         // the tunnel, often pipelined right behind the startup message.
-        client
-            .write_all(&pgwake_protocol::auth::authentication_cleartext_password())
-            .await
-            .map_err(SessionError::ClientIo)?;
-        client.flush().await.map_err(SessionError::ClientIo)?;
-        let password = read_cleartext_password(client, gw.link.max_client_message).await?;
+        let password = ask_cleartext_password(gw, client).await?;
         let material = check_password(gw, peer, tenant, source, user, &password).await?;
         client
             .write_all(&pgwake_protocol::auth::authentication_ok())
@@ -679,6 +669,16 @@ async fn authenticate(
     .await;
     attempt_done(gw, peer, tenant, source, user, &result);
     result
+}
+
+/// Asks the client for its password in the clear (only over an encrypted link) and reads it.
+async fn ask_cleartext_password(gw: &Gateway, client: &mut Stream) -> Result<String, SessionError> {
+    client
+        .write_all(&pgwake_protocol::auth::authentication_cleartext_password())
+        .await
+        .map_err(SessionError::ClientIo)?;
+    client.flush().await.map_err(SessionError::ClientIo)?;
+    read_cleartext_password(client, gw.link.max_client_message).await
 }
 
 /// Reads a PasswordMessage holding a cleartext password.

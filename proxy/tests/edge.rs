@@ -944,6 +944,18 @@ async fn peak_rss_during<T>(pid: u32, work: impl std::future::Future<Output = T>
 
 const MIB: u64 = 1024 * 1024;
 
+/// Twenty `POST /sql` of `sql` on tenant `edge` at once: their (status, body).
+async fn twenty_at_once(http: u16, sql: &'static str) -> Vec<(u16, String)> {
+    let requests: Vec<_> = (0..20)
+        .map(|_| tokio::spawn(post_query(http, "pgwake", "edge", LOCAL_PASSWORD, sql)))
+        .collect();
+    let mut answers = Vec::new();
+    for r in requests {
+        answers.push(r.await.unwrap());
+    }
+    answers
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_sql_results_keep_the_gateway_within_a_fixed_memory_bound() {
     let (gw, http) = with_http("", &[]).await;
@@ -954,17 +966,7 @@ async fn large_sql_results_keep_the_gateway_within_a_fixed_memory_bound() {
 
     // Twenty results of about 100 MB each, all over http.max_response_size (10 MiB).
     let huge = "select g, repeat('y', 90) from generate_series(1, 1000000) g";
-    let (answers, peak) = peak_rss_during(pid, async {
-        let requests: Vec<_> = (0..20)
-            .map(|_| tokio::spawn(post_query(http, "pgwake", "edge", LOCAL_PASSWORD, huge)))
-            .collect();
-        let mut answers = Vec::new();
-        for r in requests {
-            answers.push(r.await.unwrap());
-        }
-        answers
-    })
-    .await;
+    let (answers, peak) = peak_rss_during(pid, twenty_at_once(http, huge)).await;
     for (status, body) in &answers {
         assert_eq!(*status, 507, "{body}");
         assert!(body.contains("http.max_response_size"), "{body}");
@@ -978,17 +980,7 @@ async fn large_sql_results_keep_the_gateway_within_a_fixed_memory_bound() {
 
     // Twenty results of about 6.5 MB each, under the limit: spilled, then sent whole.
     let large = "select g, repeat('y', 90) from generate_series(1, 60000) g";
-    let (answers, peak) = peak_rss_during(pid, async {
-        let requests: Vec<_> = (0..20)
-            .map(|_| tokio::spawn(post_query(http, "pgwake", "edge", LOCAL_PASSWORD, large)))
-            .collect();
-        let mut answers = Vec::new();
-        for r in requests {
-            answers.push(r.await.unwrap());
-        }
-        answers
-    })
-    .await;
+    let (answers, peak) = peak_rss_during(pid, twenty_at_once(http, large)).await;
     for (status, body) in &answers {
         assert_eq!(*status, 200, "{}", &body[..body.len().min(300)]);
         let v: serde_json::Value = serde_json::from_str(body).expect("a JSON body");

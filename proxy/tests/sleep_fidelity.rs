@@ -178,20 +178,6 @@ fn node_postgres_pausing_before_its_last_query_lets_the_tenant_sleep() {
     }
 }
 
-/// Connects through the gateway's Postgres listener to a local tenant.
-async fn connect(gw: &Gateway, tenant: &str) -> tokio_postgres::Client {
-    let conninfo = format!(
-        "host=127.0.0.1 port={} user=pgwake password={LOCAL_PASSWORD} dbname={tenant}.postgres \
-         sslmode=disable connect_timeout=60",
-        gw.port
-    );
-    let (client, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    client
-}
-
 /// Backends running `pg_sleep(20)`, as `watcher` sees them.
 async fn sleepers(watcher: &tokio_postgres::Client) -> i64 {
     watcher
@@ -226,7 +212,7 @@ async fn a_client_that_gives_up_cancels_its_query() {
     let gw = tokio::task::spawn_blocking(move || Gateway::start_local(&["quit"], &extra, "", &[]))
         .await
         .unwrap();
-    let watcher = connect(&gw, "quit").await;
+    let watcher = common::local_session(&gw, "quit").await;
 
     // SQL over HTTP: the request is abandoned (the connection closed) mid-query.
     let body = br#"{"query": "select pg_sleep(20)", "params": []}"#;

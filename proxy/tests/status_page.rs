@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Gateway, LOCAL_PASSWORD};
+use common::Gateway;
 
 /// How long one Chromium run may take before the test gives up on it.
 const BROWSER_LIMIT: Duration = Duration::from_secs(90);
@@ -115,17 +115,9 @@ fn take_screenshot(browser: &str, url: &str, name: &str) -> PathBuf {
     path
 }
 
-/// A plaintext session on `tenant` as the local superuser, kept open until dropped.
+/// A session on `tenant`, checked with a first query, kept open until dropped.
 async fn session(gw: &Gateway, tenant: &str) -> tokio_postgres::Client {
-    let conninfo = format!(
-        "host=127.0.0.1 port={} user=pgwake password={LOCAL_PASSWORD} dbname={tenant}.postgres \
-         sslmode=disable connect_timeout=30",
-        gw.port
-    );
-    let (client, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
-        .await
-        .expect("login through the gateway");
-    tokio::spawn(conn);
+    let client = common::local_session(gw, tenant).await;
     let row = client.query_one("select 1::int4", &[]).await.unwrap();
     assert_eq!(row.get::<_, i32>(0), 1);
     client

@@ -517,3 +517,18 @@ pub fn node_project(folder: &str, package: &str) -> PathBuf {
     }
     dir
 }
+
+/// A plaintext session through the gateway on local tenant `tenant` as the local superuser
+/// (routed by database name), kept open until dropped.
+pub async fn local_session(gw: &Gateway, tenant: &str) -> tokio_postgres::Client {
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user=pgwake password={LOCAL_PASSWORD} dbname={tenant}.postgres \
+         sslmode=disable connect_timeout=60",
+        gw.port
+    );
+    let (client, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
+        .await
+        .expect("login through the gateway");
+    tokio::spawn(conn);
+    client
+}
