@@ -437,6 +437,14 @@ fn printed_strings_work_in_every_driver() {
     assert_eq!(psql(&p.verified, "select current_database()"), "postgres");
     assert_eq!(python("psycopg", &p.url), ok, "psycopg");
     assert_eq!(python("psycopg", &p.verified), ok, "psycopg verified");
+    // The sni rule with libpq's separate name and address, verified against the wildcard name.
+    let password = p.url.split(':').nth(2).unwrap().split('@').next().unwrap();
+    let sni = format!(
+        "host=alpha.db.localtest hostaddr=127.0.0.1 port={} user=pgwake password={password} \
+         dbname=postgres sslmode=verify-full sslrootcert={ca}",
+        qs.ports[0]
+    );
+    assert_eq!(psql(&sni, "select current_database()"), "postgres");
 
     if Command::new("python3")
         .args(["-c", "import asyncpg"])
@@ -504,9 +512,15 @@ fn printed_strings_work_in_every_driver() {
         String::from_utf8_lossy(&out.stderr)
     );
 
-    if runs("go", "version") {
+    // Found as testkit/k8s/build.sh finds it: PGWAKE_GO, PATH, then Go's default install.
+    let go = std::env::var("PGWAKE_GO")
+        .ok()
+        .into_iter()
+        .chain(["go".to_owned(), "/usr/local/go/bin/go".to_owned()])
+        .find(|go| runs(go, "version"));
+    if let Some(go) = go {
         let bin = Path::new(env!("CARGO_TARGET_TMPDIR")).join("pgx-connect-from");
-        let built = Command::new("go")
+        let built = Command::new(go)
             .args(["build", "-o"])
             .arg(&bin)
             .arg(".")
@@ -517,14 +531,22 @@ fn printed_strings_work_in_every_driver() {
         let pgx = |url: &str| verdict(Command::new(&bin).arg(url));
         assert_eq!(pgx(&p.url), ok, "pgx");
         assert_eq!(pgx(&p.verified), ok, "pgx verified");
+        let refused = pgx(&verify_full);
+        assert!(
+            refused.contains("certificate signed by unknown authority"),
+            "pgx verify-full needs sslrootcert: {refused}"
+        );
     } else {
-        skipped("pgx", "no `go` on PATH");
+        skipped("pgx", "no Go toolchain (PGWAKE_GO, PATH or /usr/local/go)");
     }
 
     if let Some(classpath) = jdbc_classpath() {
+        // An empty home, so no ~/.postgresql/root.crt of the machine's takes part.
+        let java_home = tempfile::tempdir().unwrap();
         let jdbc = |url: &str| {
             verdict(
                 Command::new("java")
+                    .arg(format!("-Duser.home={}", java_home.path().display()))
                     .args(["-cp", &classpath, "ConnectFrom.java", url])
                     .current_dir(jdbc_dir()),
             )
@@ -535,5 +557,10 @@ fn printed_strings_work_in_every_driver() {
             p.jdbc.replace("sslmode=require", "sslmode=verify-full")
         );
         assert_eq!(jdbc(&verified), ok, "pgjdbc verified");
+        let refused = jdbc(&p.jdbc.replace("sslmode=require", "sslmode=verify-full"));
+        assert!(
+            refused.contains(".postgresql/root.crt"),
+            "pgjdbc verify-full without sslrootcert: {refused}"
+        );
     }
 }
