@@ -265,7 +265,11 @@ pub fn banner(config: &Config, dir: &Path) -> String {
         out.push_str(&format!("  admin:    http://{admin}\n"));
     }
     if let Some(local) = &config.local {
-        out.push_str(&format!("  data:     {}\n", local.data_dir.display()));
+        let why = match local.data_dir.starts_with(&dir) {
+            true => "",
+            false => " (outside the quickstart folder, which the server account cannot enter)",
+        };
+        out.push_str(&format!("  data:     {}{why}\n", local.data_dir.display()));
     }
     out.push_str(&format!(
         "  CA:       {} (signed the server certificate; pin it for verified TLS)\n",

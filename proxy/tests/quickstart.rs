@@ -96,7 +96,8 @@ impl Quickstart {
 
     /// Where the banner says the data directories are.
     fn data_dir(&self) -> PathBuf {
-        PathBuf::from(self.line("data:"))
+        let line = self.line("data:");
+        PathBuf::from(line.split(" (").next().unwrap())
     }
 
     fn ca(&self) -> String {
