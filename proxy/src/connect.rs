@@ -170,10 +170,15 @@ async fn login_exchange(
         endpoint: endpoint.to_string(),
         source: e,
     };
+    // A connection that a crash restart of Postgres ends mid-login (the postmaster stops every
+    // child, new ones included) is, for a client that has seen nothing yet, a server not ready.
+    let cut_short = |e: std::io::Error| {
+        SessionError::BackendNotReady(format!("the connection ended during the login: {e}"))
+    };
     backend
         .write_all(&startup_packet(params))
         .await
-        .map_err(backend_io)?;
+        .map_err(cut_short)?;
     let mut to_client: Vec<u8> = Vec::with_capacity(512);
     let mut registration = None;
     // Whether the client has seen anything of this login yet: until then a refusal can be
@@ -182,7 +187,7 @@ async fn login_exchange(
     loop {
         let msg = read_message(backend, link.max_message)
             .await
-            .map_err(backend_io)?
+            .map_err(|e| if relayed { backend_io(e) } else { cut_short(e) })?
             .ok_or_else(|| SessionError::BackendProtocol("message length out of range".into()))?;
         match msg.tag() {
             b'R' => {

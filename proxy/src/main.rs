@@ -55,6 +55,9 @@ enum Command {
         /// Admin listener port (likewise).
         #[arg(long)]
         admin_port: Option<u16>,
+        /// HTTPS listener port for POST /sql and WebSocket (serverless drivers; likewise).
+        #[arg(long)]
+        http_port: Option<u16>,
         /// Idle time before a tenant sleeps (first run), e.g. 30s or 5m.
         #[arg(long, default_value = "60s")]
         idle_timeout: humantime::Duration,
@@ -72,6 +75,9 @@ enum Command {
         config: PathBuf,
     },
 }
+
+/// Default port of the quickstart's HTTPS listener.
+const QUICKSTART_HTTP_PORT: u16 = 8443;
 
 fn load(path: &std::path::Path) -> anyhow::Result<Config> {
     Config::load(path).with_context(|| format!("invalid configuration in {}", path.display()))
@@ -121,7 +127,23 @@ fn init_logs() {
     tracing_subscriber::registry().with(stderr).init();
 }
 
-fn main() -> anyhow::Result<()> {
+/// Expected failures print one line that says what to do; the chain of causes and a
+/// backtrace only with RUST_BACKTRACE=1.
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            if std::env::var_os("RUST_BACKTRACE").is_some_and(|v| v != "0") {
+                eprintln!("pgwake: {e:?}");
+            } else {
+                eprintln!("pgwake: {e:#}");
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     init_logs();
     rustls::crypto::ring::default_provider()
@@ -182,6 +204,7 @@ fn main() -> anyhow::Result<()> {
             tenants,
             port,
             admin_port,
+            http_port,
             idle_timeout,
         } => {
             let tenants = tenants
@@ -194,6 +217,7 @@ fn main() -> anyhow::Result<()> {
                 tenants,
                 port: port.unwrap_or(6432),
                 admin_port: admin_port.unwrap_or(9090),
+                http_port: http_port.unwrap_or(QUICKSTART_HTTP_PORT),
                 idle_timeout: idle_timeout.into(),
             };
             let path = runtime()?.block_on(quickstart::prepare(&opts))?;
@@ -203,6 +227,13 @@ fn main() -> anyhow::Result<()> {
             }
             if let (Some(p), Some(admin)) = (admin_port, cfg.listen.admin.as_mut()) {
                 admin.set_port(p);
+            }
+            // Folders from before the quickstart served HTTP get the listener too.
+            let http = cfg.listen.http.get_or_insert_with(|| {
+                SocketAddr::new(cfg.listen.postgres.ip(), QUICKSTART_HTTP_PORT)
+            });
+            if let Some(p) = http_port {
+                http.set_port(p);
             }
             let banner = quickstart::banner(&cfg, &dir);
             serve(cfg, Some(banner))

@@ -1,14 +1,15 @@
 //! `pgwake quickstart`: a ready-to-use gateway on this machine in one command, with a config, a
-//! self-signed certificate and a local Postgres data directory per tenant under one folder.
+//! local certificate authority and a server certificate it signed, and a local Postgres data
+//! directory per tenant.
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
 use pgwake_routing::TenantId;
-use pgwake_routing::backend::LocalBackend;
+use pgwake_routing::backend::{LocalBackend, can_enter, server_account};
 use rand::Rng;
 
 use crate::config::Config;
@@ -16,7 +17,7 @@ use crate::server::local_settings;
 
 /// What the quickstart was asked for.
 pub struct QuickstartOptions {
-    /// Folder for config, certificate and data (reused when it exists).
+    /// Folder for config, certificates and (when the server account can enter it) data.
     pub dir: PathBuf,
     /// Tenants to create (first run only).
     pub tenants: Vec<TenantId>,
@@ -24,17 +25,31 @@ pub struct QuickstartOptions {
     pub port: u16,
     /// Admin listener port.
     pub admin_port: u16,
+    /// HTTP listener port (`POST /sql` and WebSocket).
+    pub http_port: u16,
     /// Idle time before a tenant sleeps.
     pub idle_timeout: Duration,
 }
 
-/// Writes `dir/pgwake.toml`, the certificate and the data directories unless they exist, and
-/// returns the config path.
+/// Where data directories go when the server account cannot enter the quickstart folder.
+const SHARED_DATA_ROOT: &str = "/var/lib/pgwake";
+
+/// The CA certificate clients pin, beside the config.
+pub const CA_FILE: &str = "ca.pem";
+
+/// Writes `dir/pgwake.toml`, the certificates and the data directories unless they exist, and
+/// returns the config path. A folder from an earlier version (a self-signed `cert.pem` and no
+/// CA) gets a CA and a certificate signed by it.
 pub async fn prepare(opts: &QuickstartOptions) -> anyhow::Result<PathBuf> {
     fs::create_dir_all(&opts.dir).with_context(|| format!("create {}", opts.dir.display()))?;
-    let config_path = opts.dir.join("pgwake.toml");
+    let dir =
+        fs::canonicalize(&opts.dir).with_context(|| format!("open {}", opts.dir.display()))?;
+    let config_path = dir.join("pgwake.toml");
+    if !dir.join(CA_FILE).exists() {
+        write_certificates(&dir)?;
+    }
     if !config_path.exists() {
-        write_certificate(&opts.dir)?;
+        let data_dir = choose_data_dir(&dir)?;
         let password: String = rand::rng()
             .sample_iter(rand::distr::Alphanumeric)
             .take(20)
@@ -50,6 +65,7 @@ pub async fn prepare(opts: &QuickstartOptions) -> anyhow::Result<PathBuf> {
 [listen]
 postgres = "127.0.0.1:{port}"
 admin = "127.0.0.1:{admin}"
+http = "127.0.0.1:{http}"
 
 [tls]
 cert = "cert.pem"
@@ -57,24 +73,26 @@ key = "key.pem"
 
 [routing]
 sni_suffix = "db.localtest"
-rules = ["sni", "options", "database", "user"]
+rules = ["sni", "options", "database", "user", "password"]
 
 [wake]
 idle_timeout = "{idle}"
 
 [local]
-data_dir = "data"
+data_dir = "{data_dir}"
 superuser = "pgwake"
 password = "{password}"
 {tenants}"#,
             port = opts.port,
             admin = opts.admin_port,
+            http = opts.http_port,
             idle = humantime::format_duration(opts.idle_timeout),
         );
         fs::write(&config_path, text).context("write pgwake.toml")?;
         fs::set_permissions(&config_path, fs::Permissions::from_mode(0o600))?;
     }
-    let config = Config::load(&config_path)?;
+    let config = Config::load(&config_path)
+        .with_context(|| format!("invalid configuration in {}", config_path.display()))?;
     if let Some(local) = &config.local {
         let backend = LocalBackend::new(local_settings(local, config.wake.wake_timeout))?;
         for t in &config.tenants {
@@ -85,49 +103,206 @@ password = "{password}"
     Ok(config_path)
 }
 
-fn write_certificate(dir: &Path) -> anyhow::Result<()> {
-    let names = vec![
-        "*.db.localtest".to_owned(),
+/// `data` inside the quickstart folder, unless the gateway is root and the account the servers
+/// run as cannot enter that folder (a home folder of mode 700): then a folder of its own under
+/// `/var/lib/pgwake`, named after the quickstart folder so two of them never share one.
+fn choose_data_dir(dir: &Path) -> anyhow::Result<String> {
+    let Some(account) = server_account(None)? else {
+        return Ok("data".into());
+    };
+    if can_enter(account, dir) {
+        return Ok("data".into());
+    }
+    let digest = ring::digest::digest(&ring::digest::SHA256, dir.as_os_str().as_encoded_bytes());
+    let hash: String = digest.as_ref()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let name = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .map(|n| n.trim_start_matches('.'))
+        .filter(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'))
+        .unwrap_or("quickstart");
+    let root = Path::new(SHARED_DATA_ROOT);
+    fs::create_dir_all(root).with_context(|| format!("create {}", root.display()))?;
+    fs::set_permissions(root, fs::Permissions::from_mode(0o755))
+        .with_context(|| format!("chmod {}", root.display()))?;
+    Ok(root.join(format!("{name}-{hash}")).display().to_string())
+}
+
+/// A local CA (`ca.pem`, its key `ca-key.pem` 0600) and a server certificate it signs
+/// (`cert.pem`, `key.pem` 0600) for `localhost`, `127.0.0.1` and `*.db.localtest`, marked for
+/// server authentication as strict verifiers (Node, Java, Go) require.
+fn write_certificates(dir: &Path) -> anyhow::Result<()> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
+        IsCa, KeyPair, KeyUsagePurpose,
+    };
+    let mut ca = CertificateParams::default();
+    ca.distinguished_name = rcgen::DistinguishedName::new();
+    ca.distinguished_name
+        .push(DnType::CommonName, "pgwake quickstart local CA");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca_key = KeyPair::generate().context("generate the CA key")?;
+    let ca_key_pem = ca_key.serialize_pem();
+    let ca = CertifiedIssuer::self_signed(ca, ca_key).context("sign the CA certificate")?;
+
+    let mut leaf = CertificateParams::new(vec![
         "localhost".to_owned(),
         "127.0.0.1".to_owned(),
-    ];
-    let ck = rcgen::generate_simple_self_signed(names).context("generate a certificate")?;
-    fs::write(dir.join("cert.pem"), ck.cert.pem())?;
-    let key = dir.join("key.pem");
-    fs::write(&key, ck.signing_key.serialize_pem())?;
-    fs::set_permissions(&key, fs::Permissions::from_mode(0o600))?;
+        "*.db.localtest".to_owned(),
+    ])
+    .context("certificate names")?;
+    leaf.distinguished_name = rcgen::DistinguishedName::new();
+    leaf.distinguished_name
+        .push(DnType::CommonName, "pgwake quickstart");
+    leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    leaf.use_authority_key_identifier_extension = true;
+    let leaf_key = KeyPair::generate().context("generate the server key")?;
+    let cert = leaf
+        .signed_by(&leaf_key, &ca)
+        .context("sign the server certificate")?;
+
+    let secret = |name: &str, text: String| -> anyhow::Result<()> {
+        let path = dir.join(name);
+        // Created 0600 before the key is written, so it is never readable by others.
+        let _ = fs::remove_file(&path);
+        let file = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .with_context(|| format!("create {}", path.display()))?;
+        std::io::Write::write_all(&mut &file, text.as_bytes())
+            .with_context(|| format!("write {}", path.display()))
+    };
+    secret("ca-key.pem", ca_key_pem)?;
+    secret("key.pem", leaf_key.serialize_pem())?;
+    fs::write(dir.join("cert.pem"), cert.pem()).context("write cert.pem")?;
+    fs::write(dir.join(CA_FILE), ca.pem()).context("write ca.pem")?;
     Ok(())
 }
 
-/// The lines printed before serving: how to connect and how to watch tenants.
-pub fn banner(config: &Config, dir: &Path) -> String {
+/// Bytes a file name must escape inside a URL's query value; `/` and `.` stay readable.
+const QUERY_VALUE: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS
+    .add(b' ')
+    .add(b'"')
+    .add(b'#')
+    .add(b'%')
+    .add(b'&')
+    .add(b'+')
+    .add(b'=')
+    .add(b'?')
+    .add(b'\'');
+
+/// The connection strings printed for one tenant and tested by the client tests.
+pub struct TenantUrls {
+    /// `postgres://` URL for libpq, psycopg, asyncpg, pgx, postgres.js (and node-postgres when
+    /// Node trusts the CA): TLS without verification, tenant in the database name.
+    pub url: String,
+    /// The same with `sslmode=verify-full` against the local CA.
+    pub verified_url: String,
+    /// The pgjdbc form.
+    pub jdbc: String,
+    /// For `neon(...)`: the serverless driver carries the password itself, no sslmode.
+    pub serverless: String,
+}
+
+/// The connection strings for `tenant`, with the database name `<tenant>.postgres` naming it
+/// (no DNS name needed).
+pub fn tenant_urls(config: &Config, dir: &Path, tenant: &TenantId) -> TenantUrls {
     let pg = config.listen.postgres;
-    let user = config
+    let (user, password) = config
         .local
         .as_ref()
-        .map(|l| l.superuser.as_str())
-        .unwrap_or("postgres");
-    let password = config
-        .local
-        .as_ref()
-        .map(|l| l.password.as_str())
-        .unwrap_or("");
+        .map(|l| (l.superuser.as_str(), l.password.as_str()))
+        .unwrap_or(("postgres", ""));
+    let enc = |s: &str| {
+        percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+    };
+    let (user, password) = (enc(user), enc(password));
+    let host = match pg.ip() {
+        std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+        ip => ip.to_string(),
+    };
+    let port = pg.port();
+    let db = format!("{tenant}.postgres");
+    let base = format!("postgres://{user}:{password}@{host}:{port}/{db}");
+    let ca = dir.join(CA_FILE);
+    TenantUrls {
+        url: format!("{base}?sslmode=require"),
+        verified_url: format!(
+            "{base}?sslmode=verify-full&sslrootcert={}",
+            percent_encoding::utf8_percent_encode(&ca.display().to_string(), QUERY_VALUE)
+        ),
+        jdbc: format!(
+            "jdbc:postgresql://{host}:{port}/{db}?sslmode=require&user={user}&password={password}"
+        ),
+        serverless: base,
+    }
+}
+
+/// The lines printed before serving: how to connect from each kind of client and how to watch
+/// tenants.
+pub fn banner(config: &Config, dir: &Path) -> String {
+    let dir = fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let ca = dir.join(CA_FILE);
     let mut out = format!(
-        "pgwake quickstart: {} tenant(s) in {}\n  postgres: {} (TLS, self-signed certificate)\n",
+        "pgwake quickstart: {} tenant(s) in {}\n  postgres: {} (TLS)\n",
         config.tenants.len(),
         dir.display(),
-        pg
+        config.listen.postgres
     );
+    if let Some(http) = config.listen.http {
+        out.push_str(&format!(
+            "  http:     https://{http} (POST /sql and WebSocket, for serverless drivers)\n"
+        ));
+    }
     if let Some(admin) = config.listen.admin {
         out.push_str(&format!("  admin:    http://{admin}\n"));
     }
-    out.push_str("\nConnect (the first connection wakes the tenant's database):\n");
+    if let Some(local) = &config.local {
+        let why = match local.data_dir.starts_with(&dir) {
+            true => "",
+            false => " (outside the quickstart folder, which the server account cannot enter)",
+        };
+        out.push_str(&format!("  data:     {}{why}\n", local.data_dir.display()));
+    }
+    out.push_str(&format!(
+        "  CA:       {} (signed the server certificate; pin it for verified TLS)\n",
+        ca.display()
+    ));
+    out.push_str(
+        "\nConnect (the first connection wakes the tenant's database; the database name \
+         <tenant>.postgres picks the tenant):\n",
+    );
     for t in &config.tenants {
+        let u = tenant_urls(config, &dir, &t.id);
         out.push_str(&format!(
-            "  psql \"host={t}.db.localtest hostaddr={ip} port={port} sslmode=require user={user} password={password} dbname=postgres\"\n",
-            t = t.id,
-            ip = pg.ip(),
-            port = pg.port(),
+            "  tenant {id}\n    psql \"{url}\"\n    URL (psycopg, asyncpg, pgx, postgres.js, node-postgres*): {url}\n    \
+             JDBC: {jdbc}\n    verified TLS (libpq, psycopg, asyncpg, pgx, node-postgres): {verified}\n",
+            id = t.id,
+            url = u.url,
+            jdbc = u.jdbc,
+            verified = u.verified_url,
+        ));
+    }
+    out.push_str(&format!(
+        "  * Node: node-postgres verifies the certificate even with sslmode=require, so trust the CA:\n    \
+         export NODE_EXTRA_CA_CERTS={}\n",
+        ca.display()
+    ));
+    if let (Some(http), Some(first)) = (config.listen.http, config.tenants.first()) {
+        let u = tenant_urls(config, &dir, &first.id);
+        out.push_str(&format!(
+            "\nServerless driver (@neondatabase/serverless; Node with NODE_EXTRA_CA_CERTS as above):\n  \
+             neonConfig.fetchEndpoint = () => 'https://{http}/sql';\n  \
+             neonConfig.wsProxy = () => '{http}/v2';\n  \
+             const sql = neon('{}');\n",
+            u.serverless
         ));
     }
     if let Some(admin) = config.listen.admin {

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{Gateway, LOCAL_PASSWORD};
+use common::{Gateway, LOCAL_PASSWORD, jdbc_classpath, jdbc_dir};
 
 /// Quick idle sleep and snapshots, as in revive.rs.
 const FAST: &str = "allow_plaintext = true
@@ -21,59 +21,6 @@ idle_check_interval = \"100ms\"
 [revival]
 snapshot_after = \"200ms\"
 ";
-
-/// The Java client and the Maven project that names its driver.
-fn client_dir() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/jdbc"))
-}
-
-fn runs(program: &str, arg: &str) -> bool {
-    Command::new(program)
-        .arg(arg)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// The driver's class path, fetched by Maven on first use (again when pom.xml changes); `None`
-/// when there is no JDK or Maven to run it.
-fn driver_classpath() -> Option<String> {
-    if !runs("java", "-version") || !runs("mvn", "-v") {
-        // Straight to stderr, past the test harness's capture, so the skip shows in CI logs.
-        let _ = writeln!(
-            std::io::stderr(),
-            "jdbc test SKIPPED: `java` and `mvn` are needed (e.g. apt-get install \
-             default-jdk-headless maven)"
-        );
-        return None;
-    }
-    let lib = Path::new(env!("CARGO_TARGET_TMPDIR")).join("pgjdbc");
-    let pom = std::fs::read(client_dir().join("pom.xml")).unwrap();
-    if std::fs::read(lib.join("pom.xml")).ok().as_ref() != Some(&pom) {
-        let _ = std::fs::remove_dir_all(&lib);
-        let out = Command::new("mvn")
-            .args([
-                "-q",
-                "-B",
-                "-Dstyle.color=never",
-                "dependency:copy-dependencies",
-            ])
-            .arg(format!("-DoutputDirectory={}", lib.display()))
-            .current_dir(client_dir())
-            .output()
-            .expect("run mvn");
-        assert!(
-            out.status.success(),
-            "mvn could not fetch the driver:\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // Written last: it marks a complete download.
-        std::fs::write(lib.join("pom.xml"), pom).unwrap();
-    }
-    Some(format!("{}/*", lib.display()))
-}
 
 /// The Java process, killed if the test fails before it exits.
 struct Java(Child);
@@ -124,7 +71,7 @@ fn wait_log(gw: &Gateway, needle: &str) {
 
 #[test]
 fn jdbc_session_survives_tenant_sleep() {
-    let Some(classpath) = driver_classpath() else {
+    let Some(classpath) = jdbc_classpath() else {
         return;
     };
     let gw = Gateway::start_local(&["nap"], FAST, "", &[]);
@@ -138,7 +85,7 @@ fn jdbc_session_survives_tenant_sleep() {
             gw.port
         ))
         .env("PGWAKE_PASSWORD", LOCAL_PASSWORD)
-        .current_dir(client_dir())
+        .current_dir(jdbc_dir())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -357,6 +357,8 @@ fn quickstart_serves_a_sleeping_tenant() {
             &port.to_string(),
             "--admin-port",
             &admin.to_string(),
+            "--http-port",
+            &pgwake_testkit::free_port().to_string(),
         ])
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(dir.path().join("qs.log")).unwrap())
@@ -373,8 +375,8 @@ fn quickstart_serves_a_sleeping_tenant() {
     }
     let line = banner
         .lines()
-        .find_map(|l| l.trim().strip_prefix("psql \"host=alpha"))
-        .map(|rest| format!("host=alpha{}", rest.trim_end_matches('"')))
+        .find_map(|l| l.trim().strip_prefix("psql \"postgres://"))
+        .map(|rest| format!("postgres://{}", rest.trim_end_matches('"')))
         .expect("a psql line for alpha");
     let tenants = |admin: u16| {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", admin)).unwrap();

@@ -4,7 +4,7 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -531,4 +531,58 @@ pub async fn local_session(gw: &Gateway, tenant: &str) -> tokio_postgres::Client
         .expect("login through the gateway");
     tokio::spawn(conn);
     client
+}
+
+/// The Java clients and the Maven project that names their driver (pgjdbc).
+pub fn jdbc_dir() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/jdbc"))
+}
+
+/// Whether `program arg` runs and succeeds (is the tool installed).
+pub fn runs(program: &str, arg: &str) -> bool {
+    Command::new(program)
+        .arg(arg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// pgjdbc's class path, fetched by Maven on first use (again when pom.xml changes); `None`
+/// when there is no JDK or Maven to run it.
+pub fn jdbc_classpath() -> Option<String> {
+    if !runs("java", "-version") || !runs("mvn", "-v") {
+        // Straight to stderr, past the test harness's capture, so the skip shows in CI logs.
+        let _ = writeln!(
+            std::io::stderr(),
+            "pgjdbc test SKIPPED: `java` and `mvn` are needed (e.g. apt-get install \
+             default-jdk-headless maven)"
+        );
+        return None;
+    }
+    let lib = Path::new(env!("CARGO_TARGET_TMPDIR")).join("pgjdbc");
+    let pom = std::fs::read(jdbc_dir().join("pom.xml")).unwrap();
+    if std::fs::read(lib.join("pom.xml")).ok().as_ref() != Some(&pom) {
+        let _ = std::fs::remove_dir_all(&lib);
+        let out = Command::new("mvn")
+            .args([
+                "-q",
+                "-B",
+                "-Dstyle.color=never",
+                "dependency:copy-dependencies",
+            ])
+            .arg(format!("-DoutputDirectory={}", lib.display()))
+            .current_dir(jdbc_dir())
+            .output()
+            .expect("run mvn");
+        assert!(
+            out.status.success(),
+            "mvn could not fetch the driver:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Written last: it marks a complete download.
+        std::fs::write(lib.join("pom.xml"), pom).unwrap();
+    }
+    Some(format!("{}/*", lib.display()))
 }

@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::fs;
 use std::os::unix::fs::{PermissionsExt, chown};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -93,21 +94,7 @@ impl LocalBackend {
                 )
             })?,
         };
-        let account = if nix::unistd::geteuid().is_root() {
-            let name = settings.run_as.clone().unwrap_or_else(|| "postgres".into());
-            let user = nix::unistd::User::from_name(&name)
-                .ok()
-                .flatten()
-                .ok_or_else(|| {
-                    BackendError::Unavailable(format!(
-                        "Postgres refuses to run as root and account {name:?} does not exist: \
-                         set local.run_as to an unprivileged account"
-                    ))
-                })?;
-            Some((user.uid.as_raw(), user.gid.as_raw()))
-        } else {
-            None
-        };
+        let account = server_account(settings.run_as.as_deref())?;
         fs::create_dir_all(&settings.data_dir).map_err(|e| io_error("create local.data_dir", e))?;
         let backend = LocalBackend {
             settings,
@@ -115,7 +102,19 @@ impl LocalBackend {
             account,
             running: Mutex::new(HashMap::new()),
         };
-        backend.give(&backend.settings.data_dir.clone(), 0o755)?;
+        let data_dir = backend.settings.data_dir.clone();
+        backend.give(&data_dir, 0o755)?;
+        if let Some(account) = account
+            && !can_enter(account, &data_dir)
+        {
+            let name = backend.settings.run_as.as_deref().unwrap_or("postgres");
+            return Err(BackendError::Unavailable(format!(
+                "the {name} account cannot reach local.data_dir {} (a folder above it, such as \
+                 a home folder with mode 700, is closed to it): set local.data_dir to a folder \
+                 outside it, for example /var/lib/pgwake/<name>",
+                data_dir.display()
+            )));
+        }
         Ok(backend)
     }
 
@@ -146,7 +145,11 @@ impl LocalBackend {
         if let Some((uid, gid)) = self.account {
             cmd.uid(uid).gid(gid);
         }
-        cmd.stdin(Stdio::null()).kill_on_drop(false);
+        // initdb changes back to its starting folder, which must be one the account can enter:
+        // the gateway's own may be a closed home folder.
+        cmd.current_dir(&self.settings.data_dir)
+            .stdin(Stdio::null())
+            .kill_on_drop(false);
         cmd
     }
 
@@ -378,6 +381,40 @@ async fn postmaster_status(pidfile: &Path) -> PostmasterStatus {
             Some(_) => PostmasterStatus::Other,
         },
     }
+}
+
+/// The (uid, gid) the servers run as: `run_as` (default `postgres`) when this process is root,
+/// none otherwise, since Postgres refuses to run as root.
+pub fn server_account(run_as: Option<&str>) -> Result<Option<(u32, u32)>, BackendError> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(None);
+    }
+    let name = run_as.unwrap_or("postgres");
+    let user = nix::unistd::User::from_name(name)
+        .ok()
+        .flatten()
+        .ok_or_else(|| {
+            BackendError::Unavailable(format!(
+                "Postgres refuses to run as root and account {name:?} does not exist: \
+                 set local.run_as to an unprivileged account"
+            ))
+        })?;
+    Ok(Some((user.uid.as_raw(), user.gid.as_raw())))
+}
+
+/// Whether `account` can make `dir` its current folder, tried for real (a child process as that
+/// account) so ACLs and supplementary groups count as the kernel counts them.
+pub fn can_enter((uid, gid): (u32, u32), dir: &Path) -> bool {
+    std::process::Command::new("/bin/sh")
+        .args(["-c", "exit 0"])
+        .current_dir(dir)
+        .uid(uid)
+        .gid(gid)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 fn endpoint(port: u16) -> Endpoint {

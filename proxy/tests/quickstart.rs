@@ -1,0 +1,567 @@
+//! `pgwake quickstart` as a newcomer meets it: run as root inside a closed (mode 700) folder, as
+//! a home folder is in a container, then every connection string it prints used unmodified by
+//! real clients: psql, psycopg, asyncpg, node-postgres, postgres.js, the serverless driver (with
+//! drizzle), pgx and pgjdbc. Clients whose runtime is missing are skipped with a message.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::{jdbc_classpath, jdbc_dir, node_project, runs};
+use pgwake_testkit::{free_port, pg_bin_dir};
+
+/// A running `pgwake quickstart` in a fresh closed folder; stopped by its PID on drop, and its
+/// data directories removed.
+struct Quickstart {
+    child: Child,
+    home: tempfile::TempDir,
+    banner: String,
+    ports: [u16; 3],
+    tenants: String,
+}
+
+impl Quickstart {
+    /// Starts the quickstart in `<closed folder>/qs` and waits for its banner.
+    fn start(tenants: &str) -> Quickstart {
+        let home = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        let ports = [free_port(), free_port(), free_port()];
+        let (child, banner) = launch(home.path(), ports, tenants);
+        Quickstart {
+            child,
+            home,
+            banner,
+            ports,
+            tenants: tenants.into(),
+        }
+    }
+
+    /// Starts the process again on the same folder and ports (after `stop`).
+    fn restart(&mut self) {
+        let (child, banner) = launch(self.home.path(), self.ports, &self.tenants);
+        self.child = child;
+        self.banner = banner;
+    }
+
+    fn log(&self) -> String {
+        log(self.home.path())
+    }
+
+    fn dir(&self) -> PathBuf {
+        std::fs::canonicalize(self.home.path().join("qs")).unwrap()
+    }
+
+    /// The rest of the first banner line that starts (after indentation) with `prefix`.
+    fn line(&self, prefix: &str) -> String {
+        self.banner
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(prefix))
+            .unwrap_or_else(|| panic!("no {prefix:?} line in\n{}", self.banner))
+            .trim()
+            .to_owned()
+    }
+
+    /// The connection strings printed for `tenant`.
+    fn printed(&self, tenant: &str) -> Printed {
+        let block: Vec<&str> = self
+            .banner
+            .lines()
+            .skip_while(|l| l.trim() != format!("tenant {tenant}"))
+            .skip(1)
+            .take_while(|l| l.starts_with("    "))
+            .map(str::trim)
+            .collect();
+        let after = |prefix: &str| {
+            block
+                .iter()
+                .find_map(|l| l.strip_prefix(prefix))
+                .unwrap_or_else(|| panic!("no {prefix:?} for {tenant} in\n{}", self.banner))
+                .trim()
+                .to_owned()
+        };
+        let psql = after("psql ").trim_matches('"').to_owned();
+        let url = after("URL (psycopg, asyncpg, pgx, postgres.js, node-postgres*):");
+        assert_eq!(psql, url, "one URL for psql and the drivers");
+        Printed {
+            url,
+            verified: after("verified TLS (libpq, psycopg, asyncpg, pgx, node-postgres):"),
+            jdbc: after("JDBC:"),
+        }
+    }
+
+    /// Where the banner says the data directories are.
+    fn data_dir(&self) -> PathBuf {
+        let line = self.line("data:");
+        PathBuf::from(line.split(" (").next().unwrap())
+    }
+
+    fn ca(&self) -> String {
+        self.line("export NODE_EXTRA_CA_CERTS=")
+    }
+
+    /// The PIDs of the tenants' running postmasters.
+    fn postmasters(&self) -> Vec<i32> {
+        self.tenants
+            .split(',')
+            .filter_map(|t| {
+                let pidfile = self.data_dir().join(t).join("data/postmaster.pid");
+                std::fs::read_to_string(pidfile)
+                    .ok()?
+                    .lines()
+                    .next()?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .collect()
+    }
+
+    /// SIGTERM by PID, then waits for the process to exit.
+    fn stop(&mut self) {
+        if self.child.try_wait().unwrap().is_some() {
+            return;
+        }
+        Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.child.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!("the quickstart did not stop on SIGTERM\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Quickstart {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &self.child.id().to_string()])
+                .status();
+            let _ = self.child.wait();
+        }
+        let data = self.data_dir();
+        if !data.starts_with(self.home.path()) {
+            let _ = std::fs::remove_dir_all(data);
+        }
+    }
+}
+
+/// Runs `pgwake quickstart --dir qs` from inside `home`, as a user who typed the README's
+/// command there, and returns the process once its banner is complete.
+fn launch(home: &Path, [port, admin, http]: [u16; 3], tenants: &str) -> (Child, String) {
+    let log_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(home.join("qs.log"))
+        .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pgwake"))
+        .arg("quickstart")
+        .args(["--dir", "qs", "--tenants", tenants])
+        .args(["--port", &port.to_string()])
+        .args(["--admin-port", &admin.to_string()])
+        .args(["--http-port", &http.to_string()])
+        .current_dir(home)
+        .stdout(Stdio::piped())
+        .stderr(log_file)
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    // Reads until the process ends, so the pipe never fills.
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if tx.send(line.unwrap_or_default()).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut banner = String::new();
+    while !banner.contains("Stop with Ctrl-C") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                banner.push_str(&line);
+                banner.push('\n');
+            }
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("no banner: {banner}\nlog:\n{}", log(home));
+            }
+        }
+    }
+    (child, banner)
+}
+
+fn log(home: &Path) -> String {
+    std::fs::read_to_string(home.join("qs.log")).unwrap_or_default()
+}
+
+/// The strings the banner printed for one tenant.
+struct Printed {
+    url: String,
+    verified: String,
+    jdbc: String,
+}
+
+fn is_root() -> bool {
+    std::fs::metadata("/proc/self").unwrap().uid() == 0
+}
+
+fn skipped(what: &str, why: &str) {
+    // Straight to stderr, past the test harness's capture, so the skip shows in CI logs.
+    let _ = writeln!(std::io::stderr(), "{what} SKIPPED: {why}");
+}
+
+fn psql(url: &str, sql: &str) -> String {
+    let out = Command::new(pg_bin_dir().unwrap().join("psql"))
+        .args(["-X", "-A", "-t", "-c", sql])
+        .arg(url)
+        .env_remove("PGSSLROOTCERT")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "psql {url}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Runs a client script and returns its one-line verdict (`ok …` or `error …`).
+fn verdict(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().last().unwrap_or_default().trim().to_owned();
+    assert!(
+        out.status.success() && !line.is_empty(),
+        "{cmd:?}: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    line
+}
+
+fn python(driver: &str, url: &str) -> String {
+    verdict(
+        Command::new("python3")
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/clients/connect_from.py"
+            ))
+            .args([driver, url]),
+    )
+}
+
+fn node(dir: &Path, driver: &str, url: &str, ca: Option<&str>) -> String {
+    let mut cmd = Command::new("node");
+    cmd.arg("connect_from.mjs")
+        .args([driver, url])
+        .current_dir(dir)
+        .env_remove("NODE_EXTRA_CA_CERTS");
+    if let Some(ca) = ca {
+        cmd.env("NODE_EXTRA_CA_CERTS", ca);
+    }
+    verdict(&mut cmd)
+}
+
+#[test]
+fn quickstart_as_root_in_a_closed_home_serves_what_it_prints() {
+    if !is_root() {
+        skipped(
+            "quickstart_as_root_in_a_closed_home",
+            "needs root (the case where Postgres runs as another account)",
+        );
+        return;
+    }
+    let mut qs = Quickstart::start("alpha,beta");
+    let home = qs.home.path().to_owned();
+    let data = qs.data_dir();
+    assert!(
+        data.starts_with("/var/lib/pgwake/") && !data.starts_with(&home),
+        "the postgres account cannot enter the closed folder, so data lives elsewhere: {data:?}"
+    );
+    assert_eq!(
+        std::fs::metadata(&home).unwrap().permissions().mode() & 0o777,
+        0o700,
+        "the user's folder is left closed"
+    );
+    let key_mode = |name: &str| {
+        std::fs::metadata(qs.dir().join(name))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    assert_eq!(
+        (key_mode("ca-key.pem"), key_mode("key.pem")),
+        (0o600, 0o600)
+    );
+
+    for tenant in ["alpha", "beta"] {
+        let p = qs.printed(tenant);
+        let sql = "select current_database() || ' ' || current_setting('data_directory')";
+        let want = format!("postgres {}", data.join(tenant).join("data").display());
+        assert_eq!(psql(&p.url, sql), want, "psql, printed URL");
+        assert_eq!(psql(&p.verified, sql), want, "psql, verified URL");
+        // A second client, through its own libpq (the psycopg binary wheel bundles one).
+        assert_eq!(python("psycopg", &p.url), "ok postgres", "psycopg");
+        assert_eq!(python("psycopg", &p.verified), "ok postgres", "psycopg");
+    }
+
+    // SQL over HTTPS, verified against the printed CA, with the printed serverless URL.
+    let fetch = qs
+        .line("neonConfig.fetchEndpoint = () =>")
+        .trim_end_matches(';')
+        .trim_matches('\'')
+        .to_owned();
+    let neon_url = qs
+        .line("const sql = neon(")
+        .trim_end_matches(");")
+        .trim_matches('\'')
+        .to_owned();
+    let out = Command::new("curl")
+        .args(["-sS", "--fail-with-body", "--cacert", &qs.ca(), &fetch])
+        .args(["-H", &format!("Neon-Connection-String: {neon_url}")])
+        .args([
+            "-d",
+            r#"{"query":"select current_setting('data_directory') as d"}"#,
+        ])
+        .output()
+        .expect("curl");
+    let body = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && body.contains("/alpha/data"),
+        "curl {fetch}: {body}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let postmasters = qs.postmasters();
+    assert_eq!(postmasters.len(), 2, "both tenants awake");
+    qs.stop();
+    for pid in postmasters {
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "postmaster {pid} outlived the quickstart"
+        );
+    }
+    assert!(qs.postmasters().is_empty(), "postmaster.pid left behind");
+
+    // A folder from an earlier version: a certificate without a CA and no HTTP listener in the
+    // config. It is upgraded in place and serves as before.
+    let dir = qs.dir();
+    std::fs::remove_file(dir.join("ca.pem")).unwrap();
+    let config = std::fs::read_to_string(dir.join("pgwake.toml")).unwrap();
+    let old: String = config
+        .lines()
+        .filter(|l| !l.starts_with("http ="))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(dir.join("pgwake.toml"), old).unwrap();
+    qs.restart();
+    assert!(dir.join("ca.pem").exists(), "a CA for the old folder");
+    let p = qs.printed("alpha");
+    assert_eq!(python("psycopg", &p.verified), "ok postgres");
+    let out = Command::new("curl")
+        .args(["-sS", "--fail-with-body", "--cacert", &qs.ca(), &fetch])
+        .args(["-H", &format!("Neon-Connection-String: {neon_url}")])
+        .args(["-d", r#"{"query":"select 1 as n"}"#])
+        .output()
+        .expect("curl");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(r#""rows":[{"n":1}]"#),
+        "the upgraded folder serves /sql: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    qs.stop();
+}
+
+#[test]
+fn quickstart_refuses_a_data_dir_the_server_account_cannot_reach() {
+    if !is_root() {
+        skipped("quickstart_refuses_an_unreachable_data_dir", "needs root");
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let dir = home.path().join("qs");
+    std::fs::create_dir(&dir).unwrap();
+    // A config as an earlier quickstart wrote it in a closed home: data inside it.
+    std::fs::write(
+        dir.join("pgwake.toml"),
+        "[listen]\npostgres = \"127.0.0.1:1\"\n[tls]\ncert = \"cert.pem\"\nkey = \"key.pem\"\n\
+         [local]\ndata_dir = \"data\"\npassword = \"x\"\n\
+         [[tenant]]\nid = \"alpha\"\nbackend = { kind = \"local\" }\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_pgwake"))
+        .args(["quickstart", "--dir"])
+        .arg(&dir)
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let first = stderr.lines().next().unwrap_or_default();
+    assert!(!out.status.success());
+    assert!(
+        first.starts_with("pgwake: the postgres account cannot reach local.data_dir")
+            && first.contains(&dir.join("data").display().to_string())
+            && first.contains("/var/lib/pgwake"),
+        "the first line names the folder and the fix: {stderr}"
+    );
+    assert!(
+        !stderr.contains("Stack backtrace") && !stderr.contains("initdb"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn printed_strings_work_in_every_driver() {
+    let qs = Quickstart::start("alpha");
+    let p = qs.printed("alpha");
+    let ca = qs.ca();
+    let ok = "ok postgres";
+
+    // libpq-based: sslmode=require encrypts without verifying; verify-full pins the CA.
+    assert_eq!(psql(&p.url, "select current_database()"), "postgres");
+    assert_eq!(psql(&p.verified, "select current_database()"), "postgres");
+    assert_eq!(python("psycopg", &p.url), ok, "psycopg");
+    assert_eq!(python("psycopg", &p.verified), ok, "psycopg verified");
+    // The sni rule with libpq's separate name and address, verified against the wildcard name.
+    let password = p.url.split(':').nth(2).unwrap().split('@').next().unwrap();
+    let sni = format!(
+        "host=alpha.db.localtest hostaddr=127.0.0.1 port={} user=pgwake password={password} \
+         dbname=postgres sslmode=verify-full sslrootcert={ca}",
+        qs.ports[0]
+    );
+    assert_eq!(psql(&sni, "select current_database()"), "postgres");
+
+    if Command::new("python3")
+        .args(["-c", "import asyncpg"])
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        assert_eq!(python("asyncpg", &p.url), ok, "asyncpg");
+        assert_eq!(python("asyncpg", &p.verified), ok, "asyncpg verified");
+    } else {
+        skipped("asyncpg", "python3 -m pip install asyncpg");
+    }
+
+    // node-postgres reads sslmode=require as verify-full: it needs the CA, from the environment
+    // or from sslrootcert. postgres.js verifies only what Node trusts and sends sslrootcert to
+    // the server as a setting.
+    let clients = node_project("clients", "postgres");
+    assert_eq!(node(&clients, "pg", &p.url, Some(&ca)), ok, "node-postgres");
+    let refused = node(&clients, "pg", &p.url, None);
+    assert!(
+        refused.starts_with("error UNABLE_TO_VERIFY_LEAF_SIGNATURE"),
+        "node-postgres verifies on sslmode=require: {refused}"
+    );
+    assert_eq!(
+        node(&clients, "pg", &p.verified, None),
+        ok,
+        "node-postgres, sslrootcert"
+    );
+    assert_eq!(node(&clients, "postgres", &p.url, None), ok, "postgres.js");
+    let verify_full = p.url.replace("sslmode=require", "sslmode=verify-full");
+    assert_eq!(
+        node(&clients, "postgres", &verify_full, Some(&ca)),
+        ok,
+        "postgres.js, verify-full with NODE_EXTRA_CA_CERTS"
+    );
+    let refused = node(&clients, "postgres", &p.verified, Some(&ca));
+    assert!(
+        refused.contains("sslrootcert"),
+        "postgres.js sends sslrootcert as a server setting: {refused}"
+    );
+
+    // The serverless-driver snippet as printed, over HTTPS and WebSocket, and through drizzle.
+    let serverless = node_project("serverless", "drizzle-orm");
+    let strip = |s: String| s.trim_end_matches(';').trim_matches('\'').to_owned();
+    let fetch = strip(qs.line("neonConfig.fetchEndpoint = () =>"));
+    let ws_proxy = strip(qs.line("neonConfig.wsProxy = () =>"));
+    let neon_url = strip(
+        qs.line("const sql = neon(")
+            .trim_end_matches(");")
+            .to_owned(),
+    );
+    let out = Command::new("node")
+        .arg("connect_from.mjs")
+        .args([&fetch, &ws_proxy, &neon_url])
+        .env("NODE_EXTRA_CA_CERTS", &ca)
+        .current_dir(&serverless)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success()
+            && stdout.contains("ok http postgres")
+            && stdout.contains("ok drizzle")
+            && stdout.contains("ok websocket postgres"),
+        "serverless driver: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Found as testkit/k8s/build.sh finds it: PGWAKE_GO, PATH, then Go's default install.
+    let go = std::env::var("PGWAKE_GO")
+        .ok()
+        .into_iter()
+        .chain(["go".to_owned(), "/usr/local/go/bin/go".to_owned()])
+        .find(|go| runs(go, "version"));
+    if let Some(go) = go {
+        let bin = Path::new(env!("CARGO_TARGET_TMPDIR")).join("pgx-connect-from");
+        let built = Command::new(go)
+            .args(["build", "-o"])
+            .arg(&bin)
+            .arg(".")
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/pgx"))
+            .status()
+            .unwrap();
+        assert!(built.success(), "go build of tests/pgx");
+        let pgx = |url: &str| verdict(Command::new(&bin).arg(url));
+        assert_eq!(pgx(&p.url), ok, "pgx");
+        assert_eq!(pgx(&p.verified), ok, "pgx verified");
+        let refused = pgx(&verify_full);
+        assert!(
+            refused.contains("certificate signed by unknown authority"),
+            "pgx verify-full needs sslrootcert: {refused}"
+        );
+    } else {
+        skipped("pgx", "no Go toolchain (PGWAKE_GO, PATH or /usr/local/go)");
+    }
+
+    if let Some(classpath) = jdbc_classpath() {
+        // An empty home, so no ~/.postgresql/root.crt of the machine's takes part.
+        let java_home = tempfile::tempdir().unwrap();
+        let jdbc = |url: &str| {
+            verdict(
+                Command::new("java")
+                    .arg(format!("-Duser.home={}", java_home.path().display()))
+                    .args(["-cp", &classpath, "ConnectFrom.java", url])
+                    .current_dir(jdbc_dir()),
+            )
+        };
+        assert_eq!(jdbc(&p.jdbc), ok, "pgjdbc");
+        let verified = format!(
+            "{}&sslrootcert={ca}",
+            p.jdbc.replace("sslmode=require", "sslmode=verify-full")
+        );
+        assert_eq!(jdbc(&verified), ok, "pgjdbc verified");
+        let refused = jdbc(&p.jdbc.replace("sslmode=require", "sslmode=verify-full"));
+        assert!(
+            refused.contains(".postgresql/root.crt"),
+            "pgjdbc verify-full without sslrootcert: {refused}"
+        );
+    }
+}
