@@ -328,52 +328,10 @@ async fn open_session(
             .await
             .map_err(SessionError::ClientIo)?;
     }
-    let sni = client.sni().map(str::to_owned);
     let user = startup.get("user").map(str::to_owned);
-    let named = match gw.resolver.resolve(sni.as_deref(), &mut startup.params) {
-        Ok(resolved) => Some(resolved.tenant),
-        // Only where the password travels encrypted may it carry the tenant's name.
-        Err(ResolveError::NotNamed)
-            if gw.resolver.routes_by_password() && (client.is_tls() || client.is_tunnel()) =>
-        {
-            None
-        }
-        Err(e) => return Err(e.into()),
-    };
-    let (tenant, material) = match named {
-        Some(id) => authenticate_named(gw, client, peer, &id, user.as_deref(), slot).await?,
-        None => {
-            let routed = route_by_password(gw, client, peer, user.as_deref(), slot);
-            let (tenant, material) = tokio::time::timeout(gw.limits.auth_timeout, routed)
-                .await
-                .map_err(|_| SessionError::AuthTimeout)??;
-            (tenant, Some(material))
-        }
-    };
-    if material.is_some() && gw.wake_notice && !gw.coordinator.is_awake(&tenant.id) {
-        let notice = pgwake_protocol::ErrorMessage::notice(
-            "00000",
-            format!("waking database for tenant \"{}\"", tenant.id),
-        );
-        client
-            .write_all(&notice.to_bytes())
-            .await
-            .map_err(SessionError::ClientIo)?;
-        client.flush().await.map_err(SessionError::ClientIo)?;
-    }
-    // A client that hangs up while its tenant wakes leaves the queue at once, instead of
-    // holding a place and getting a backend connection nobody reads.
-    let admission = tokio::select! {
-        a = gw.coordinator.ensure_awake(&tenant.id) => {
-            a.map_err(|e| SessionError::Wake(tenant.id.clone(), e))?
-        }
-        _ = client.hung_up() => {
-            return Err(SessionError::ClientIo(std::io::Error::new(
-                std::io::ErrorKind::ConnectionAborted,
-                "the client closed the connection while its database was waking",
-            )));
-        }
-    };
+    let (tenant, material) = admit(gw, client, peer, &mut startup, user.as_deref(), slot).await?;
+    // Only a client the gateway authenticated may learn that its database is waking.
+    let admission = wake(gw, client, &tenant.id, material.is_some() && gw.wake_notice).await?;
     let endpoint = admission.endpoint;
     let params: Vec<(String, String)> = startup.forwardable_params().cloned().collect();
     let revivable = match (&gw.revival, &material, &user) {
@@ -389,39 +347,136 @@ async fn open_session(
     if let (Some(reuse), Some(key)) = (reuse, &key)
         && let Some(taken) = reuse.take(key, &endpoint, &gw.metrics)
     {
-        let cancel = gw.cancels.register(taken.returnable.target.clone());
-        let mut hello = Vec::with_capacity(taken.returnable.parameters.len() + 32);
-        hello.extend_from_slice(&taken.returnable.parameters);
-        hello.extend_from_slice(&backend_key_data(cancel.pid, cancel.secret));
-        hello.extend_from_slice(&READY_IDLE);
-        client
-            .write_all(&hello)
-            .await
-            .map_err(SessionError::ClientIo)?;
-        client.flush().await.map_err(SessionError::ClientIo)?;
+        let (stream, cancel, returnable) = greet_on_kept(gw, client, taken).await?;
         debug!(elapsed_ms = accepted_at.elapsed().as_millis() as u64, backend = %endpoint, "kept backend connection reused");
         return Ok(BackendSession {
-            stream: taken.stream,
+            stream,
             cancel: Some(cancel),
             lease: admission.lease,
             endpoint,
             revivable,
-            returnable: Some(taken.returnable),
+            returnable: Some(returnable),
         });
     }
-    let mut parameters = key.as_ref().map(|_| Vec::new());
     let who = material.as_ref().zip(user.as_deref());
-    let (stream, cancel) = log_in_to_backend(
-        gw,
-        client,
-        &tenant.id,
-        &endpoint,
-        &params,
-        who,
-        &mut parameters,
-    )
-    .await?;
+    let (stream, cancel, returnable) =
+        log_in_fresh(gw, client, &tenant.id, &endpoint, &params, who, key).await?;
     debug!(elapsed_ms = accepted_at.elapsed().as_millis() as u64, backend = %endpoint, "login relayed");
+    Ok(BackendSession {
+        stream,
+        cancel,
+        lease: admission.lease,
+        endpoint,
+        revivable,
+        returnable,
+    })
+}
+
+/// Routes, admits and authenticates a client: its tenant, and what the gateway's check of its
+/// password left (none under passthrough).
+async fn admit(
+    gw: &Gateway,
+    client: &mut Stream,
+    peer: SocketAddr,
+    startup: &mut pgwake_protocol::StartupMessage,
+    user: Option<&str>,
+    slot: &mut ClientSlot,
+) -> Result<Admitted, SessionError> {
+    let sni = client.sni().map(str::to_owned);
+    let named = match gw.resolver.resolve(sni.as_deref(), &mut startup.params) {
+        Ok(resolved) => Some(resolved.tenant),
+        // Only where the password travels encrypted may it carry the tenant's name.
+        Err(ResolveError::NotNamed)
+            if gw.resolver.routes_by_password() && (client.is_tls() || client.is_tunnel()) =>
+        {
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
+    match named {
+        Some(id) => authenticate_named(gw, client, peer, &id, user, slot).await,
+        None => {
+            let routed = route_by_password(gw, client, peer, user, slot);
+            let (tenant, material) = tokio::time::timeout(gw.limits.auth_timeout, routed)
+                .await
+                .map_err(|_| SessionError::AuthTimeout)??;
+            Ok((tenant, Some(material)))
+        }
+    }
+}
+
+/// Waits until `tenant` accepts logins, telling the client first when `notice` is set. A client
+/// that hangs up meanwhile leaves the queue at once, instead of holding a place and getting a
+/// backend connection nobody reads.
+async fn wake(
+    gw: &Gateway,
+    client: &mut Stream,
+    tenant: &TenantId,
+    notice: bool,
+) -> Result<pgwake_routing::Admission, SessionError> {
+    if notice && !gw.coordinator.is_awake(tenant) {
+        let notice = pgwake_protocol::ErrorMessage::notice(
+            "00000",
+            format!("waking database for tenant \"{tenant}\""),
+        );
+        client
+            .write_all(&notice.to_bytes())
+            .await
+            .map_err(SessionError::ClientIo)?;
+        client.flush().await.map_err(SessionError::ClientIo)?;
+    }
+    tokio::select! {
+        a = gw.coordinator.ensure_awake(tenant) => {
+            a.map_err(|e| SessionError::Wake(tenant.clone(), e))
+        }
+        _ = client.hung_up() => Err(SessionError::ClientIo(std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            "the client closed the connection while its database was waking",
+        ))),
+    }
+}
+
+/// Hands a kept backend connection to the client: the parameters the backend once sent, a
+/// fresh cancel key for it, and ReadyForQuery.
+async fn greet_on_kept(
+    gw: &Gateway,
+    client: &mut Stream,
+    taken: crate::reuse::Taken,
+) -> Result<(Stream, crate::cancel::CancelRegistration, Returnable), SessionError> {
+    let cancel = gw.cancels.register(taken.returnable.target.clone());
+    let mut hello = Vec::with_capacity(taken.returnable.parameters.len() + 32);
+    hello.extend_from_slice(&taken.returnable.parameters);
+    hello.extend_from_slice(&backend_key_data(cancel.pid, cancel.secret));
+    hello.extend_from_slice(&READY_IDLE);
+    client
+        .write_all(&hello)
+        .await
+        .map_err(SessionError::ClientIo)?;
+    client.flush().await.map_err(SessionError::ClientIo)?;
+    Ok((taken.stream, cancel, taken.returnable))
+}
+
+/// A backend connection from a new login, with the client's cancel key, and (when `key` says
+/// the connection may be kept for reuse) what it takes to hand it to a later client.
+async fn log_in_fresh(
+    gw: &Gateway,
+    client: &mut Stream,
+    tenant: &TenantId,
+    endpoint: &pgwake_routing::Endpoint,
+    params: &[(String, String)],
+    who: Option<(&LoginMaterial, &str)>,
+    key: Option<ReuseKey>,
+) -> Result<
+    (
+        Stream,
+        Option<crate::cancel::CancelRegistration>,
+        Option<Returnable>,
+    ),
+    SessionError,
+> {
+    let mut parameters = key.as_ref().map(|_| Vec::new());
+    let (stream, cancel) =
+        log_in_to_backend(gw, client, tenant, endpoint, params, who, &mut parameters).await?;
     // The backend's real cancel key, kept with the connection for whoever takes it next.
     let target = cancel.as_ref().and_then(|reg| {
         gw.cancels.lookup(&pgwake_protocol::CancelKey {
@@ -437,14 +492,7 @@ async fn open_session(
         }),
         _ => None,
     };
-    Ok(BackendSession {
-        stream,
-        cancel,
-        lease: admission.lease,
-        endpoint,
-        revivable,
-        returnable,
-    })
+    Ok((stream, cancel, returnable))
 }
 
 /// What admission found for a connection: its tenant, and what the gateway's own
@@ -452,7 +500,7 @@ async fn open_session(
 type Admitted = (Arc<Tenant>, Option<LoginMaterial>);
 
 /// The tenant `id`, when it exists and admits `peer`.
-fn admitted_tenant(
+pub(crate) fn admitted_tenant(
     gw: &Gateway,
     id: &TenantId,
     peer: SocketAddr,

@@ -20,11 +20,13 @@ use super::spill::SpillBuffer;
 use super::{Body, HttpState, json, plain};
 use crate::auth::NoUsers;
 use crate::auth::backend_login::OnBehalf;
+use crate::auth::client::LoginMaterial;
 use crate::cancel::CancelOnDrop;
 use crate::config::{AuthMode, UnknownTenant};
 use crate::error::SessionError;
-use crate::listener::check_password;
-use crate::pool::{BackendConn, OpenBackend, OpenError, PoolError, PoolKey};
+use crate::listener::{Gateway, admitted_tenant, check_password};
+use crate::pool::{BackendConn, OpenBackend, OpenError, PoolError, PoolKey, Pooled};
+use pgwake_routing::{Endpoint, TenantId};
 
 /// How far past `http.max_request_size` an oversized body is read and dropped before its 413.
 const DRAIN_FACTOR: usize = 4;
@@ -206,53 +208,7 @@ async fn execute(
     state: &Arc<HttpState>,
 ) -> Result<(Body, u64), Refusal> {
     let gw = &state.gateway;
-    let max_request = state.config.max_request_size.as_u64() as usize;
-    let too_large = || {
-        Refusal::Status(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("request body larger than {max_request} bytes (http.max_request_size)"),
-        )
-    };
-    let declared = req
-        .headers()
-        .get(hyper::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    let (parts, mut body) = req.into_parts();
-    let headers = parts.headers;
-    // An oversized body is still read (and dropped), up to a bound, so that the 413 reaches an
-    // HTTP/2 client before the stream closes.
-    let drain_limit = max_request.saturating_mul(DRAIN_FACTOR);
-    if declared.is_some_and(|n| n > max_request as u64) {
-        if declared.is_some_and(|n| n <= drain_limit as u64) {
-            super::drain(body, drain_limit, state.config.body_timeout).await;
-        }
-        return Err(too_large());
-    }
-    let read = tokio::time::timeout(state.config.body_timeout, async {
-        let mut kept = Vec::new();
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|_| bad_request("the request body could not be read"))?;
-            let Some(data) = frame.data_ref() else {
-                continue;
-            };
-            if kept.len() + data.len() > max_request {
-                super::drain(body, drain_limit, state.config.body_timeout).await;
-                return Err(too_large());
-            }
-            kept.extend_from_slice(data);
-        }
-        Ok(Bytes::from(kept))
-    });
-    let body: Bytes = read.await.map_err(|_| {
-        Refusal::Status(
-            StatusCode::REQUEST_TIMEOUT,
-            format!(
-                "the request body did not arrive within {} s (http.body_timeout)",
-                state.config.body_timeout.as_secs_f64()
-            ),
-        )
-    })??;
-
+    let (headers, body) = read_request(req, state).await?;
     let conn_string = headers
         .get("neon-connection-string")
         .and_then(|v| v.to_str().ok())
@@ -272,109 +228,15 @@ async fn execute(
     } else {
         None
     };
-
-    // Route as the TCP path does: the host stands in for the TLS server name.
-    let mut params = vec![
-        ("user".to_owned(), target.user.clone()),
-        ("database".to_owned(), target.database.clone()),
-    ];
-    if let Some(o) = &target.options {
-        params.push(("options".to_owned(), o.clone()));
-    }
-    let resolved = gw
-        .resolver
-        .resolve(Some(&target.host), &mut params)
-        .map_err(SessionError::from)?;
-    tracing::Span::current().record("tenant", resolved.tenant.as_str());
-    let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
-    let user = get("user").unwrap_or_default();
-    let known = gw
-        .directory
-        .get(&resolved.tenant)
-        .and_then(|t| gw.policy(&t.id).map(|p| (t, p)))
-        .filter(|(_, p)| p.access.permits(peer.ip()));
-    let Some((tenant, policy)) = known else {
-        // As over TCP: by default the answer and the work of a wrong password.
-        if gw.unknown_tenant == UnknownTenant::PasswordFailed {
-            let refused = check_password(
-                gw,
-                peer,
-                &resolved.tenant,
-                &NoUsers,
-                &user,
-                &target.password,
-            )
-            .await;
-            if let Err(e) = refused {
-                return Err(e.into());
-            }
-        }
-        return Err(SessionError::UnknownTenant(resolved.tenant.to_string()).into());
-    };
-    let source = match (policy.auth, &policy.credentials) {
-        (AuthMode::Gateway, Some(source)) => source.clone(),
-        _ => {
-            return Err(Refusal::Error(client_error(
-                pgwake_protocol::sqlstate::FEATURE_NOT_SUPPORTED,
-                "SQL over HTTP needs authentication at the gateway; this tenant uses passthrough",
-            )));
-        }
-    };
-    let database = get("database").unwrap_or_else(|| user.clone());
-    let material = check_password(
-        gw,
-        peer,
-        &tenant.id,
-        source.as_ref(),
-        &user,
-        &target.password,
-    )
-    .await?;
+    let login = admit(gw, peer, &target).await?;
     let admission = gw
         .coordinator
-        .ensure_awake(&tenant.id)
+        .ensure_awake(&login.tenant)
         .await
-        .map_err(|e| SessionError::Wake(tenant.id.clone(), e))?;
+        .map_err(|e| SessionError::Wake(login.tenant.clone(), e))?;
     // The lease marks the tenant active until the response is built.
     let _lease = admission.lease;
-    let endpoint = admission.endpoint;
-    let key = PoolKey {
-        tenant: tenant.id.clone(),
-        user: user.clone(),
-        database: database.clone(),
-    };
-    let login_params = vec![
-        ("user".to_owned(), user.clone()),
-        ("database".to_owned(), database),
-    ];
-    let tls = gw.backend_tls_for(&tenant.id);
-    let open = || {
-        BackendConn::open(OpenBackend {
-            link: &gw.link,
-            endpoint: &endpoint,
-            tls,
-            params: &login_params,
-            auth: OnBehalf::new(&user, &material, gw.max_backend_iterations),
-            cancels: &gw.cancels,
-            connect_timeout: gw.limits.connect_timeout,
-            login_timeout: gw.limits.login_timeout,
-        })
-    };
-    let mut conn = loop {
-        let conn = state.pool.get(&key, open).await.map_err(|e| match e {
-            PoolError::Exhausted(_) => Refusal::Error(client_error(
-                pgwake_protocol::sqlstate::TOO_MANY_CONNECTIONS,
-                "too many concurrent SQL-over-HTTP requests for this database; retry shortly",
-            )),
-            PoolError::Open(OpenError::Session(e)) => e.into(),
-            // The backend's own answer, e.g. 3D000 for a database that does not exist.
-            PoolError::Open(OpenError::Refused(body)) => Refusal::Error(query::error_fields(&body)),
-        })?;
-        // A tenant that slept and woke elsewhere leaves connections to its old address.
-        if conn.endpoint == endpoint {
-            break conn;
-        }
-    };
+    let mut conn = pooled_connection(state, &login, &admission.endpoint).await?;
     let limits = Limits {
         max_response: state.config.max_response_size.as_u64() as usize,
         max_message: gw.link.max_message,
@@ -408,12 +270,195 @@ async fn execute(
     if matches!(outcome, Ok(_) | Err(QueryError::Postgres(_))) {
         guard.disarm();
     }
+    answer(gw, conn, outcome, out, statements.len()).await
+}
+
+/// Reads a request's headers and whole body, within `http.max_request_size` and
+/// `http.body_timeout`.
+async fn read_request(
+    req: Request<Incoming>,
+    state: &HttpState,
+) -> Result<(HeaderMap, Bytes), Refusal> {
+    let max_request = state.config.max_request_size.as_u64() as usize;
+    let too_large = || {
+        Refusal::Status(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body larger than {max_request} bytes (http.max_request_size)"),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let (parts, mut body) = req.into_parts();
+    // An oversized body is still read (and dropped), up to a bound, so that the 413 reaches an
+    // HTTP/2 client before the stream closes.
+    let drain_limit = max_request.saturating_mul(DRAIN_FACTOR);
+    if declared.is_some_and(|n| n > max_request as u64) {
+        if declared.is_some_and(|n| n <= drain_limit as u64) {
+            super::drain(body, drain_limit, state.config.body_timeout).await;
+        }
+        return Err(too_large());
+    }
+    let read = tokio::time::timeout(state.config.body_timeout, async {
+        let mut kept = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|_| bad_request("the request body could not be read"))?;
+            let Some(data) = frame.data_ref() else {
+                continue;
+            };
+            if kept.len() + data.len() > max_request {
+                super::drain(body, drain_limit, state.config.body_timeout).await;
+                return Err(too_large());
+            }
+            kept.extend_from_slice(data);
+        }
+        Ok(Bytes::from(kept))
+    });
+    let body = read.await.map_err(|_| {
+        Refusal::Status(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the request body did not arrive within {} s (http.body_timeout)",
+                state.config.body_timeout.as_secs_f64()
+            ),
+        )
+    })??;
+    Ok((parts.headers, body))
+}
+
+/// Who a request logs in as, once the gateway has checked its password.
+struct CheckedLogin {
+    tenant: TenantId,
+    user: String,
+    database: String,
+    material: LoginMaterial,
+}
+
+/// Routes, admits and authenticates a request as the TCP path does: the host stands in for the
+/// TLS server name, and an unknown tenant gets by default the answer and the work of a wrong
+/// password.
+async fn admit(
+    gw: &Gateway,
+    peer: SocketAddr,
+    target: &ConnectionString,
+) -> Result<CheckedLogin, Refusal> {
+    let mut params = vec![
+        ("user".to_owned(), target.user.clone()),
+        ("database".to_owned(), target.database.clone()),
+    ];
+    if let Some(o) = &target.options {
+        params.push(("options".to_owned(), o.clone()));
+    }
+    let resolved = gw
+        .resolver
+        .resolve(Some(&target.host), &mut params)
+        .map_err(SessionError::from)?;
+    tracing::Span::current().record("tenant", resolved.tenant.as_str());
+    let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    let user = get("user").unwrap_or_default();
+    let Some((tenant, policy)) = admitted_tenant(gw, &resolved.tenant, peer) else {
+        if gw.unknown_tenant == UnknownTenant::PasswordFailed {
+            check_password(
+                gw,
+                peer,
+                &resolved.tenant,
+                &NoUsers,
+                &user,
+                &target.password,
+            )
+            .await?;
+        }
+        return Err(SessionError::UnknownTenant(resolved.tenant.to_string()).into());
+    };
+    let source = match (policy.auth, &policy.credentials) {
+        (AuthMode::Gateway, Some(source)) => source.clone(),
+        _ => {
+            return Err(Refusal::Error(client_error(
+                pgwake_protocol::sqlstate::FEATURE_NOT_SUPPORTED,
+                "SQL over HTTP needs authentication at the gateway; this tenant uses passthrough",
+            )));
+        }
+    };
+    let database = get("database").unwrap_or_else(|| user.clone());
+    let material = check_password(
+        gw,
+        peer,
+        &tenant.id,
+        source.as_ref(),
+        &user,
+        &target.password,
+    )
+    .await?;
+    Ok(CheckedLogin {
+        tenant: tenant.id.clone(),
+        user,
+        database,
+        material,
+    })
+}
+
+/// A pooled backend connection for `login` at `endpoint`, opened when none is free.
+async fn pooled_connection(
+    state: &HttpState,
+    login: &CheckedLogin,
+    endpoint: &Endpoint,
+) -> Result<Pooled<PoolKey, BackendConn>, Refusal> {
+    let gw = &state.gateway;
+    let key = PoolKey {
+        tenant: login.tenant.clone(),
+        user: login.user.clone(),
+        database: login.database.clone(),
+    };
+    let login_params = vec![
+        ("user".to_owned(), login.user.clone()),
+        ("database".to_owned(), login.database.clone()),
+    ];
+    let tls = gw.backend_tls_for(&login.tenant);
+    let open = || {
+        BackendConn::open(OpenBackend {
+            link: &gw.link,
+            endpoint,
+            tls,
+            params: &login_params,
+            auth: OnBehalf::new(&login.user, &login.material, gw.max_backend_iterations),
+            cancels: &gw.cancels,
+            connect_timeout: gw.limits.connect_timeout,
+            login_timeout: gw.limits.login_timeout,
+        })
+    };
+    loop {
+        let conn = state.pool.get(&key, open).await.map_err(|e| match e {
+            PoolError::Exhausted(_) => Refusal::Error(client_error(
+                pgwake_protocol::sqlstate::TOO_MANY_CONNECTIONS,
+                "too many concurrent SQL-over-HTTP requests for this database; retry shortly",
+            )),
+            PoolError::Open(OpenError::Session(e)) => e.into(),
+            // The backend's own answer, e.g. 3D000 for a database that does not exist.
+            PoolError::Open(OpenError::Refused(body)) => Refusal::Error(query::error_fields(&body)),
+        })?;
+        // A tenant that slept and woke elsewhere leaves connections to its old address.
+        if conn.endpoint == *endpoint {
+            return Ok(conn);
+        }
+    }
+}
+
+/// The response to a request whose statements ran with `outcome`; the connection goes back to
+/// the pool when it is at rest.
+async fn answer(
+    gw: &Gateway,
+    mut conn: Pooled<PoolKey, BackendConn>,
+    outcome: Result<(), QueryError>,
+    out: SpillBuffer,
+    statements: usize,
+) -> Result<(Body, u64), Refusal> {
     match outcome {
         Ok(()) => {
             conn.needs_reset = true;
             conn.release();
             debug!(
-                statements = statements.len(),
+                statements,
                 bytes = out.len(),
                 spilled = !out.in_memory(),
                 "sql over http done"
