@@ -1,0 +1,45 @@
+//! `[auth]`: the failed-login throttle and other settings of gateway authentication.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// `[auth]`: settings shared by every tenant the gateway authenticates.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// Failed attempts evaluated per (client IP, tenant) and per (tenant, user) before further
+    /// attempts are refused unread.
+    pub throttle_free_failures: u32,
+    /// Wait after the last free failure; doubles with each further evaluated failure.
+    #[serde(with = "humantime_serde")]
+    pub throttle_base: Duration,
+    /// Longest throttle wait.
+    #[serde(with = "humantime_serde")]
+    pub throttle_max: Duration,
+    /// Entries the throttle remembers of each count ((client IP, tenant), (tenant, user)).
+    pub throttle_capacity: u64,
+    /// Highest SCRAM iteration count the gateway derives keys for when logging in to a backend
+    /// with a password: a backend could otherwise make it burn CPU.
+    pub max_backend_iterations: u32,
+    /// How long verifiers fetched by `auth_query` are cached.
+    #[serde(with = "humantime_serde")]
+    pub auth_query_ttl: Duration,
+    /// Key for the salts of mock exchanges with unknown users; set it so replicas and
+    /// restarts answer alike (random per process when unset).
+    pub mock_secret: Option<String>,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            throttle_free_failures: 3,
+            throttle_base: Duration::from_secs(1),
+            throttle_max: Duration::from_secs(300),
+            throttle_capacity: 100_000,
+            max_backend_iterations: 100_000,
+            auth_query_ttl: Duration::from_secs(60),
+            mock_secret: None,
+        }
+    }
+}

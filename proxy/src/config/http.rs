@@ -1,0 +1,76 @@
+//! `[http]`: limits of `POST /sql` and its pool of backend connections.
+
+use std::time::Duration;
+
+use bytesize::ByteSize;
+use serde::Deserialize;
+
+use super::{ConfigError, invalid};
+
+/// `[http]`: limits of `POST /sql` and its pool of backend connections.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Largest request body; a larger one is answered 413.
+    pub max_request_size: ByteSize,
+    /// Largest response body; a larger result is answered 507.
+    pub max_response_size: ByteSize,
+    /// Memory one `/sql` response may take while it is built; beyond it the body goes to an
+    /// unnamed temporary file (in `$TMPDIR`) and is sent from there.
+    pub response_memory: ByteSize,
+    /// Time a `/sql` request may take once its backend connection is ready.
+    #[serde(with = "humantime_serde")]
+    pub query_timeout: Duration,
+    /// Pooled backend connections per (tenant, user, database).
+    pub pool_max_per_key: usize,
+    /// Pooled backend connections in total.
+    pub pool_max_total: usize,
+    /// Idle pooled connections older than this are closed.
+    #[serde(with = "humantime_serde")]
+    pub pool_idle_timeout: Duration,
+    /// How long a request waits for a pool slot when the bounds are reached.
+    #[serde(with = "humantime_serde")]
+    pub pool_acquire_timeout: Duration,
+    /// Time a client has to send a request's headers (HTTP/1.1), and the longest a kept-alive
+    /// connection may sit idle between requests.
+    #[serde(with = "humantime_serde")]
+    pub header_timeout: Duration,
+    /// Time a client has to send a request's whole body; a slower one is answered 408.
+    #[serde(with = "humantime_serde")]
+    pub body_timeout: Duration,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            max_request_size: ByteSize::mib(10),
+            max_response_size: ByteSize::mib(10),
+            response_memory: ByteSize::mib(1),
+            query_timeout: Duration::from_secs(300),
+            pool_max_per_key: 20,
+            pool_max_total: 500,
+            pool_idle_timeout: Duration::from_secs(60),
+            pool_acquire_timeout: Duration::from_secs(10),
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl HttpConfig {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        if self.pool_max_per_key == 0 || self.pool_max_total == 0 {
+            return Err(invalid(
+                "http.pool_max_per_key",
+                "pool bounds must be at least 1 (http.pool_max_per_key, http.pool_max_total)",
+            ));
+        }
+        if self.header_timeout.is_zero() || self.body_timeout.is_zero() {
+            return Err(invalid(
+                "http.header_timeout",
+                "http.header_timeout and http.body_timeout must be greater than zero",
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,461 @@
+//! The gateway's configuration: one TOML file, every key overridable by `PGWAKE_<SECTION>__<KEY>`
+//! environment variables, validated once at start-up with errors that name the key.
+
+use std::path::{Path, PathBuf};
+
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use serde::Deserialize;
+
+mod auth;
+mod backend;
+mod http;
+mod kubernetes;
+mod limits;
+mod listen;
+mod local;
+mod pool_class;
+mod reuse;
+mod revival;
+mod routing;
+mod tenant;
+mod wake;
+
+pub use auth::AuthConfig;
+pub use backend::{BackendConfig, BackendTls};
+pub use http::HttpConfig;
+pub use kubernetes::KubernetesConfig;
+pub use limits::Limits;
+pub use listen::{AdminConfig, ListenConfig, SniCert, TlsConfig};
+pub use local::LocalConfig;
+pub use pool_class::{PoolClassConfig, PoolRelease};
+pub use reuse::ReuseConfig;
+pub use revival::{PinnedPolicy, RevivalConfig, RevivalKeyConfig};
+pub use routing::{RoutingConfig, UnknownTenant};
+pub use tenant::{AuthMode, CredentialsConfig, TenantBackend, TenantConfig};
+pub use wake::WakeConfig;
+
+/// Top-level sections; only environment variables naming one of them are read as overrides.
+const SECTIONS: &[&str] = &[
+    "listen",
+    "tls",
+    "limits",
+    "routing",
+    "backend",
+    "wake",
+    "local",
+    "auth",
+    "kubernetes",
+    "http",
+    "revival",
+    "reuse",
+    "admin",
+];
+
+/// A configuration problem, naming the key and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file or environment could not be read or parsed.
+    #[error("{0}")]
+    Parse(#[from] Box<figment::Error>),
+    /// A value parsed but is not usable.
+    #[error("{key}: {problem}")]
+    Invalid {
+        /// Dotted key path.
+        key: String,
+        /// What is wrong and how to fix it.
+        problem: String,
+    },
+}
+
+fn invalid(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        problem: problem.into(),
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Listening sockets.
+    pub listen: ListenConfig,
+    /// The admin API's access control.
+    #[serde(default)]
+    pub admin: AdminConfig,
+    /// Certificates for client TLS.
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
+    /// Sizes and timeouts.
+    #[serde(default)]
+    pub limits: Limits,
+    /// How tenants are found in a connection.
+    #[serde(default)]
+    pub routing: RoutingConfig,
+    /// How the gateway talks to backends.
+    #[serde(default)]
+    pub backend: BackendConfig,
+    /// Waking and idle sleep.
+    #[serde(default)]
+    pub wake: WakeConfig,
+    /// The embedded local backend.
+    #[serde(default)]
+    pub local: Option<LocalConfig>,
+    /// Client authentication at the gateway.
+    #[serde(default)]
+    pub auth: AuthConfig,
+    /// The Kubernetes API, for `cnpg` and `pool` tenants.
+    #[serde(default)]
+    pub kubernetes: KubernetesConfig,
+    /// SQL over HTTP and Postgres over WebSocket (the `listen.http` listener).
+    #[serde(default)]
+    pub http: HttpConfig,
+    /// Parking, reviving and migrating sessions.
+    #[serde(default)]
+    pub revival: RevivalConfig,
+    /// Keeping the backend connections of departed clients for the next client.
+    #[serde(default)]
+    pub reuse: ReuseConfig,
+    /// Pools of pre-warmed clusters for `pool` tenants.
+    #[serde(default, rename = "pool_class")]
+    pub pool_classes: Vec<PoolClassConfig>,
+    /// The tenants served.
+    #[serde(default, rename = "tenant")]
+    pub tenants: Vec<TenantConfig>,
+}
+
+impl Config {
+    /// Reads `path`, applies `PGWAKE_*` overrides and validates.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        // Only `PGWAKE_<SECTION>__…` variables are config keys; others (PGWAKE_LOG) are not.
+        let env = Env::prefixed("PGWAKE_")
+            .filter(|key| {
+                let key = key.as_str().to_ascii_lowercase();
+                SECTIONS.iter().any(|s| {
+                    key.strip_prefix(s)
+                        .is_some_and(|rest| rest.starts_with("__") || rest.starts_with('.'))
+                })
+            })
+            .split("__");
+        let mut config: Config = Figment::new()
+            .merge(Toml::file_exact(path))
+            .merge(env)
+            .extract()
+            .map_err(Box::new)?;
+        // Absolute, because Postgres servers of the local backend run in their own data
+        // directory and would read a relative socket or data path from there.
+        let parent = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let base = std::path::absolute(parent).unwrap_or_else(|_| parent.to_path_buf());
+        config.resolve_paths(&base);
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Relative file names in the config are relative to the config file.
+    fn resolve_paths(&mut self, base: &Path) {
+        let fix = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        if let Some(tls) = &mut self.tls {
+            fix(&mut tls.cert);
+            fix(&mut tls.key);
+            for c in &mut tls.certs {
+                fix(&mut c.cert);
+                fix(&mut c.key);
+            }
+        }
+        if let Some(ca) = &mut self.backend.ca {
+            fix(ca);
+        }
+        for t in &mut self.tenants {
+            if let Some(CredentialsConfig::Static { file }) = &mut t.credentials {
+                fix(file);
+            }
+        }
+        if let Some(k) = &mut self.kubernetes.kubeconfig {
+            fix(k);
+        }
+        if let Some(f) = &mut self.admin.token_file {
+            fix(f);
+        }
+        for k in &mut self.revival.keys {
+            if let Some(f) = &mut k.secret_file {
+                fix(f);
+            }
+        }
+        for c in &mut self.pool_classes {
+            fix(&mut c.template);
+        }
+        if let Some(local) = &mut self.local {
+            fix(&mut local.data_dir);
+            if let Some(bin) = &mut local.bin_dir {
+                fix(bin);
+            }
+        }
+    }
+
+    /// Each section checks itself; what spans sections is checked here.
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.tls.is_none() && !self.listen.allow_plaintext {
+            return Err(invalid(
+                "tls",
+                "no certificate configured and listen.allow_plaintext is false: add [tls] cert \
+                 and key, or allow plaintext explicitly",
+            ));
+        }
+        self.limits.validate()?;
+        self.http.validate()?;
+        self.routing.validate()?;
+        self.wake.validate()?;
+        self.revival.validate()?;
+        self.reuse.validate()?;
+        let classes = pool_class::validate_all(&self.pool_classes)?;
+        let tenants = tenant::validate_all(&self.tenants, self.local.is_some(), &classes)?;
+        // A discovered tenant can be the default; it is known only once its cluster is listed.
+        if let Some(d) = &self.routing.default_tenant
+            && !tenants.contains(d)
+            && !self.kubernetes.discover
+        {
+            return Err(invalid(
+                "routing.default_tenant",
+                format!("tenant \"{d}\" is not configured"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use bytesize::ByteSize;
+
+    use super::*;
+
+    /// Loads `text` inside a figment Jail: Jails run one at a time, so no other test's
+    /// PGWAKE_* variables can leak into this load.
+    #[allow(clippy::result_large_err)] // figment's Jail fixes the closure's error type
+    fn load(text: &str) -> Result<Config, ConfigError> {
+        let mut out = None;
+        figment::Jail::expect_with(|jail| {
+            let path = jail.directory().join("pgwake.toml");
+            std::fs::write(&path, text).map_err(|e| e.to_string())?;
+            out = Some(Config::load(&path));
+            Ok(())
+        });
+        out.expect("the jail ran")
+    }
+
+    const EXAMPLE: &str = r#"
+[listen]
+postgres = "127.0.0.1:6432"
+admin = "127.0.0.1:9090"
+[tls]
+cert = "cert.pem"
+key = "key.pem"
+[routing]
+sni_suffix = "db.localtest"
+rules = ["sni", "options", "database", "user"]
+[[tenant]]
+id = "alpha"
+backend = { kind = "fixed", address = "127.0.0.1:5433" }
+"#;
+
+    #[test]
+    fn example_parses_with_defaults() {
+        let c = load(EXAMPLE).unwrap();
+        assert_eq!(c.tenants.len(), 1);
+        assert_eq!(c.limits.max_startup_message, ByteSize::kib(10));
+        assert_eq!(c.limits.startup_timeout, Duration::from_secs(10));
+        assert_eq!(c.limits.shutdown_grace, Duration::from_secs(30));
+        assert!(c.tls.unwrap().cert.is_absolute());
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail fixes the closure's error type
+    fn relative_config_paths_become_absolute() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "pgwake.toml",
+                &format!("{EXAMPLE}[local]\ndata_dir = \"data\"\npassword = \"pw\"\n"),
+            )?;
+            let c = Config::load(Path::new("pgwake.toml")).map_err(|e| e.to_string())?;
+            assert!(c.local.unwrap().data_dir.is_absolute());
+            assert!(c.tls.unwrap().cert.is_absolute());
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn shipped_example_is_valid() {
+        let c = load(include_str!("../../../deploy/local/pgwake.toml")).unwrap();
+        assert_eq!(c.tenants.len(), 2);
+        assert_eq!(c.tenants[1].idle_timeout, Some(Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn reuse_defaults_and_bounds() {
+        let c = load(EXAMPLE).unwrap();
+        assert!(c.reuse.enabled);
+        assert_eq!(c.reuse.max_idle_per_key, 16);
+        let c = load(&format!("{EXAMPLE}[reuse]\nenabled = false\n")).unwrap();
+        assert!(!c.reuse.enabled);
+        let err = load(&format!("{EXAMPLE}[reuse]\nmax_idle_total = 0\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("reuse.max_idle_per_key"), "{err}");
+    }
+
+    #[test]
+    fn kubernetes_secrets_need_a_name_outside_cnpg() {
+        let fixed = EXAMPLE.replace(
+            "backend = { kind = \"fixed\", address = \"127.0.0.1:5433\" }",
+            "backend = { kind = \"fixed\", address = \"127.0.0.1:5433\" }\n\
+             credentials = { kind = \"kubernetes_secret\" }",
+        );
+        let err = load(&fixed).unwrap_err().to_string();
+        assert!(err.contains("credentials.secret"), "{err}");
+        load(&fixed.replace(
+            "kind = \"kubernetes_secret\" }",
+            "kind = \"kubernetes_secret\", secret = \"alpha-app\" }",
+        ))
+        .unwrap();
+        let cnpg = EXAMPLE.replace(
+            "backend = { kind = \"fixed\", address = \"127.0.0.1:5433\" }",
+            "backend = { kind = \"cnpg\", cluster = \"alpha\" }\n\
+             credentials = { kind = \"kubernetes_secret\" }",
+        );
+        let c = load(&format!("{cnpg}[kubernetes]\ndiscover = true\n")).unwrap();
+        assert!(c.kubernetes.discover);
+    }
+
+    #[test]
+    fn local_tenants_need_a_local_section() {
+        let text = EXAMPLE.replace(
+            "backend = { kind = \"fixed\", address = \"127.0.0.1:5433\" }",
+            "backend = { kind = \"local\" }\nidle_timeout = \"30s\"",
+        );
+        let err = load(&text).unwrap_err().to_string();
+        assert!(err.contains("[local]"), "{err}");
+        let c = load(&format!(
+            "{text}[local]\ndata_dir = \"data\"\npassword = \"pw\"\n"
+        ))
+        .unwrap();
+        assert_eq!(c.tenants[0].idle_timeout, Some(Duration::from_secs(30)));
+        assert!(c.local.unwrap().data_dir.is_absolute());
+        assert_eq!(c.wake.wake_timeout, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let err = load(&EXAMPLE.replace("admin =", "admn ="))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("admn"), "{err}");
+        let err = load(&format!(
+            "{EXAMPLE}\n[limits]\nstartup_timeout = \"soon\"\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("startup_timeout"), "{err}");
+    }
+
+    #[test]
+    fn revival_keys() {
+        let c = load(EXAMPLE).unwrap();
+        assert!(c.revival.enabled);
+        assert_eq!(c.revival.key_ring().unwrap().sealing_id(), "generated");
+        let key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+        let c = load(&format!(
+            "{EXAMPLE}[revival]\npinned = \"terminate\"\n[[revival.keys]]\nid = \"new\"\nsecret = \"{key}\"\n[[revival.keys]]\nid = \"old\"\nsecret = \"{key}\"\n"
+        ))
+        .unwrap();
+        assert_eq!(c.revival.pinned, PinnedPolicy::Terminate);
+        assert_eq!(c.revival.key_ring().unwrap().sealing_id(), "new");
+        assert!(!format!("{c:?}").contains(key), "no key in Debug");
+        let err = load(&format!(
+            "{EXAMPLE}[[revival.keys]]\nid = \"short\"\nsecret = \"AAEC\"\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("revival.keys[0]"), "{err}");
+    }
+
+    #[test]
+    fn pool_classes_are_checked() {
+        let pool = EXAMPLE.replace(
+            "backend = { kind = \"fixed\", address = \"127.0.0.1:5433\" }",
+            "backend = { kind = \"pool\", class = \"small\" }",
+        );
+        let class = "[[pool_class]]\nname = \"small\"\nmin_warm = 3\nrelease = \"delete\"\ntemplate = \"cluster.yaml\"\n";
+        let c = load(&format!("{pool}{class}")).unwrap();
+        let p = &c.pool_classes[0];
+        assert_eq!((p.min_warm, p.release), (3, PoolRelease::Delete));
+        assert!(p.template.is_absolute());
+        assert_eq!(p.lease_duration, Duration::from_secs(15));
+        let err = load(&pool).unwrap_err().to_string();
+        assert!(err.contains("tenant[0].backend.class"), "{err}");
+        let err = load(&format!("{pool}{}", class.replace("small", "Small")))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("pool_class[0].name"), "{err}");
+        let err = load(&format!("{pool}{class}replenish_interval = \"10s\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("replenish_interval"), "{err}");
+        let err = load(&format!(
+            "{}{class}",
+            pool.replace("\"alpha\"", "\"alpha_\"")
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("label value"), "{err}");
+    }
+
+    #[test]
+    fn plaintext_needs_opt_in() {
+        let text = EXAMPLE.replace("[tls]\ncert = \"cert.pem\"\nkey = \"key.pem\"\n", "");
+        let err = load(&text).unwrap_err().to_string();
+        assert!(err.contains("allow_plaintext"), "{err}");
+        let ok = text.replace("[listen]\n", "[listen]\nallow_plaintext = true\n");
+        load(&ok).unwrap();
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let err = load(&EXAMPLE.replace("127.0.0.1:5433", "nowhere"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("tenant[0].backend.address"), "{err}");
+        let err = load(&format!("{EXAMPLE}[[tenant]]\nid = \"alpha\"\nbackend = {{ kind = \"fixed\", address = \"h:1\" }}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("configured twice"), "{err}");
+        let err = load(&EXAMPLE.replace("id = \"alpha\"", "id = \"al.pha\""))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("invalid tenant id"), "{err}");
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail fixes the closure's error type
+    fn environment_overrides() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("pgwake.toml", EXAMPLE)?;
+            jail.set_env("PGWAKE_LIMITS__STARTUP_TIMEOUT", "2s");
+            jail.set_env("PGWAKE_LISTEN__POSTGRES", "127.0.0.1:7000");
+            jail.set_env("PGWAKE_LOG", "debug");
+            let c = Config::load(Path::new("pgwake.toml")).map_err(|e| e.to_string())?;
+            assert_eq!(c.limits.startup_timeout, Duration::from_secs(2));
+            assert_eq!(c.listen.postgres.port(), 7000);
+            Ok(())
+        });
+    }
+}

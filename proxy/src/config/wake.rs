@@ -1,0 +1,73 @@
+//! `[wake]`: the accept queue, wake retries and idle sleep.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{ConfigError, invalid};
+
+/// `[wake]`: the accept queue, wake retries and idle sleep.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WakeConfig {
+    /// How long a connection waits for its tenant to wake before FATAL 57P03.
+    #[serde(with = "humantime_serde")]
+    pub wake_timeout: Duration,
+    /// Connections that may wait for one tenant; more get FATAL 53300 at once.
+    pub max_waiters_per_tenant: usize,
+    /// Connections that may wait across all tenants.
+    pub max_waiters_total: usize,
+    /// Attempts one wake makes before the tenant is marked failed.
+    pub attempts: u32,
+    /// Pause after a failed attempt (doubling each time).
+    #[serde(with = "humantime_serde")]
+    pub retry_backoff: Duration,
+    /// How long a failed tenant refuses connections before the next wake.
+    #[serde(with = "humantime_serde")]
+    pub failed_retry_delay: Duration,
+    /// A tenant with no connections for this long is put to sleep (per-tenant override:
+    /// `idle_timeout` in `[[tenant]]`).
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// How often idle tenants are looked for.
+    #[serde(with = "humantime_serde")]
+    pub idle_check_interval: Duration,
+    /// Tell clients that must wait "waking database …" with a NoticeResponse; sent after the
+    /// gateway's AuthenticationOk (clients refuse notices earlier), so only for tenants the
+    /// gateway authenticates.
+    pub wake_notice: bool,
+}
+
+impl Default for WakeConfig {
+    fn default() -> Self {
+        WakeConfig {
+            wake_timeout: Duration::from_secs(30),
+            max_waiters_per_tenant: 1000,
+            max_waiters_total: 10_000,
+            attempts: 3,
+            retry_backoff: Duration::from_millis(200),
+            failed_retry_delay: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(300),
+            idle_check_interval: Duration::from_secs(1),
+            wake_notice: false,
+        }
+    }
+}
+
+impl WakeConfig {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        if self.wake_timeout.is_zero() || self.idle_check_interval.is_zero() {
+            return Err(invalid(
+                "wake.wake_timeout",
+                "wake_timeout and idle_check_interval must be greater than zero",
+            ));
+        }
+        if self.max_waiters_per_tenant == 0 || self.max_waiters_total == 0 || self.attempts == 0 {
+            return Err(invalid(
+                "wake.max_waiters_per_tenant",
+                "max_waiters_per_tenant, max_waiters_total and attempts must be at least 1",
+            ));
+        }
+        Ok(())
+    }
+}
