@@ -1,4 +1,5 @@
-//! `[listen]`, `[tls]` and `[admin]`: where the gateway accepts connections, with which certificates, and who may use the admin API.
+//! `[listen]`, `[tls]` and `[admin]`: where the gateway accepts connections, with which
+//! certificates, and who may use the admin API.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
