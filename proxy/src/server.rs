@@ -13,7 +13,7 @@ use pgwake_routing::discovery::{
     ClusterDiscovery, DiscoveryEvent, DiscoverySettings, TENANT_LABEL,
 };
 use pgwake_routing::{
-    ComputeBackend, Endpoint, ResolverConfig, Tenant, TenantDirectory, TenantResolver,
+    ComputeBackend, Endpoint, ResolverConfig, Tenant, TenantDirectory, TenantId, TenantResolver,
     WakeCoordinator, WakeSettings,
 };
 use tokio::net::TcpListener;
@@ -33,8 +33,8 @@ use crate::auth::{
 use crate::cancel::CancelMap;
 use crate::capacity::{Capacity, CapacitySettings};
 use crate::config::{
-    AuthMode, Config, CredentialsConfig, KubernetesConfig, LocalConfig, PoolClassConfig,
-    PoolRelease, TenantBackend,
+    AuthMode, BackendTls, Config, CredentialsConfig, KubernetesConfig, LocalConfig,
+    PoolClassConfig, PoolRelease, TenantBackend, TenantConfig, WakeConfig,
 };
 use crate::connect::BackendLink;
 use crate::http;
@@ -170,303 +170,39 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
     let acceptor = server_tls
         .as_ref()
         .map(|t| TlsAcceptor::from(t.config.clone()));
-    let local = match &config.local {
-        Some(l)
-            if config
-                .tenants
-                .iter()
-                .any(|t| matches!(t.backend, TenantBackend::Local)) =>
-        {
-            Some(Arc::new(LocalBackend::new(local_settings(
-                l,
-                config.wake.wake_timeout,
-            ))?))
-        }
-        _ => None,
-    };
-    let pool_tenants: HashMap<_, _> = config
-        .tenants
-        .iter()
-        .filter_map(|t| match &t.backend {
-            TenantBackend::Pool { class } => Some((t.id.clone(), class.clone())),
-            _ => None,
-        })
-        .collect();
-    let k = &config.kubernetes;
-    // Discovered tenants are cnpg tenants too.
-    let has_cnpg = k.discover
-        || config
-            .tenants
-            .iter()
-            .any(|t| matches!(t.backend, TenantBackend::Cnpg { .. }));
-    let needs_kube = has_cnpg
-        || !config.pool_classes.is_empty()
-        || config.tenants.iter().any(|t| {
-            matches!(
-                t.credentials,
-                Some(CredentialsConfig::KubernetesSecret { .. })
-            )
-        });
-    let kube = match needs_kube {
-        true => Some(kube_client(k).await?),
-        false => None,
-    };
-    let cnpg_settings = CnpgSettings {
-        start_timeout: config.wake.wake_timeout,
-        probe_interval: Duration::from_millis(10),
-        probe_user: k.probe_user.clone().unwrap_or_else(|| "postgres".into()),
-    };
-    let default_ns = kube.as_ref().map(|c| {
-        k.namespace
-            .clone()
-            .unwrap_or_else(|| c.default_namespace().to_owned())
-    });
-    let cnpg = match &kube {
-        Some(client) if has_cnpg => {
-            let default_ns = default_ns.as_deref().unwrap_or("default");
-            let clusters = config
-                .tenants
-                .iter()
-                .filter_map(|t| match &t.backend {
-                    TenantBackend::Cnpg {
-                        cluster,
-                        namespace,
-                        endpoint,
-                    } => {
-                        let ns = namespace.as_deref().unwrap_or(default_ns);
-                        let mut c = CnpgCluster::new(ns, cluster);
-                        if let Some(e) = endpoint.as_deref().and_then(Endpoint::parse) {
-                            c.endpoint = e;
-                        }
-                        Some((t.id.clone(), c))
-                    }
-                    _ => None,
-                })
-                .collect();
-            Some(Arc::new(CnpgBackend::new(
-                client.clone(),
-                clusters,
-                cnpg_settings.clone(),
-            )))
-        }
-        _ => None,
-    };
-    let pool = match &kube {
-        Some(client) if !config.pool_classes.is_empty() => {
-            let default_ns = default_ns.as_deref().unwrap_or("default");
-            let classes = config
-                .pool_classes
-                .iter()
-                .map(|c| pool_class(c, default_ns))
-                .collect::<Result<Vec<_>, _>>()?;
-            Some(Arc::new(PoolBackend::new(
-                client.clone(),
-                classes,
-                pool_tenants,
-                cnpg_settings,
-                lease_identity(),
-            )))
-        }
-        _ => None,
-    };
-    // One watched copy of the Secrets per namespace, shared by its tenants.
-    let mut secret_stores: HashMap<String, Arc<SecretStore>> = HashMap::new();
-    let mut secret_store = |client: &kube::Client, ns: &str| {
-        secret_stores
-            .entry(ns.to_owned())
-            .or_insert_with(|| {
-                SecretStore::start(
-                    client.clone(),
-                    ns,
-                    config.limits.login_timeout,
-                    terminate.clone(),
-                )
-            })
-            .clone()
-    };
-    let mut backend_tls = HashMap::new();
-    let mut tenants = Vec::new();
-    for t in &config.tenants {
-        let backend: Arc<dyn ComputeBackend> = match &t.backend {
-            TenantBackend::Fixed { address, tls } => {
-                backend_tls.insert(t.id.clone(), tls.unwrap_or(config.backend.tls));
-                // Addresses were checked when the config was validated.
-                let endpoint = Endpoint::parse(address).unwrap_or(Endpoint {
-                    host: address.clone(),
-                    port: 5432,
-                });
-                Arc::new(FixedBackend::new(endpoint))
-            }
-            TenantBackend::Local => match &local {
-                Some(l) => l.clone(),
-                None => unreachable!("validated: local tenants have a [local] section"),
-            },
-            TenantBackend::Cnpg { .. } => match &cnpg {
-                Some(c) => c.clone(),
-                None => unreachable!("cnpg tenants built the cnpg backend above"),
-            },
-            TenantBackend::Pool { .. } => match &pool {
-                Some(p) => {
-                    backend_tls.insert(t.id.clone(), config.backend.tls);
-                    p.clone()
-                }
-                None => unreachable!("validated: pool tenants name a configured pool class"),
-            },
-        };
-        tenants.push(Tenant {
-            id: t.id.clone(),
-            backend,
-            idle_timeout: t.idle_timeout.unwrap_or(config.wake.idle_timeout),
-        });
-    }
+    let local = local_backend(config)?;
+    let kube = KubeBackends::build(config).await?;
+    let (tenants, backend_tls) = tenant_list(config, local.as_ref(), &kube);
     // The backend kinds in use: the configured tenants', and cnpg's when discovery may add
     // tenants on it later.
     let backend_kinds: Vec<&'static str> = tenants
         .iter()
         .map(|t| t.backend.kind())
-        .chain(cnpg.as_ref().map(|c| c.kind()))
+        .chain(kube.cnpg.as_ref().map(|c| c.kind()))
         .collect();
     let directory = Arc::new(TenantDirectory::new(tenants));
     let metrics = Arc::new(Metrics::new());
     for kind in backend_kinds {
         metrics.backend_in_use(kind);
     }
-    let w = &config.wake;
-    let wake_metrics = metrics.clone();
-    let coordinator = WakeCoordinator::new(
-        directory.clone(),
-        WakeSettings {
-            wake_timeout: w.wake_timeout,
-            max_waiters_per_tenant: w.max_waiters_per_tenant,
-            max_waiters_total: w.max_waiters_total,
-            attempts: w.attempts,
-            retry_backoff: w.retry_backoff,
-            failed_retry_delay: w.failed_retry_delay,
-            idle_check_interval: w.idle_check_interval,
-        },
-        move |event| wake_metrics.wake_finished(event),
-    );
-    let mut policies = HashMap::new();
-    for t in &config.tenants {
-        let credentials: Option<Arc<dyn CredentialSource>> = match t.effective_credentials() {
-            None => None,
-            Some(CredentialsConfig::Static { file }) => {
-                Some(Arc::new(StaticSource::load(&file).map_err(|source| {
-                    BuildError::Credentials {
-                        tenant: t.id.to_string(),
-                        source,
-                    }
-                })?))
-            }
-            Some(CredentialsConfig::Local) => config
-                .local
-                .as_ref()
-                .map(|l| Arc::new(LocalSource::new(&l.superuser, &l.password)) as _),
-            Some(CredentialsConfig::AuthQuery {
-                user,
-                password,
-                database,
-                query,
-            }) => Some(Arc::new(AuthQuerySource::new(
-                t.id.clone(),
-                AuthQuerySettings {
-                    user,
-                    password,
-                    database,
-                    query,
-                    ttl: config.auth.auth_query_ttl,
-                    timeout: config.limits.login_timeout,
-                },
-                coordinator.clone(),
-            ))),
-            Some(CredentialsConfig::KubernetesSecret { secret, namespace }) => {
-                let client = kube
-                    .as_ref()
-                    .expect("kubernetes credentials built a client");
-                let cluster = cnpg.as_ref().and_then(|c| c.cluster_of(&t.id));
-                let ns = namespace
-                    .or_else(|| cluster.as_ref().map(|c| c.namespace.clone()))
-                    .or_else(|| default_ns.clone())
-                    .unwrap_or_else(|| "default".into());
-                // Validated: without a cluster the secret is named.
-                let name = secret
-                    .or_else(|| cluster.map(|c| format!("{}-app", c.name)))
-                    .unwrap_or_default();
-                Some(Arc::new(KubeSecretSource::new(
-                    secret_store(client, &ns),
-                    &name,
-                )))
-            }
-        };
-        let auth = t.effective_auth();
-        if auth == AuthMode::Passthrough {
-            info!(tenant = %t.id, "passthrough authentication: the backend checks passwords");
-        }
-        policies.insert(
-            t.id.clone(),
-            Arc::new(TenantPolicy {
-                access: AccessList {
-                    allow: t.allow.clone(),
-                    deny: t.deny.clone(),
-                },
-                auth,
-                credentials,
-                max_clients: t.max_client_connections,
-            }),
-        );
-    }
+    let coordinator = wake_coordinator(&directory, &config.wake, &metrics);
+    let mut secrets = SecretStores::new(config.limits.login_timeout, terminate.clone());
+    let policies = tenant_policies(config, &coordinator, &kube, &mut secrets)?;
     let policies: Policies = Arc::new(RwLock::new(policies));
-    if let (true, Some(client), Some(cnpg)) = (k.discover, &kube, &cnpg) {
-        let namespace = default_ns.clone().unwrap_or_else(|| "default".into());
-        let auth = k.discover_auth.unwrap_or(AuthMode::Gateway);
-        let secrets = secret_store(client, &namespace);
-        let discovery = ClusterDiscovery::new(
-            client.clone(),
-            DiscoverySettings {
-                namespace,
-                label: k
-                    .discover_label
-                    .clone()
-                    .unwrap_or_else(|| TENANT_LABEL.to_owned()),
-                idle_timeout: k.discover_idle_timeout.unwrap_or(w.idle_timeout),
-            },
-            cnpg.clone(),
-            directory.clone(),
-            config.tenants.iter().map(|t| t.id.clone()).collect(),
-        );
-        let policies = policies.clone();
-        let on_event = move |event: &DiscoveryEvent| {
-            let mut policies = policies.write().unwrap_or_else(|p| p.into_inner());
-            match event {
-                DiscoveryEvent::Upserted(tenant, cluster) => {
-                    let credentials = (auth == AuthMode::Gateway).then(|| {
-                        Arc::new(KubeSecretSource::new(
-                            secrets.clone(),
-                            &format!("{}-app", cluster.name),
-                        )) as Arc<dyn CredentialSource>
-                    });
-                    policies.insert(
-                        tenant.clone(),
-                        Arc::new(TenantPolicy {
-                            access: AccessList::default(),
-                            auth,
-                            credentials,
-                            max_clients: None,
-                        }),
-                    );
-                }
-                DiscoveryEvent::Removed(tenant) => {
-                    policies.remove(tenant);
-                }
-            }
-        };
-        tokio::spawn(discovery.run(terminate.clone(), on_event));
-    }
+    start_discovery(
+        config,
+        &kube,
+        &directory,
+        &policies,
+        &mut secrets,
+        &terminate,
+    );
     let a = &config.auth;
     let mock_key = match &a.mock_secret {
         Some(s) => s.as_bytes().to_vec(),
         None => rand::random::<[u8; 32]>().to_vec(),
     };
+    let w = &config.wake;
     Ok(Gateway {
         policies,
         throttle: Throttle::new(ThrottleSettings {
@@ -493,7 +229,7 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
         directory,
         coordinator,
         local,
-        pool,
+        pool: kube.pool,
         wake_notice: w.wake_notice,
         backend_tls,
         default_backend_tls: config.backend.tls,
@@ -517,6 +253,375 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
         })),
         reuse: crate::reuse::Reuse::new(&config.reuse),
     })
+}
+
+/// The local backend, when some tenant runs on it.
+fn local_backend(config: &Config) -> Result<Option<Arc<LocalBackend>>, BuildError> {
+    let used = config
+        .tenants
+        .iter()
+        .any(|t| matches!(t.backend, TenantBackend::Local));
+    match &config.local {
+        Some(l) if used => Ok(Some(Arc::new(LocalBackend::new(local_settings(
+            l,
+            config.wake.wake_timeout,
+        ))?))),
+        _ => Ok(None),
+    }
+}
+
+/// What the gateway reaches through the Kubernetes API, when anything in the config needs it.
+struct KubeBackends {
+    client: Option<kube::Client>,
+    /// Namespace of objects whose tenant names none.
+    default_ns: Option<String>,
+    cnpg: Option<Arc<CnpgBackend>>,
+    pool: Option<Arc<PoolBackend>>,
+}
+
+impl KubeBackends {
+    async fn build(config: &Config) -> Result<KubeBackends, BuildError> {
+        let k = &config.kubernetes;
+        // Discovered tenants are cnpg tenants too.
+        let has_cnpg = k.discover
+            || config
+                .tenants
+                .iter()
+                .any(|t| matches!(t.backend, TenantBackend::Cnpg { .. }));
+        let needs_kube = has_cnpg
+            || !config.pool_classes.is_empty()
+            || config.tenants.iter().any(|t| {
+                matches!(
+                    t.credentials,
+                    Some(CredentialsConfig::KubernetesSecret { .. })
+                )
+            });
+        let client = match needs_kube {
+            true => Some(kube_client(k).await?),
+            false => None,
+        };
+        let cnpg_settings = CnpgSettings {
+            start_timeout: config.wake.wake_timeout,
+            probe_interval: Duration::from_millis(10),
+            probe_user: k.probe_user.clone().unwrap_or_else(|| "postgres".into()),
+        };
+        let default_ns = client.as_ref().map(|c| {
+            k.namespace
+                .clone()
+                .unwrap_or_else(|| c.default_namespace().to_owned())
+        });
+        let ns = default_ns.as_deref().unwrap_or("default");
+        let cnpg = match &client {
+            Some(client) if has_cnpg => Some(Arc::new(CnpgBackend::new(
+                client.clone(),
+                cnpg_clusters(config, ns),
+                cnpg_settings.clone(),
+            ))),
+            _ => None,
+        };
+        let pool = match &client {
+            Some(client) if !config.pool_classes.is_empty() => {
+                let classes = config
+                    .pool_classes
+                    .iter()
+                    .map(|c| pool_class(c, ns))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let pool_tenants: HashMap<_, _> = config
+                    .tenants
+                    .iter()
+                    .filter_map(|t| match &t.backend {
+                        TenantBackend::Pool { class } => Some((t.id.clone(), class.clone())),
+                        _ => None,
+                    })
+                    .collect();
+                Some(Arc::new(PoolBackend::new(
+                    client.clone(),
+                    classes,
+                    pool_tenants,
+                    cnpg_settings,
+                    lease_identity(),
+                )))
+            }
+            _ => None,
+        };
+        Ok(KubeBackends {
+            client,
+            default_ns,
+            cnpg,
+            pool,
+        })
+    }
+}
+
+/// The configured cnpg tenants' clusters, in `default_ns` unless they name a namespace.
+fn cnpg_clusters(config: &Config, default_ns: &str) -> HashMap<TenantId, CnpgCluster> {
+    config
+        .tenants
+        .iter()
+        .filter_map(|t| match &t.backend {
+            TenantBackend::Cnpg {
+                cluster,
+                namespace,
+                endpoint,
+            } => {
+                let ns = namespace.as_deref().unwrap_or(default_ns);
+                let mut c = CnpgCluster::new(ns, cluster);
+                if let Some(e) = endpoint.as_deref().and_then(Endpoint::parse) {
+                    c.endpoint = e;
+                }
+                Some((t.id.clone(), c))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The configured tenants with their backends, and the backend TLS mode of those that set one.
+fn tenant_list(
+    config: &Config,
+    local: Option<&Arc<LocalBackend>>,
+    kube: &KubeBackends,
+) -> (Vec<Tenant>, HashMap<TenantId, BackendTls>) {
+    let mut backend_tls = HashMap::new();
+    let mut tenants = Vec::new();
+    for t in &config.tenants {
+        let backend: Arc<dyn ComputeBackend> = match &t.backend {
+            TenantBackend::Fixed { address, tls } => {
+                backend_tls.insert(t.id.clone(), tls.unwrap_or(config.backend.tls));
+                // Addresses were checked when the config was validated.
+                let endpoint = Endpoint::parse(address).unwrap_or(Endpoint {
+                    host: address.clone(),
+                    port: 5432,
+                });
+                Arc::new(FixedBackend::new(endpoint))
+            }
+            TenantBackend::Local => match local {
+                Some(l) => l.clone(),
+                None => unreachable!("validated: local tenants have a [local] section"),
+            },
+            TenantBackend::Cnpg { .. } => match &kube.cnpg {
+                Some(c) => c.clone(),
+                None => unreachable!("cnpg tenants built the cnpg backend"),
+            },
+            TenantBackend::Pool { .. } => match &kube.pool {
+                Some(p) => {
+                    backend_tls.insert(t.id.clone(), config.backend.tls);
+                    p.clone()
+                }
+                None => unreachable!("validated: pool tenants name a configured pool class"),
+            },
+        };
+        tenants.push(Tenant {
+            id: t.id.clone(),
+            backend,
+            idle_timeout: t.idle_timeout.unwrap_or(config.wake.idle_timeout),
+        });
+    }
+    (tenants, backend_tls)
+}
+
+/// The wake coordinator over `directory`, reporting each wake to `metrics`.
+fn wake_coordinator(
+    directory: &Arc<TenantDirectory>,
+    w: &WakeConfig,
+    metrics: &Arc<Metrics>,
+) -> Arc<WakeCoordinator> {
+    let wake_metrics = metrics.clone();
+    WakeCoordinator::new(
+        directory.clone(),
+        WakeSettings {
+            wake_timeout: w.wake_timeout,
+            max_waiters_per_tenant: w.max_waiters_per_tenant,
+            max_waiters_total: w.max_waiters_total,
+            attempts: w.attempts,
+            retry_backoff: w.retry_backoff,
+            failed_retry_delay: w.failed_retry_delay,
+            idle_check_interval: w.idle_check_interval,
+        },
+        move |event| wake_metrics.wake_finished(event),
+    )
+}
+
+/// One watched copy of a namespace's Secrets, shared by every tenant in it.
+struct SecretStores {
+    stores: HashMap<String, Arc<SecretStore>>,
+    login_timeout: Duration,
+    terminate: CancellationToken,
+}
+
+impl SecretStores {
+    fn new(login_timeout: Duration, terminate: CancellationToken) -> SecretStores {
+        SecretStores {
+            stores: HashMap::new(),
+            login_timeout,
+            terminate,
+        }
+    }
+
+    fn get(&mut self, client: &kube::Client, ns: &str) -> Arc<SecretStore> {
+        self.stores
+            .entry(ns.to_owned())
+            .or_insert_with(|| {
+                SecretStore::start(
+                    client.clone(),
+                    ns,
+                    self.login_timeout,
+                    self.terminate.clone(),
+                )
+            })
+            .clone()
+    }
+}
+
+/// Each configured tenant's admission and authentication policy.
+fn tenant_policies(
+    config: &Config,
+    coordinator: &Arc<WakeCoordinator>,
+    kube: &KubeBackends,
+    secrets: &mut SecretStores,
+) -> Result<HashMap<TenantId, Arc<TenantPolicy>>, BuildError> {
+    let mut policies = HashMap::new();
+    for t in &config.tenants {
+        let credentials = credential_source(config, t, coordinator, kube, secrets)?;
+        let auth = t.effective_auth();
+        if auth == AuthMode::Passthrough {
+            info!(tenant = %t.id, "passthrough authentication: the backend checks passwords");
+        }
+        policies.insert(
+            t.id.clone(),
+            Arc::new(TenantPolicy {
+                access: AccessList {
+                    allow: t.allow.clone(),
+                    deny: t.deny.clone(),
+                },
+                auth,
+                credentials,
+                max_clients: t.max_client_connections,
+            }),
+        );
+    }
+    Ok(policies)
+}
+
+/// Where tenant `t`'s users and secrets come from, if the gateway checks its passwords.
+fn credential_source(
+    config: &Config,
+    t: &TenantConfig,
+    coordinator: &Arc<WakeCoordinator>,
+    kube: &KubeBackends,
+    secrets: &mut SecretStores,
+) -> Result<Option<Arc<dyn CredentialSource>>, BuildError> {
+    Ok(match t.effective_credentials() {
+        None => None,
+        Some(CredentialsConfig::Static { file }) => {
+            Some(Arc::new(StaticSource::load(&file).map_err(|source| {
+                BuildError::Credentials {
+                    tenant: t.id.to_string(),
+                    source,
+                }
+            })?))
+        }
+        Some(CredentialsConfig::Local) => config
+            .local
+            .as_ref()
+            .map(|l| Arc::new(LocalSource::new(&l.superuser, &l.password)) as _),
+        Some(CredentialsConfig::AuthQuery {
+            user,
+            password,
+            database,
+            query,
+        }) => Some(Arc::new(AuthQuerySource::new(
+            t.id.clone(),
+            AuthQuerySettings {
+                user,
+                password,
+                database,
+                query,
+                ttl: config.auth.auth_query_ttl,
+                timeout: config.limits.login_timeout,
+            },
+            coordinator.clone(),
+        ))),
+        Some(CredentialsConfig::KubernetesSecret { secret, namespace }) => {
+            let client = kube
+                .client
+                .as_ref()
+                .expect("kubernetes credentials built a client");
+            let cluster = kube.cnpg.as_ref().and_then(|c| c.cluster_of(&t.id));
+            let ns = namespace
+                .or_else(|| cluster.as_ref().map(|c| c.namespace.clone()))
+                .or_else(|| kube.default_ns.clone())
+                .unwrap_or_else(|| "default".into());
+            // Validated: without a cluster the secret is named.
+            let name = secret
+                .or_else(|| cluster.map(|c| format!("{}-app", c.name)))
+                .unwrap_or_default();
+            Some(Arc::new(KubeSecretSource::new(
+                secrets.get(client, &ns),
+                &name,
+            )))
+        }
+    })
+}
+
+/// With `[kubernetes] discover`, watches labelled clusters and keeps the directory and the
+/// policies in step with them.
+fn start_discovery(
+    config: &Config,
+    kube: &KubeBackends,
+    directory: &Arc<TenantDirectory>,
+    policies: &Policies,
+    secrets: &mut SecretStores,
+    terminate: &CancellationToken,
+) {
+    let k = &config.kubernetes;
+    let (true, Some(client), Some(cnpg)) = (k.discover, &kube.client, &kube.cnpg) else {
+        return;
+    };
+    let namespace = kube.default_ns.clone().unwrap_or_else(|| "default".into());
+    let auth = k.discover_auth.unwrap_or(AuthMode::Gateway);
+    let secrets = secrets.get(client, &namespace);
+    let discovery = ClusterDiscovery::new(
+        client.clone(),
+        DiscoverySettings {
+            namespace,
+            label: k
+                .discover_label
+                .clone()
+                .unwrap_or_else(|| TENANT_LABEL.to_owned()),
+            idle_timeout: k.discover_idle_timeout.unwrap_or(config.wake.idle_timeout),
+        },
+        cnpg.clone(),
+        directory.clone(),
+        config.tenants.iter().map(|t| t.id.clone()).collect(),
+    );
+    let policies = policies.clone();
+    let on_event = move |event: &DiscoveryEvent| {
+        let mut policies = policies.write().unwrap_or_else(|p| p.into_inner());
+        match event {
+            DiscoveryEvent::Upserted(tenant, cluster) => {
+                let credentials = (auth == AuthMode::Gateway).then(|| {
+                    Arc::new(KubeSecretSource::new(
+                        secrets.clone(),
+                        &format!("{}-app", cluster.name),
+                    )) as Arc<dyn CredentialSource>
+                });
+                policies.insert(
+                    tenant.clone(),
+                    Arc::new(TenantPolicy {
+                        access: AccessList::default(),
+                        auth,
+                        credentials,
+                        max_clients: None,
+                    }),
+                );
+            }
+            DiscoveryEvent::Removed(tenant) => {
+                policies.remove(tenant);
+            }
+        }
+    };
+    tokio::spawn(discovery.run(terminate.clone(), on_event));
 }
 
 /// Serves until `shutdown` fires, then drains: stop accepting, `/readyz` 503, sessions get
