@@ -655,21 +655,7 @@ pub async fn run(
             local.stop_stale(&t.id).await;
         }
     }
-    let admin_token = match &config.admin.token_file {
-        Some(path) => {
-            let token = std::fs::read_to_string(path)
-                .map_err(|e| {
-                    anyhow::anyhow!("admin.token_file: cannot read {}: {e}", path.display())
-                })?
-                .trim()
-                .to_owned();
-            if token.is_empty() {
-                anyhow::bail!("admin.token_file: {} is empty", path.display());
-            }
-            Some(token)
-        }
-        None => None,
-    };
+    let admin_token = read_admin_token(&config)?;
     let admin_state = Arc::new(AdminState {
         metrics: gateway.metrics.clone(),
         coordinator: gateway.coordinator.clone(),
@@ -678,23 +664,7 @@ pub async fn run(
         started: std::time::Instant::now(),
     });
     let sleeper_stop = CancellationToken::new();
-    tokio::spawn(
-        gateway
-            .coordinator
-            .clone()
-            .run_idle_sleeper(sleeper_stop.clone()),
-    );
-    if let Some(reuse) = &gateway.reuse {
-        tokio::spawn(
-            reuse
-                .clone()
-                .run_reaper(gateway.metrics.clone(), sleeper_stop.clone()),
-        );
-    }
-    let replenisher = gateway
-        .pool
-        .clone()
-        .map(|pool| tokio::spawn(pool.run_replenisher(sleeper_stop.clone())));
+    let replenisher = start_background_jobs(&gateway, &sleeper_stop);
     if let Some(addr) = config.listen.admin {
         let admin_listener = TcpListener::bind(addr)
             .await
@@ -738,12 +708,67 @@ pub async fn run(
         let _ = h.await;
     }
     tasks.close();
+    drain(&gateway, &tasks, config.limits.shutdown_grace, &terminate).await;
+    sleeper_stop.cancel();
+    if let Some(r) = replenisher {
+        // It gives its Leases up, so another replica replenishes without waiting them out.
+        let _ = tokio::time::timeout(TERMINATE_DRAIN, r).await;
+    }
+    if let Some(local) = &gateway.local {
+        stop_local_servers(&gateway, local).await;
+    }
+    // Ends the Kubernetes watches.
+    gateway.terminate.cancel();
+    info!("pgwake stopped");
+    Ok(())
+}
+
+/// The admin API's bearer token, from `[admin] token_file`.
+fn read_admin_token(config: &Config) -> anyhow::Result<Option<String>> {
+    let Some(path) = &config.admin.token_file else {
+        return Ok(None);
+    };
+    let token = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("admin.token_file: cannot read {}: {e}", path.display()))?
+        .trim()
+        .to_owned();
+    if token.is_empty() {
+        anyhow::bail!("admin.token_file: {} is empty", path.display());
+    }
+    Ok(Some(token))
+}
+
+/// Starts the idle sleeper, the reuse reaper and the warm-pool replenisher until `stop`; the
+/// replenisher's task is returned so shutdown can wait for it to give its Leases up.
+fn start_background_jobs(
+    gateway: &Gateway,
+    stop: &CancellationToken,
+) -> Option<tokio::task::JoinHandle<()>> {
+    tokio::spawn(gateway.coordinator.clone().run_idle_sleeper(stop.clone()));
+    if let Some(reuse) = &gateway.reuse {
+        tokio::spawn(
+            reuse
+                .clone()
+                .run_reaper(gateway.metrics.clone(), stop.clone()),
+        );
+    }
+    gateway
+        .pool
+        .clone()
+        .map(|pool| tokio::spawn(pool.run_replenisher(stop.clone())))
+}
+
+/// Lets sessions finish within `grace`, then ends the rest (FATAL 57P01 at their next message
+/// boundary) and waits a little for them to go.
+async fn drain(
+    gateway: &Gateway,
+    tasks: &TaskTracker,
+    grace: Duration,
+    terminate: &CancellationToken,
+) {
     let active = gateway.metrics.connections_active.get();
-    info!(active, grace = ?config.limits.shutdown_grace, "shutting down: waiting for sessions");
-    if tokio::time::timeout(config.limits.shutdown_grace, tasks.wait())
-        .await
-        .is_err()
-    {
+    info!(active, grace = ?grace, "shutting down: waiting for sessions");
+    if tokio::time::timeout(grace, tasks.wait()).await.is_err() {
         info!(
             remaining = gateway.metrics.connections_active.get(),
             "grace period over: terminating sessions"
@@ -751,25 +776,17 @@ pub async fn run(
         terminate.cancel();
         let _ = tokio::time::timeout(TERMINATE_DRAIN, tasks.wait()).await;
     }
-    sleeper_stop.cancel();
-    if let Some(r) = replenisher {
-        // It gives its Leases up, so another replica replenishes without waiting them out.
-        let _ = tokio::time::timeout(TERMINATE_DRAIN, r).await;
-    }
-    if let Some(local) = &gateway.local {
-        // Servers this gateway started never outlive it, including one still starting (its
-        // wake has not recorded it yet, but its postmaster.pid is there).
-        local.stop_all().await;
-        for t in gateway.directory.all() {
-            if t.backend.kind() == "local" {
-                local.stop_stale(&t.id).await;
-            }
+}
+
+/// Servers this gateway started never outlive it, including one still starting (its wake has
+/// not recorded it yet, but its postmaster.pid is there).
+async fn stop_local_servers(gateway: &Gateway, local: &LocalBackend) {
+    local.stop_all().await;
+    for t in gateway.directory.all() {
+        if t.backend.kind() == "local" {
+            local.stop_stale(&t.id).await;
         }
     }
-    // Ends the Kubernetes watches.
-    gateway.terminate.cancel();
-    info!("pgwake stopped");
-    Ok(())
 }
 
 /// The connection caps of `[limits]`, lowered to what the process's file limit can hold.
