@@ -214,51 +214,12 @@ impl SessionError {
             .with_hint(
                 "the database's password for this user differs from the gateway's credentials",
             ),
-            SessionError::Wake(_, WakeError::UnknownTenant(_)) => ErrorMessage::fatal(
-                SQLSERVER_REJECTED_ESTABLISHMENT_OF_SQLCONNECTION,
-                "unknown or forbidden tenant",
-            )
-            .with_hint(TENANT_HINT),
-            SessionError::Wake(t, WakeError::QueueFull { limit, .. }) => ErrorMessage::fatal(
-                TOO_MANY_CONNECTIONS,
-                format!("too many connections waiting for tenant \"{t}\" to wake (limit {limit})"),
-            ),
-            SessionError::Wake(t, WakeError::Timeout(d)) => ErrorMessage::fatal(
-                CANNOT_CONNECT_NOW,
-                format!(
-                    "the database for tenant \"{t}\" did not start within {} s",
-                    d.as_secs_f64()
-                ),
-            )
-            .with_hint("retry in a moment"),
-            SessionError::Wake(t, WakeError::Failed { retry_in, .. }) => ErrorMessage::fatal(
-                CANNOT_CONNECT_NOW,
-                format!("the database for tenant \"{t}\" failed to start"),
-            )
-            .with_detail(format!(
-                "the next start is tried in {} s; the gateway log has the reason",
-                retry_in.as_secs().max(1)
-            )),
-            SessionError::Wake(t, WakeError::Busy(_)) => ErrorMessage::fatal(
-                CANNOT_CONNECT_NOW,
-                format!("the database for tenant \"{t}\" is not available"),
-            ),
-            SessionError::BackendUnreachable { .. } => ErrorMessage::fatal(
-                SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
-                "could not connect to the tenant's database",
-            ),
-            SessionError::BackendUnsupported(what) => ErrorMessage::fatal(
-                FEATURE_NOT_SUPPORTED,
-                format!("the tenant's database {what}"),
-            ),
-            SessionError::BackendProtocol(_) => ErrorMessage::fatal(
-                CONNECTION_FAILURE,
-                "the tenant's database sent an invalid response",
-            ),
-            SessionError::LoginTimeout => ErrorMessage::fatal(
-                CONNECTION_FAILURE,
-                "timeout: login to the tenant's database did not finish in time",
-            ),
+            SessionError::Wake(t, e) => wake_message(t, e),
+            SessionError::BackendUnreachable { .. }
+            | SessionError::BackendUnsupported(_)
+            | SessionError::BackendProtocol(_)
+            | SessionError::LoginTimeout
+            | SessionError::BackendNotReady(_) => self.backend_message(),
             SessionError::ClientProtocol(what) => {
                 ErrorMessage::fatal(PROTOCOL_VIOLATION, what.clone())
             }
@@ -279,11 +240,6 @@ impl SessionError {
                 PROTOCOL_VIOLATION,
                 "timeout: authentication did not finish in time",
             ),
-            SessionError::BackendNotReady(why) => ErrorMessage::fatal(
-                CANNOT_CONNECT_NOW,
-                format!("the tenant's database is not accepting connections yet: {why}"),
-            )
-            .with_hint("retry in a moment"),
             SessionError::Evicted => ErrorMessage::fatal(
                 TOO_MANY_CONNECTIONS,
                 "too many connections are logging in; this one took too long",
@@ -296,11 +252,77 @@ impl SessionError {
         Some(m)
     }
 
+    /// The message for a backend that could not be reached, logged in to or understood.
+    fn backend_message(&self) -> ErrorMessage {
+        use sqlstate::*;
+        match self {
+            SessionError::BackendUnreachable { .. } => ErrorMessage::fatal(
+                SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+                "could not connect to the tenant's database",
+            ),
+            SessionError::BackendUnsupported(what) => ErrorMessage::fatal(
+                FEATURE_NOT_SUPPORTED,
+                format!("the tenant's database {what}"),
+            ),
+            SessionError::BackendProtocol(_) => ErrorMessage::fatal(
+                CONNECTION_FAILURE,
+                "the tenant's database sent an invalid response",
+            ),
+            SessionError::LoginTimeout => ErrorMessage::fatal(
+                CONNECTION_FAILURE,
+                "timeout: login to the tenant's database did not finish in time",
+            ),
+            SessionError::BackendNotReady(why) => ErrorMessage::fatal(
+                CANNOT_CONNECT_NOW,
+                format!("the tenant's database is not accepting connections yet: {why}"),
+            )
+            .with_hint("retry in a moment"),
+            // Only the backend's variants are sent here.
+            other => ErrorMessage::fatal(CONNECTION_FAILURE, other.to_string()),
+        }
+    }
+
     fn inner_text(&self) -> String {
         match self {
             SessionError::Startup(e) => e.to_string(),
             SessionError::Route(e) => e.to_string(),
             other => other.to_string(),
         }
+    }
+}
+
+/// The message for a connection whose tenant `t` could not be woken.
+fn wake_message(t: &TenantId, e: &WakeError) -> ErrorMessage {
+    use sqlstate::*;
+    match e {
+        WakeError::UnknownTenant(_) => ErrorMessage::fatal(
+            SQLSERVER_REJECTED_ESTABLISHMENT_OF_SQLCONNECTION,
+            "unknown or forbidden tenant",
+        )
+        .with_hint(TENANT_HINT),
+        WakeError::QueueFull { limit, .. } => ErrorMessage::fatal(
+            TOO_MANY_CONNECTIONS,
+            format!("too many connections waiting for tenant \"{t}\" to wake (limit {limit})"),
+        ),
+        WakeError::Timeout(d) => ErrorMessage::fatal(
+            CANNOT_CONNECT_NOW,
+            format!(
+                "the database for tenant \"{t}\" did not start within {} s",
+                d.as_secs_f64()
+            ),
+        )
+        .with_hint("retry in a moment"),
+        WakeError::Failed { retry_in, .. } => ErrorMessage::fatal(
+            CANNOT_CONNECT_NOW,
+            format!("the database for tenant \"{t}\" failed to start"),
+        )
+        .with_detail(format!(
+            "the next start is tried in {} s; the gateway log has the reason",
+            retry_in.as_secs().max(1)
+        )),
+        WakeError::Busy(_) => ErrorMessage::fatal(
+            CANNOT_CONNECT_NOW,
+            format!("the database for tenant \"{t}\" is not available"),
+        ),
     }
 }
