@@ -129,34 +129,12 @@ pub enum BackendAuth<'a> {
     OnBehalf(OnBehalf<'a>),
 }
 
-/// Logs in to `backend` and carries the login to the client until the backend's first
+/// Logs in to `backend` (the caller bounds it with `limits.login_timeout`) and carries the login to the client until the backend's first
 /// ReadyForQuery has reached it. Returns the cancel registration backing the key the client
 /// was given. With `parameters`, the backend's ParameterStatus messages are also copied there
 /// (a connection kept for reuse hands them to its next client).
 #[allow(clippy::too_many_arguments)]
 pub async fn login(
-    link: &BackendLink,
-    client: &mut Stream,
-    backend: &mut Stream,
-    params: &[(String, String)],
-    endpoint: &Endpoint,
-    cancels: &Arc<CancelMap>,
-    auth: BackendAuth<'_>,
-    deadline: Instant,
-    parameters: Option<&mut Vec<u8>>,
-) -> Result<Option<CancelRegistration>, SessionError> {
-    timeout_at(
-        deadline,
-        login_exchange(
-            link, client, backend, params, endpoint, cancels, auth, parameters,
-        ),
-    )
-    .await
-    .unwrap_or(Err(SessionError::LoginTimeout))
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn login_exchange(
     link: &BackendLink,
     client: &mut Stream,
     backend: &mut Stream,

@@ -456,45 +456,6 @@ async fn greet_on_kept(
     Ok((taken.stream, cancel, taken.returnable))
 }
 
-/// A backend connection from a new login, with the client's cancel key, and (when `key` says
-/// the connection may be kept for reuse) what it takes to hand it to a later client.
-async fn log_in_fresh(
-    gw: &Gateway,
-    client: &mut Stream,
-    tenant: &TenantId,
-    endpoint: &pgwake_routing::Endpoint,
-    params: &[(String, String)],
-    who: Option<(&LoginMaterial, &str)>,
-    key: Option<ReuseKey>,
-) -> Result<
-    (
-        Stream,
-        Option<crate::cancel::CancelRegistration>,
-        Option<Returnable>,
-    ),
-    SessionError,
-> {
-    let mut parameters = key.as_ref().map(|_| Vec::new());
-    let (stream, cancel) =
-        log_in_to_backend(gw, client, tenant, endpoint, params, who, &mut parameters).await?;
-    // The backend's real cancel key, kept with the connection for whoever takes it next.
-    let target = cancel.as_ref().and_then(|reg| {
-        gw.cancels.lookup(&pgwake_protocol::CancelKey {
-            pid: reg.pid,
-            secret: bytes::Bytes::copy_from_slice(&reg.secret.to_be_bytes()),
-        })
-    });
-    let returnable = match (key, parameters, target) {
-        (Some(key), Some(parameters), Some(target)) => Some(Returnable {
-            key,
-            parameters: parameters.into(),
-            target,
-        }),
-        _ => None,
-    };
-    Ok((stream, cancel, returnable))
-}
-
 /// What admission found for a connection: its tenant, and what the gateway's own
 /// authentication of the client left (none under passthrough).
 type Admitted = (Arc<Tenant>, Option<LoginMaterial>);
@@ -587,24 +548,33 @@ async fn route_by_password(
 const NOT_READY_PAUSE: Duration = Duration::from_millis(50);
 
 /// Connects and logs in to the tenant's backend, as the gateway for `who` or relaying the
-/// client's own login. While the backend answers `57P03` before the client has seen anything of
-/// the login (starting up, or in crash recovery) the client is held and the login tried again,
-/// as during a wake, for up to `wake.wake_timeout`.
-async fn log_in_to_backend(
+/// client's own login; returns the connection, the client's cancel key, and (when `key` says
+/// the connection may be kept for reuse) what it takes to hand it to a later client. While the
+/// backend answers `57P03` before the client has seen anything of the login (starting up, or in
+/// crash recovery) the client is held and the login tried again, as during a wake, for up to
+/// `wake.wake_timeout`.
+async fn log_in_fresh(
     gw: &Gateway,
     client: &mut Stream,
     tenant: &TenantId,
     endpoint: &pgwake_routing::Endpoint,
     params: &[(String, String)],
     who: Option<(&LoginMaterial, &str)>,
-    parameters: &mut Option<Vec<u8>>,
-) -> Result<(Stream, Option<crate::cancel::CancelRegistration>), SessionError> {
+    key: Option<ReuseKey>,
+) -> Result<
+    (
+        Stream,
+        Option<crate::cancel::CancelRegistration>,
+        Option<Returnable>,
+    ),
+    SessionError,
+> {
     let mode = gw.backend_tls_for(tenant);
     let hold_until = Instant::now() + gw.not_ready_wait;
+    let mut parameters = key.as_ref().map(|_| Vec::new());
     loop {
         let connect_deadline = Instant::now() + gw.limits.connect_timeout;
         let mut stream = connect(&gw.link, endpoint, mode, connect_deadline).await?;
-        let login_deadline = Instant::now() + gw.limits.login_timeout;
         let backend_auth = match who {
             Some((m, u)) => BackendAuth::OnBehalf(OnBehalf::new(u, m, gw.max_backend_iterations)),
             None => BackendAuth::Relay,
@@ -612,7 +582,7 @@ async fn log_in_to_backend(
         if let Some(p) = parameters.as_mut() {
             p.clear();
         }
-        let login = login(
+        let exchange = login(
             &gw.link,
             client,
             &mut stream,
@@ -620,12 +590,16 @@ async fn log_in_to_backend(
             endpoint,
             &gw.cancels,
             backend_auth,
-            login_deadline,
             parameters.as_mut(),
-        )
-        .await;
+        );
+        let login = tokio::time::timeout(gw.limits.login_timeout, exchange)
+            .await
+            .unwrap_or(Err(SessionError::LoginTimeout));
         match login {
-            Ok(cancel) => return Ok((stream, cancel)),
+            Ok(cancel) => {
+                let returnable = returnable(gw, cancel.as_ref(), key, parameters);
+                return Ok((stream, cancel, returnable));
+            }
             Err(SessionError::BackendNotReady(why)) if Instant::now() < hold_until => {
                 debug!(reason = %why, "backend not ready; holding the client");
                 tokio::select! {
@@ -641,6 +615,27 @@ async fn log_in_to_backend(
             Err(e) => return Err(e),
         }
     }
+}
+
+/// What a later client needs to take over a fresh connection logged in under `key`: the
+/// backend's real cancel key and the ParameterStatus messages of its login.
+fn returnable(
+    gw: &Gateway,
+    cancel: Option<&crate::cancel::CancelRegistration>,
+    key: Option<ReuseKey>,
+    parameters: Option<Vec<u8>>,
+) -> Option<Returnable> {
+    let target = cancel.and_then(|reg| {
+        gw.cancels.lookup(&pgwake_protocol::CancelKey {
+            pid: reg.pid,
+            secret: bytes::Bytes::copy_from_slice(&reg.secret.to_be_bytes()),
+        })
+    })?;
+    Some(Returnable {
+        key: key?,
+        parameters: parameters?.into(),
+        target,
+    })
 }
 
 /// The answer to a client naming a tenant that does not exist or is forbidden to it: by default
