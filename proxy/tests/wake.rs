@@ -65,6 +65,16 @@ async fn queue_clients(
     waiting
 }
 
+/// Tests start their servers from the binaries testkit finds and the gateway from those its
+/// local backend finds; testkit repeats the search rather than depend on the routing crate.
+#[test]
+fn testkit_and_the_local_backend_find_the_same_postgres() {
+    assert_eq!(
+        pgwake_testkit::find_bin_dir(),
+        pgwake_routing::backend::find_bin_dir()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wake_storm_starts_postgres_once() {
     let gw = Arc::new(

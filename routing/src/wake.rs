@@ -779,8 +779,12 @@ impl WakeCoordinator {
 
 #[cfg(test)]
 mod tests {
+    use futures_util::future::join_all;
+    use tokio::time::timeout;
+
     use super::*;
     use crate::backend::FixedBackend;
+    use crate::backend::fake::{Call, FakeBackend, WakeStep};
 
     fn coordinator() -> (Arc<WakeCoordinator>, TenantId) {
         let id = TenantId::parse("t").unwrap();
@@ -830,5 +834,467 @@ mod tests {
         assert_eq!(status(&coordinator), (0, 1));
         drop(mark);
         assert_eq!(status(&coordinator), (0, 0));
+    }
+
+    const SECOND: Duration = Duration::from_secs(1);
+
+    /// Settings for the scripted tests: generous queues and deadline, three attempts.
+    fn settings() -> WakeSettings {
+        WakeSettings {
+            wake_timeout: 30 * SECOND,
+            max_waiters_per_tenant: 100,
+            max_waiters_total: 100,
+            attempts: 3,
+            retry_backoff: Duration::from_millis(100),
+            failed_retry_delay: 10 * SECOND,
+            idle_check_interval: SECOND,
+        }
+    }
+
+    /// A coordinator over fake-backed tenants, and the wake events it reported.
+    struct Lab {
+        coordinator: Arc<WakeCoordinator>,
+        directory: Arc<TenantDirectory>,
+        events: Arc<Mutex<Vec<WakeEvent>>>,
+    }
+
+    impl Lab {
+        fn new(
+            settings: WakeSettings,
+            idle_timeout: Duration,
+            tenants: &[(&TenantId, &Arc<FakeBackend>)],
+        ) -> Lab {
+            let directory = Arc::new(TenantDirectory::new(tenants.iter().map(|(id, backend)| {
+                Tenant {
+                    id: (*id).clone(),
+                    backend: (*backend).clone(),
+                    idle_timeout,
+                }
+            })));
+            let events = Arc::new(Mutex::new(Vec::new()));
+            let seen = events.clone();
+            let coordinator = WakeCoordinator::new(directory.clone(), settings, move |e| {
+                seen.lock().unwrap().push(e.clone());
+            });
+            Lab {
+                coordinator,
+                directory,
+                events,
+            }
+        }
+
+        fn status(&self, id: &TenantId) -> TenantStatus {
+            self.coordinator
+                .status()
+                .into_iter()
+                .find(|s| s.id == id.as_str())
+                .expect("a known tenant")
+        }
+
+        /// Outcomes of the finished wakes so far, oldest first.
+        fn wake_outcomes(&self) -> Vec<bool> {
+            self.events.lock().unwrap().iter().map(|e| e.ok).collect()
+        }
+
+        /// Starts the idle sleeper; it stops when the returned token is dropped.
+        fn run_idle_sleeper(&self) -> tokio_util::sync::DropGuard {
+            let stop = CancellationToken::new();
+            tokio::spawn(self.coordinator.clone().run_idle_sleeper(stop.clone()));
+            stop.drop_guard()
+        }
+
+        /// A connection to `id` waiting in a task of its own.
+        fn spawn_waiter(
+            &self,
+            id: &TenantId,
+        ) -> tokio::task::JoinHandle<Result<Admission, WakeError>> {
+            let coordinator = self.coordinator.clone();
+            let id = id.clone();
+            tokio::spawn(async move { coordinator.ensure_awake(&id).await })
+        }
+    }
+
+    fn tenant(name: &str) -> TenantId {
+        TenantId::parse(name).unwrap()
+    }
+
+    fn fake(backend: FakeBackend) -> Arc<FakeBackend> {
+        Arc::new(backend)
+    }
+
+    /// The error of an admission that must fail (`Admission` has no `Debug`).
+    fn refused(result: Result<Admission, WakeError>) -> WakeError {
+        match result {
+            Ok(_) => panic!("admitted, but a refusal was expected"),
+            Err(e) => e,
+        }
+    }
+
+    /// Lets every spawned task run until it waits, without moving the paused clock.
+    async fn settle() {
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Timers of the paused clock fire on whole milliseconds, so durations are checked to two.
+    fn assert_about(actual: Duration, expected: Duration) {
+        assert!(
+            actual.abs_diff(expected) <= Duration::from_millis(2),
+            "{actual:?} is not about {expected:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn concurrent_connections_share_one_wake() {
+        let t = tenant("t");
+        let backend = fake(FakeBackend::new().then(WakeStep::Ready(2 * SECOND)));
+        let lab = Lab::new(settings(), 60 * SECOND, &[(&t, &backend)]);
+        let started = Instant::now();
+        let admissions = join_all((0..100).map(|_| lab.coordinator.ensure_awake(&t))).await;
+        assert_about(started.elapsed(), 2 * SECOND);
+        assert_eq!(backend.wakes().len(), 1);
+        let mut leases = Vec::new();
+        for admission in admissions {
+            let admission = admission.unwrap_or_else(|e| panic!("refused: {e}"));
+            assert_eq!(admission.endpoint.to_string(), FakeBackend::ENDPOINT);
+            leases.push(admission.lease);
+        }
+        let status = lab.status(&t);
+        assert_eq!(
+            (status.state, status.connections, status.waiters),
+            (Phase::Awake, 100, 0)
+        );
+        assert_eq!(lab.wake_outcomes(), [true]);
+        drop(leases);
+        assert_eq!(lab.status(&t).connections, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn accept_queues_are_bounded_per_tenant_and_in_total() {
+        let (a, b) = (tenant("a"), tenant("b"));
+        let hanging = fake(FakeBackend::new().then(WakeStep::Hang));
+        let settings = WakeSettings {
+            max_waiters_per_tenant: 3,
+            max_waiters_total: 5,
+            ..settings()
+        };
+        let lab = Lab::new(settings, 60 * SECOND, &[(&a, &hanging), (&b, &hanging)]);
+        let mut waiting: Vec<_> = (0..3).map(|_| lab.spawn_waiter(&a)).collect();
+        settle().await;
+        assert_eq!(lab.coordinator.waiters_total(), 3);
+        let full = refused(lab.coordinator.ensure_awake(&a).await);
+        assert!(
+            matches!(&full, WakeError::QueueFull { tenant, limit: 3 } if *tenant == a),
+            "{full:?}"
+        );
+        waiting.extend((0..2).map(|_| lab.spawn_waiter(&b)));
+        settle().await;
+        assert_eq!(lab.coordinator.waiters_total(), 5);
+        // b has room of its own, but not in the total.
+        let full = refused(lab.coordinator.ensure_awake(&b).await);
+        assert!(
+            matches!(&full, WakeError::QueueFull { tenant, limit: 5 } if *tenant == b),
+            "{full:?}"
+        );
+        for w in waiting {
+            assert!(matches!(refused(w.await.unwrap()), WakeError::Timeout(_)));
+        }
+        // Waiters that left free their places.
+        assert_eq!(lab.coordinator.waiters_total(), 0);
+        assert_eq!((lab.status(&a).waiters, lab.status(&b).waiters), (0, 0));
+        let again = lab.spawn_waiter(&a);
+        settle().await;
+        assert_eq!(lab.status(&a).waiters, 1);
+        again.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_past_the_deadline_times_out_while_the_wake_goes_on() {
+        let t = tenant("t");
+        let backend = fake(FakeBackend::new().then(WakeStep::Ready(8 * SECOND)));
+        let settings = WakeSettings {
+            wake_timeout: 5 * SECOND,
+            ..settings()
+        };
+        let lab = Lab::new(settings, 60 * SECOND, &[(&t, &backend)]);
+        let started = Instant::now();
+        let err = refused(lab.coordinator.ensure_awake(&t).await);
+        assert!(
+            matches!(err, WakeError::Timeout(d) if d == 5 * SECOND),
+            "{err:?}"
+        );
+        assert_about(started.elapsed(), 5 * SECOND);
+        let status = lab.status(&t);
+        assert_eq!((status.state, status.waiters), (Phase::Waking, 0));
+        sleep(3 * SECOND + Duration::from_millis(10)).await;
+        assert!(lab.coordinator.is_awake(&t));
+        let admitted = Instant::now();
+        lab.coordinator.ensure_awake(&t).await.unwrap();
+        assert_eq!(admitted.elapsed(), Duration::ZERO);
+        assert_eq!(backend.wakes().len(), 1);
+        assert_eq!(lab.wake_outcomes(), [true]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_attempts_back_off_then_the_tenant_is_refused_until_the_retry_delay() {
+        let t = tenant("t");
+        let backend = fake(
+            FakeBackend::new()
+                .script_wakes([WakeStep::Fail(SECOND); 3])
+                .then(WakeStep::Ready(SECOND)),
+        );
+        let lab = Lab::new(settings(), 60 * SECOND, &[(&t, &backend)]);
+        let err = refused(lab.coordinator.ensure_awake(&t).await);
+        assert!(
+            matches!(&err, WakeError::Failed { retry_in, .. } if *retry_in == 10 * SECOND),
+            "{err:?}"
+        );
+        // Three attempts (settings().attempts), 100 ms then 200 ms apart after each failure.
+        let wakes = backend.wakes();
+        assert_eq!(wakes.len(), 3);
+        assert_about(wakes[1] - wakes[0], Duration::from_millis(1100));
+        assert_about(wakes[2] - wakes[1], Duration::from_millis(1200));
+        let status = lab.status(&t);
+        assert_eq!(status.state, Phase::Failed);
+        assert!(status.last_error.unwrap().contains("scripted failure"));
+        assert_eq!(
+            status.wakes.iter().map(|w| w.ok).collect::<Vec<_>>(),
+            [false]
+        );
+        assert_eq!(lab.wake_outcomes(), [false]);
+
+        // Refused at once, without a new attempt, until the retry delay has passed.
+        sleep(4 * SECOND).await;
+        let err = refused(lab.coordinator.ensure_awake(&t).await);
+        assert!(
+            matches!(&err, WakeError::Failed { retry_in, .. } if *retry_in == 6 * SECOND),
+            "{err:?}"
+        );
+        assert_eq!(backend.wakes().len(), 3);
+
+        sleep(6 * SECOND).await;
+        lab.coordinator.ensure_awake(&t).await.unwrap();
+        assert_eq!(backend.wakes().len(), 4);
+        let status = lab.status(&t);
+        assert_eq!(status.state, Phase::Awake);
+        assert_eq!(status.last_error, None);
+        assert_eq!(
+            status.wakes.iter().map(|w| w.ok).collect::<Vec<_>>(),
+            [false, true]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unavailable_backend_is_not_retried() {
+        let t = tenant("t");
+        let backend = fake(FakeBackend::new().script_wakes([WakeStep::Unavailable]));
+        let lab = Lab::new(settings(), 60 * SECOND, &[(&t, &backend)]);
+        let err = refused(lab.coordinator.ensure_awake(&t).await);
+        assert!(matches!(err, WakeError::Failed { .. }), "{err:?}");
+        assert_eq!(backend.wakes().len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_that_gives_up_does_not_cancel_the_wake() {
+        let t = tenant("t");
+        let backend = fake(FakeBackend::new().then(WakeStep::Ready(3 * SECOND)));
+        let lab = Lab::new(settings(), 60 * SECOND, &[(&t, &backend)]);
+        // The client goes away after a second: its future is dropped mid-wait.
+        assert!(
+            timeout(SECOND, lab.coordinator.ensure_awake(&t))
+                .await
+                .is_err()
+        );
+        assert_eq!(lab.coordinator.waiters_total(), 0);
+        let status = lab.status(&t);
+        assert_eq!((status.state, status.waiters), (Phase::Waking, 0));
+        sleep(2 * SECOND + Duration::from_millis(10)).await;
+        assert!(lab.coordinator.is_awake(&t));
+        assert_eq!(backend.wakes().len(), 1);
+        assert_eq!(lab.wake_outcomes(), [true]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_tenant_sleeps_after_its_last_lease_and_the_idle_timeout() {
+        let t = tenant("t");
+        let backend = fake(FakeBackend::new());
+        let lab = Lab::new(settings(), 10 * SECOND, &[(&t, &backend)]);
+        let _sleeper = lab.run_idle_sleeper();
+        let first = lab.coordinator.ensure_awake(&t).await.unwrap();
+        let last = lab.coordinator.ensure_awake(&t).await.unwrap();
+        drop(first);
+        sleep(60 * SECOND).await;
+        assert_eq!(lab.status(&t).state, Phase::Awake);
+        assert!(backend.times_of(Call::Sleep).is_empty());
+
+        let released = Instant::now();
+        drop(last);
+        sleep(9 * SECOND).await;
+        assert_eq!(lab.status(&t).state, Phase::Awake);
+        sleep(2 * SECOND).await;
+        let sleeps = backend.times_of(Call::Sleep);
+        assert_eq!(sleeps.len(), 1);
+        // At the first look (every second) after the idle timeout.
+        let after = sleeps[0] - released;
+        assert!(after >= 10 * SECOND && after <= 11 * SECOND, "{after:?}");
+        assert_eq!(lab.status(&t).state, Phase::Asleep);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_during_sleep_waits_for_it_then_wakes() {
+        let t = tenant("t");
+        let backend = fake(FakeBackend::new().sleep_takes(3 * SECOND));
+        let lab = Lab::new(settings(), 10 * SECOND, &[(&t, &backend)]);
+        let _sleeper = lab.run_idle_sleeper();
+        lab.coordinator.wake(&t).await.unwrap();
+        while lab.status(&t).state != Phase::Sleeping {
+            sleep(Duration::from_millis(100)).await;
+        }
+        lab.coordinator.ensure_awake(&t).await.unwrap();
+        let calls: Vec<Call> = backend
+            .calls()
+            .into_iter()
+            .map(|(_, c)| c)
+            .filter(|c| *c != Call::State)
+            .collect();
+        assert_eq!(
+            calls,
+            [Call::Wake, Call::Sleep, Call::SleepDone, Call::Wake]
+        );
+        assert!(backend.wakes()[1] >= backend.times_of(Call::SleepDone)[0]);
+        assert_eq!(lab.status(&t).state, Phase::Awake);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_sessions_are_asked_to_park_and_the_tenant_sleeps_once_they_have() {
+        let t = tenant("t");
+        let backend = fake(FakeBackend::new());
+        // Only the sessions' signals may drive this sleep: the periodic look comes too late and
+        // the idle timeout (ten years) never passes.
+        let settings = WakeSettings {
+            idle_check_interval: 3600 * SECOND,
+            ..settings()
+        };
+        let idle_timeout = 10 * 365 * 24 * 3600 * SECOND;
+        let lab = Lab::new(settings, idle_timeout, &[(&t, &backend)]);
+        let _sleeper = lab.run_idle_sleeper();
+        let admission = lab.coordinator.ensure_awake(&t).await.unwrap();
+        let mut park_requests = admission.lease.park_requests();
+        park_requests.borrow_and_update();
+        admission.lease.set_idle(true);
+        timeout(SECOND, park_requests.changed())
+            .await
+            .expect("asked to park at once")
+            .unwrap();
+        let mark = admission.lease.park(true);
+        let status = lab.status(&t);
+        assert_eq!((status.connections, status.parked), (0, 1));
+        timeout(SECOND, async {
+            while lab.status(&t).state != Phase::Asleep {
+                sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("asleep at once once the last session parked");
+        assert_eq!(backend.times_of(Call::Sleep).len(), 1);
+        drop(mark);
+        assert_eq!(lab.status(&t).parked, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_database_that_stopped_on_its_own_is_woken_again() {
+        let t = tenant("t");
+        let backend = fake(FakeBackend::new());
+        let lab = Lab::new(settings(), 3600 * SECOND, &[(&t, &backend)]);
+        let _sleeper = lab.run_idle_sleeper();
+        let _held = lab.coordinator.ensure_awake(&t).await.unwrap();
+        backend.stop_on_its_own();
+        sleep(2 * SECOND).await;
+        assert_eq!(lab.status(&t).state, Phase::Asleep);
+        lab.coordinator.ensure_awake(&t).await.unwrap();
+        assert_eq!(backend.wakes().len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_tenants_failures_leave_the_others_alone() {
+        let (bad, good) = (tenant("bad"), tenant("good"));
+        let failing = fake(
+            FakeBackend::new()
+                .script_wakes([WakeStep::Fail(SECOND)])
+                .then(WakeStep::Hang),
+        );
+        let working = fake(FakeBackend::new());
+        let settings = WakeSettings {
+            attempts: 1,
+            max_waiters_per_tenant: 2,
+            max_waiters_total: 10,
+            ..settings()
+        };
+        let lab = Lab::new(
+            settings,
+            60 * SECOND,
+            &[(&bad, &failing), (&good, &working)],
+        );
+        let (bad_result, good_result) = tokio::join!(
+            lab.coordinator.ensure_awake(&bad),
+            lab.coordinator.ensure_awake(&good)
+        );
+        assert!(matches!(refused(bad_result), WakeError::Failed { .. }));
+        drop(good_result.unwrap());
+        assert_eq!(lab.status(&bad).state, Phase::Failed);
+        assert_eq!(lab.status(&good).state, Phase::Awake);
+
+        // Once its retry delay is over, the bad tenant hangs with a full queue; the good one
+        // still sleeps, wakes and admits.
+        sleep(11 * SECOND).await;
+        let stuck: Vec<_> = (0..2).map(|_| lab.spawn_waiter(&bad)).collect();
+        settle().await;
+        assert!(matches!(
+            refused(lab.coordinator.ensure_awake(&bad).await),
+            WakeError::QueueFull { limit: 2, .. }
+        ));
+        lab.coordinator.sleep(&good).await.unwrap();
+        lab.coordinator.ensure_awake(&good).await.unwrap();
+        assert_eq!(working.wakes().len(), 2);
+        assert_eq!(lab.status(&good).last_error, None);
+        for w in stuck {
+            w.abort();
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unknown_tenants_and_busy_sleeps_are_refused() {
+        let t = tenant("t");
+        let backend = fake(FakeBackend::new());
+        let lab = Lab::new(settings(), 60 * SECOND, &[(&t, &backend)]);
+        let err = refused(lab.coordinator.ensure_awake(&tenant("nobody")).await);
+        assert!(matches!(err, WakeError::UnknownTenant(_)), "{err:?}");
+        let admission = lab.coordinator.ensure_awake(&t).await.unwrap();
+        let err = lab.coordinator.sleep(&t).await.unwrap_err();
+        assert!(matches!(err, WakeError::Busy(1)), "{err:?}");
+        drop(admission);
+        lab.coordinator.sleep(&t).await.unwrap();
+        assert_eq!(lab.status(&t).state, Phase::Asleep);
+        assert!(backend.wakes().len() == 1 && backend.times_of(Call::SleepDone).len() == 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn running_time_counts_waking_awake_and_sleeping_and_outlives_the_tenant() {
+        let t = tenant("t");
+        let backend = fake(FakeBackend::new().sleep_takes(2 * SECOND));
+        let lab = Lab::new(settings(), 60 * SECOND, &[(&t, &backend)]);
+        let admission = lab.coordinator.ensure_awake(&t).await.unwrap();
+        sleep(10 * SECOND).await;
+        drop(admission);
+        lab.coordinator.sleep(&t).await.unwrap();
+        // Asleep time does not count.
+        sleep(100 * SECOND).await;
+        let running = Duration::from_secs_f64(lab.status(&t).awake_s);
+        assert_about(running, 13 * SECOND);
+        lab.directory.remove(&t);
+        lab.coordinator.forget_removed();
+        let by_kind = lab.coordinator.awake_seconds_by_kind();
+        assert_about(Duration::from_secs_f64(by_kind["fake"]), 13 * SECOND);
     }
 }

@@ -22,12 +22,36 @@ pub fn pg_bin_dir() -> io::Result<PathBuf> {
     if let Ok(dir) = std::env::var("PGWAKE_PG_BIN") {
         return Ok(PathBuf::from(dir));
     }
-    pgwake_routing::backend::find_bin_dir().ok_or_else(|| {
+    find_bin_dir().ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::NotFound,
             "PostgreSQL server binaries not found: install them (apt-get install -y postgresql) \
              or set PGWAKE_PG_BIN",
         )
+    })
+}
+
+/// The newest `/usr/lib/postgresql/<version>/bin`, else the folder of `postgres` and `initdb`
+/// on `PATH`: the search of the gateway's local backend, repeated so that testkit (and the
+/// protocol tests using it) do not build the routing crate and its Kubernetes client. A test
+/// of the gateway checks that the two agree.
+pub fn find_bin_dir() -> Option<PathBuf> {
+    let mut versions: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let version = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("postgres").exists().then_some((version, bin))
+        })
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, bin)| bin).or_else(|| {
+        std::env::var_os("PATH").and_then(|path| {
+            std::env::split_paths(&path)
+                .find(|d| d.join("postgres").exists() && d.join("initdb").exists())
+        })
     })
 }
 

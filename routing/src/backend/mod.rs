@@ -1,6 +1,8 @@
 //! Compute backends: where a tenant's database runs, and how to wake it and put it to sleep.
 
 mod cnpg;
+#[cfg(test)]
+pub(crate) mod fake;
 mod fixed;
 mod local;
 mod pool;
