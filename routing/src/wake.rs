@@ -475,7 +475,7 @@ impl WakeCoordinator {
             let mut changed = slot.changed.subscribe();
             {
                 let mut inner = slot.lock();
-                match inner.phase {
+                let start = match inner.phase {
                     Phase::Awake => {
                         inner.connections += 1;
                         let endpoint = inner
@@ -495,11 +495,13 @@ impl WakeCoordinator {
                                 retry_in: retry_at - Instant::now(),
                             });
                         }
-                        self.start_wake(slot, &mut inner);
+                        true
                     }
-                    Phase::Asleep => self.start_wake(slot, &mut inner),
-                    Phase::Waking | Phase::Sleeping => {}
-                }
+                    Phase::Asleep => true,
+                    Phase::Waking | Phase::Sleeping => false,
+                };
+                // A place in the queue first: a connection refused for a full queue must not
+                // start a database either.
                 if waiter.is_none() {
                     let per_tenant = self.settings.max_waiters_per_tenant;
                     if inner.waiters >= per_tenant {
@@ -521,6 +523,9 @@ impl WakeCoordinator {
                         slot,
                         total: &self.waiters_total,
                     });
+                }
+                if start {
+                    self.start_wake(slot, &mut inner);
                 }
             }
             if timeout_at(deadline, changed.changed()).await.is_err() {
@@ -1007,6 +1012,32 @@ mod tests {
         settle().await;
         assert_eq!(lab.status(&a).waiters, 1);
         again.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_refused_for_a_full_queue_wakes_nothing() {
+        let (a, b) = (tenant("a"), tenant("b"));
+        let hanging = fake(FakeBackend::new().then(WakeStep::Hang));
+        let asleep = fake(FakeBackend::new().then(WakeStep::Ready(SECOND)));
+        let settings = WakeSettings {
+            max_waiters_total: 1,
+            ..settings()
+        };
+        let lab = Lab::new(settings, 60 * SECOND, &[(&a, &hanging), (&b, &asleep)]);
+        let waiting = lab.spawn_waiter(&a);
+        settle().await;
+        let full = refused(lab.coordinator.ensure_awake(&b).await);
+        assert!(
+            matches!(full, WakeError::QueueFull { limit: 1, .. }),
+            "{full:?}"
+        );
+        settle().await;
+        assert!(
+            asleep.wakes().is_empty(),
+            "a refused connection started a wake"
+        );
+        assert_eq!(lab.status(&b).state, Phase::Asleep);
+        waiting.abort();
     }
 
     #[tokio::test(start_paused = true)]
