@@ -8,6 +8,9 @@
 //! every session of the tenant is idle the idle sleeper asks them to park. A parked session keeps
 //! only the client socket, the tracker, the snapshot and the sealed token; the client's next
 //! message wakes the tenant if needed and revives the session before it is forwarded.
+//!
+//! When to do which is decided by `pgwake_protocol::mobility` without I/O; this module carries
+//! its decisions out.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -177,6 +180,7 @@ pub async fn run(
 /// How a session ended.
 type Ended = Result<RelayEnd, (&'static str, String)>;
 
+/// Relays the session run after run, doing between runs what the park/migrate policy decides.
 async fn drive(
     gw: &Gateway,
     client: &mut Stream,
