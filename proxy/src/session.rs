@@ -8,11 +8,15 @@
 //! every session of the tenant is idle the idle sleeper asks them to park. A parked session keeps
 //! only the client socket, the tracker, the snapshot and the sealed token; the client's next
 //! message wakes the tenant if needed and revives the session before it is forwarded.
+//!
+//! When to do which is decided by `pgwake_protocol::mobility` without I/O; this module carries
+//! its decisions out.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use pgwake_protocol::frontend::{self, TERMINATE};
+use pgwake_protocol::mobility::{Decision, Mobility, Move, Outcome, Policy, RunPlan, SnapshotView};
 use pgwake_protocol::revival::{
     LoginSecrets, RevivalClaims, RevivalError, RevivalKeys, RevivalToken,
 };
@@ -20,6 +24,7 @@ use pgwake_protocol::scram::ScramSecret;
 use pgwake_protocol::{ErrorMessage, Pins, SessionTracker, TrackerLimits, sqlstate};
 use pgwake_routing::{Endpoint, Lease, TenantId, WakeError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
 use tokio::time::{Instant, timeout, timeout_at};
 use tracing::{debug, info, warn};
 
@@ -106,24 +111,6 @@ pub struct Attached {
     pub endpoint: Endpoint,
 }
 
-/// Why a session left its backend connection (metric label).
-#[derive(Clone, Copy, Debug)]
-enum Reason {
-    IdleSleep,
-    BackendEnded,
-    Migrate,
-}
-
-impl Reason {
-    fn as_str(self) -> &'static str {
-        match self {
-            Reason::IdleSleep => "idle_sleep",
-            Reason::BackendEnded => "backend_ended",
-            Reason::Migrate => "migrate",
-        }
-    }
-}
-
 /// Why a revival failed.
 #[derive(Debug, thiserror::Error)]
 enum ReviveError {
@@ -190,250 +177,320 @@ pub async fn run(
     }
 }
 
+/// How a session ended.
 type Ended = Result<RelayEnd, (&'static str, String)>;
 
+/// Relays the session run after run, doing between runs what the park/migrate policy decides.
 async fn drive(
     gw: &Gateway,
     client: &mut Stream,
-    mut current: Attached,
+    current: Attached,
     cancel: Option<&CancelRegistration>,
-    mut revivable: Option<Revivable>,
+    revivable: Option<Revivable>,
     returnable: Option<Returnable>,
 ) -> Ended {
-    // Only the connection the session logged in with can be handed back: its login's
-    // ParameterStatus messages are what the next client is told.
-    let mut returnable = returnable.filter(|_| gw.reuse.is_some());
-    let settings = RelaySettings {
-        buffer: gw.limits.relay_buffer.as_u64() as usize,
-        max_message: gw.limits.max_message.as_u64() as u32,
-    };
     let revival = gw.revival.as_deref().filter(|r| r.config.enabled);
-    let can_move = revival.is_some() && revivable.is_some();
     let max_statements = revival.map_or(1000, |r| r.config.max_statements);
-    let mut tracker = SessionTracker::new(TrackerLimits { max_statements });
-    let mut snap: Option<Snapshot> = None;
-    let mut lease_idle = false;
-    let mut preload = Vec::new();
-    let mut park_rx = current.lease.park_requests();
-    let mut migrate_rx = current.lease.migrate_requests();
-    let logged_in = std::time::Instant::now();
+    let mut mover = revival.zip(revivable).map(|(rv, who)| Mover {
+        rv,
+        who,
+        mobility: Mobility::new(Policy {
+            snapshot_after: rv.config.snapshot_after,
+            end_pinned: rv.config.pinned == PinnedPolicy::Terminate,
+        }),
+    });
+    let mut s = Live::new(gw, current, cancel, returnable, max_statements);
     loop {
-        // Bytes a parked client sent are relayed first and may change the session's state.
-        let snap_valid = preload.is_empty() && snap.as_ref().is_some_and(|s| s.valid_for(&tracker));
-        if !snap_valid && lease_idle {
-            current.lease.set_idle(false);
-            lease_idle = false;
+        let plan = s.plan(mover.as_mut());
+        let end = s.relay_run(client, plan).await;
+        s.cancel_if_abandoned(&end);
+        if let RelayEnd::ClientLeft = end {
+            s.client_left().await;
+            return Ok(RelayEnd::ClientClosed);
         }
-        let movable = can_move && snap_valid && snap.as_ref().is_some_and(Snapshot::movable);
-        let force = revival.is_some_and(|r| r.config.pinned == PinnedPolicy::Terminate);
-        let idle_timeout = current.lease.idle_timeout();
-        let snapshot_after = revival
-            .map_or(Duration::MAX, |r| r.config.snapshot_after)
-            .min(idle_timeout);
-        // Idle time counts from the session's last traffic, not from the start of this run: a
-        // snapshot taken in between must not restart the idle clock.
-        let quiet_for = tracker.last_activity().unwrap_or(logged_in).elapsed();
-        let (quiet_after, quiet_first) = if !can_move {
-            (None, None)
-        } else if !snap_valid {
-            (
-                Some(snapshot_after),
-                Some(snapshot_after.saturating_sub(quiet_for)),
-            )
-        } else if !lease_idle && (movable || force) {
-            // Traffic in this run outdates the snapshot: the next one comes after
-            // `snapshot_after`, and the idle clock restarts from that traffic.
-            (
-                Some(snapshot_after),
-                Some(idle_timeout.saturating_sub(quiet_for)),
-            )
-        } else {
-            (Some(snapshot_after), None)
+        let Some(m) = mover.as_mut() else {
+            return Ok(end);
         };
-        let lease = &current.lease;
+        let outcome = match s.outcome(client, end).await {
+            Ok(outcome) => outcome,
+            Err(ended) => return ended,
+        };
+        let how = match s.settle(client, m, outcome).await {
+            Ok(Some(how)) => how,
+            Ok(None) => continue,
+            Err(ended) => return ended,
+        };
+        s = match s.leave(client, m, how).await {
+            Ok(s) => s,
+            Err(ended) => return ended,
+        };
+    }
+}
+
+/// What a session that can move needs for it: the revival settings, its token and the policy's
+/// state.
+struct Mover<'g> {
+    rv: &'g Revival,
+    who: Revivable,
+    mobility: Mobility,
+}
+
+/// A session between relay runs: its backend connection and what is kept across moves.
+struct Live<'g> {
+    gw: &'g Gateway,
+    cancel: Option<&'g CancelRegistration>,
+    current: Attached,
+    tracker: SessionTracker,
+    snap: Option<Snapshot>,
+    /// Client bytes read while parked, relayed first in the next run.
+    preload: Vec<u8>,
+    park_rx: watch::Receiver<u64>,
+    migrate_rx: watch::Receiver<u64>,
+    /// Only the connection the session logged in with can be handed back: its login's
+    /// ParameterStatus messages are what the next client is told.
+    returnable: Option<Returnable>,
+    logged_in: std::time::Instant,
+}
+
+impl<'g> Live<'g> {
+    fn new(
+        gw: &'g Gateway,
+        current: Attached,
+        cancel: Option<&'g CancelRegistration>,
+        returnable: Option<Returnable>,
+        max_statements: usize,
+    ) -> Live<'g> {
+        Live {
+            gw,
+            cancel,
+            park_rx: current.lease.park_requests(),
+            migrate_rx: current.lease.migrate_requests(),
+            current,
+            tracker: SessionTracker::new(TrackerLimits { max_statements }),
+            snap: None,
+            preload: Vec::new(),
+            returnable: returnable.filter(|_| gw.reuse.is_some()),
+            logged_in: std::time::Instant::now(),
+        }
+    }
+
+    /// The last snapshot as the policy sees it.
+    fn view(&self) -> SnapshotView {
+        snapshot_view(self.snap.as_ref(), &self.tracker)
+    }
+
+    /// What the next relay run watches for.
+    fn plan(&mut self, mover: Option<&mut Mover<'_>>) -> RunPlan {
+        let Some(m) = mover else {
+            return RunPlan::RELAY_ONLY;
+        };
+        let since_traffic = self
+            .tracker
+            .last_activity()
+            .unwrap_or(self.logged_in)
+            .elapsed();
+        m.mobility.plan(
+            self.view(),
+            !self.preload.is_empty(),
+            since_traffic,
+            self.current.lease.idle_timeout(),
+        )
+    }
+
+    /// Relays until either side ends or `plan` hands the session back.
+    async fn relay_run(&mut self, client: &mut Stream, plan: RunPlan) -> RelayEnd {
+        if plan.mark_busy {
+            self.current.lease.set_idle(false);
+        }
+        let gw = self.gw;
+        let settings = RelaySettings {
+            buffer: gw.limits.relay_buffer.as_u64() as usize,
+            max_message: gw.limits.max_message.as_u64() as u32,
+        };
+        let lease = &self.current.lease;
         let mut on_activity = || lease.set_idle(false);
         let watch = SessionWatch {
-            tracker: &mut tracker,
-            quiet_after,
-            quiet_first,
-            park: lease_idle.then_some(&mut park_rx),
-            migrate: can_move.then_some(&mut migrate_rx),
-            hold_backend_end: movable,
-            on_client_activity: if lease_idle {
+            tracker: &mut self.tracker,
+            quiet_after: plan.quiet_after,
+            quiet_first: plan.quiet_first,
+            park: plan.listen_park.then_some(&mut self.park_rx),
+            migrate: plan.listen_migrate.then_some(&mut self.migrate_rx),
+            hold_backend_end: plan.hold_backend_end,
+            on_client_activity: if plan.busy_on_client_activity {
                 Some(&mut on_activity)
             } else {
                 None
             },
-            preload: std::mem::take(&mut preload),
-            keep_backend: returnable.is_some(),
+            preload: std::mem::take(&mut self.preload),
+            keep_backend: self.returnable.is_some(),
         };
         let counters = (
             gw.metrics.bytes_client_to_backend.clone(),
             gw.metrics.bytes_backend_to_client.clone(),
         );
-        let end = relay(
-            client,
-            &mut current.stream,
-            settings,
-            counters,
-            &gw.terminate,
-            watch,
-        )
-        .await;
+        let stream = &mut self.current.stream;
+        relay(client, stream, settings, counters, &gw.terminate, watch).await
+    }
+
+    /// Cancels the query of a client that went away mid-query: Postgres would run it to its end.
+    fn cancel_if_abandoned(&self, end: &RelayEnd) {
         if matches!(
             end,
             RelayEnd::ClientLeft | RelayEnd::ClientClosed | RelayEnd::ClientIo(_)
-        ) && tracker.in_flight()
-            && let Some(target) = cancel.and_then(CancelRegistration::target)
+        ) && self.tracker.in_flight()
+            && let Some(target) = self.cancel.and_then(CancelRegistration::target)
         {
-            // The client went away mid-query: Postgres would run the query to its end.
-            cancel_in_background(target, gw.limits.connect_timeout);
+            cancel_in_background(target, self.gw.limits.connect_timeout);
         }
-        if let RelayEnd::ClientLeft = end {
-            // The client said goodbye or vanished; its backend connection was left alone.
-            let Attached {
-                stream, endpoint, ..
-            } = current;
-            // Prepared statements do not matter here (the reset drops them); the rest of the
-            // pins are checked with SQL before the reset.
-            let pins = tracker.pins();
-            let safe = tracker.at_rest()
-                && !pins.contains(Pins::LISTEN)
-                && !pins.contains(Pins::HELD_CURSOR);
-            match (returnable, gw.reuse.as_deref()) {
-                (Some(back), Some(reuse)) if safe => {
-                    let max = gw.link.max_message;
-                    reuse
-                        .give_back(stream, endpoint, back, max, &gw.metrics)
-                        .await;
-                }
-                _ => {
-                    debug!(pins = %tracker.pins().describe(), "backend connection not kept: not at a safe point");
-                    gw.metrics.reuse_return("not_safe");
-                    crate::reuse::close(stream).await;
-                }
+    }
+
+    /// The client said goodbye or vanished and its backend connection was left alone: hands it
+    /// back for reuse when it is at a safe point, else closes it.
+    async fn client_left(self) {
+        let Attached {
+            stream, endpoint, ..
+        } = self.current;
+        let gw = self.gw;
+        // Prepared statements do not matter here (the reset drops them); the rest of the pins
+        // are checked with SQL before the reset.
+        let pins = self.tracker.pins();
+        let safe = self.tracker.at_rest()
+            && !pins.contains(Pins::LISTEN)
+            && !pins.contains(Pins::HELD_CURSOR);
+        match (self.returnable, gw.reuse.as_deref()) {
+            (Some(back), Some(reuse)) if safe => {
+                let max = gw.link.max_message;
+                reuse
+                    .give_back(stream, endpoint, back, max, &gw.metrics)
+                    .await;
             }
-            return Ok(RelayEnd::ClientClosed);
+            _ => {
+                debug!(pins = %pins.describe(), "backend connection not kept: not at a safe point");
+                gw.metrics.reuse_return("not_safe");
+                crate::reuse::close(stream).await;
+            }
         }
-        let (Some(rv), Some(who)) = (revival, revivable.as_mut()) else {
-            return Ok(end);
-        };
-        // The client may have sent something during the run: the snapshot then no longer
-        // describes the session, and it cannot move on it.
-        let valid_now = snap.as_ref().is_some_and(|s| s.valid_for(&tracker));
-        let still_movable = movable && valid_now;
-        let reason = match end {
-            RelayEnd::Quiet => {
-                if !valid_now {
-                    let s = snapshot(gw, rv, client, &mut current, &tracker, who).await?;
-                    snap = Some(s);
-                } else if !lease_idle && (movable || force) {
-                    park_rx.borrow_and_update();
-                    current.lease.set_idle(true);
-                    lease_idle = true;
-                }
-                continue;
-            }
-            RelayEnd::Park if still_movable => Reason::IdleSleep,
-            RelayEnd::Park if force && valid_now => {
-                let pins = snap.as_ref().map(|s| s.pins.describe()).unwrap_or_default();
-                let msg = ErrorMessage::fatal(
-                    sqlstate::IDLE_SESSION_TIMEOUT,
-                    format!(
-                        "terminating idle session: its database is going to sleep and the \
-                         session cannot be moved ({pins})"
-                    ),
-                )
-                .with_hint("set revival.pinned = \"keep_awake\" to keep such sessions");
-                end_with(client, Some(&mut current.stream), Some(msg)).await;
-                return Err(("pinned_session_ended", format!("pinned: {pins}")));
-            }
-            RelayEnd::Park => continue,
-            RelayEnd::Migrate => {
-                if !valid_now {
-                    snap = Some(snapshot(gw, rv, client, &mut current, &tracker, who).await?);
-                }
-                if !snap.as_ref().is_some_and(Snapshot::movable) {
-                    debug!("migrate request: session cannot move");
-                    continue;
-                }
-                Reason::Migrate
-            }
+    }
+
+    /// The policy's name for a run's end; `Err` with how the session ended for the ends that are
+    /// no concern of the policy, and for a backend that ended with an error other than a
+    /// shutdown (relayed to the client).
+    async fn outcome(&mut self, client: &mut Stream, end: RelayEnd) -> Result<Outcome, Ended> {
+        match end {
+            RelayEnd::Quiet => Ok(Outcome::Quiet),
+            RelayEnd::Park => Ok(Outcome::ParkRequested),
+            RelayEnd::Migrate => Ok(Outcome::MigrateRequested),
             RelayEnd::BackendEnded { held } => {
-                match backend_going_away(&mut current.stream, held, gw).await {
-                    Ok(()) if still_movable => Reason::BackendEnded,
-                    Ok(()) => {
-                        let msg = ErrorMessage::fatal(
-                            sqlstate::CONNECTION_FAILURE,
-                            "the connection to the tenant's database was lost",
-                        );
-                        end_with(client, Some(&mut current.stream), Some(msg)).await;
-                        return Ok(RelayEnd::BackendClosed);
-                    }
+                let stream = &mut self.current.stream;
+                match backend_going_away(stream, held, self.gw).await {
+                    Ok(()) => Ok(Outcome::BackendShutDown),
                     Err(last) => {
-                        // Not a shutdown: relay what the backend said and end with it.
                         let _ = client.write_all(&last).await;
-                        end_with(client, Some(&mut current.stream), None).await;
-                        return Ok(RelayEnd::BackendClosed);
+                        end_with(client, Some(stream), None).await;
+                        Err(Ok(RelayEnd::BackendClosed))
                     }
                 }
             }
-            other => return Ok(other),
-        };
-        // The session leaves its backend connection.
+            other => Err(Ok(other)),
+        }
+    }
+
+    /// Carries out the policy's decision on a run's outcome: `Ok(Some(how))` when the session
+    /// is to leave its backend connection, `Ok(None)` to relay on, `Err` when it ended.
+    async fn settle(
+        &mut self,
+        client: &mut Stream,
+        m: &mut Mover<'_>,
+        outcome: Outcome,
+    ) -> Result<Option<Move>, Ended> {
+        let mut decision = m.mobility.decide(outcome, self.view());
+        loop {
+            match decision {
+                Decision::Snapshot => {
+                    let (gw, tracker) = (self.gw, &self.tracker);
+                    let taken = snapshot(gw, m.rv, client, &mut self.current, tracker, &m.who);
+                    self.snap = Some(taken.await.map_err(Err)?);
+                    decision = m.mobility.snapshot_taken(self.view());
+                }
+                Decision::MarkIdle => {
+                    self.park_rx.borrow_and_update();
+                    self.current.lease.set_idle(true);
+                    return Ok(None);
+                }
+                Decision::Stay => {
+                    if outcome == Outcome::MigrateRequested {
+                        debug!("migrate request: session cannot move");
+                    }
+                    return Ok(None);
+                }
+                Decision::Leave(how) => return Ok(Some(how)),
+                Decision::EndPinned => {
+                    let pins = self.snap.as_ref().map(|s| s.pins.describe());
+                    let pins = pins.unwrap_or_default();
+                    let msg = ErrorMessage::fatal(
+                        sqlstate::IDLE_SESSION_TIMEOUT,
+                        format!(
+                            "terminating idle session: its database is going to sleep and the \
+                             session cannot be moved ({pins})"
+                        ),
+                    )
+                    .with_hint("set revival.pinned = \"keep_awake\" to keep such sessions");
+                    end_with(client, Some(&mut self.current.stream), Some(msg)).await;
+                    return Err(Err(("pinned_session_ended", format!("pinned: {pins}"))));
+                }
+                Decision::EndLost => {
+                    let msg = ErrorMessage::fatal(
+                        sqlstate::CONNECTION_FAILURE,
+                        "the connection to the tenant's database was lost",
+                    );
+                    end_with(client, Some(&mut self.current.stream), Some(msg)).await;
+                    return Err(Ok(RelayEnd::BackendClosed));
+                }
+            }
+        }
+    }
+
+    /// Moves the session off its backend connection: parked until its client's next message
+    /// (unless it migrates), then revived on a new connection; `Err` when it ended instead.
+    async fn leave(
+        mut self,
+        client: &mut Stream,
+        m: &mut Mover<'_>,
+        how: Move,
+    ) -> Result<Live<'g>, Ended> {
+        let gw = self.gw;
         let _ = timeout(Duration::from_millis(200), async {
-            let _ = current.stream.write_all(&TERMINATE).await;
-            let _ = current.stream.shutdown().await;
+            let _ = self.current.stream.write_all(&TERMINATE).await;
+            let _ = self.current.stream.shutdown().await;
         })
         .await;
-        gw.metrics.parked(reason.as_str());
-        let Some(snapshot) = snap.as_ref() else {
-            return Err(("internal", "parked without a snapshot".into()));
+        gw.metrics.parked(how.label());
+        let Some(snapshot) = self.snap.as_ref() else {
+            return Err(Err(("internal", "parked without a snapshot".into())));
         };
-        if !matches!(reason, Reason::Migrate) {
-            let Attached { lease, .. } = current;
-            let mark = lease.park(matches!(reason, Reason::IdleSleep));
-            info!(
-                reason = reason.as_str(),
-                statements = snapshot.statements.len(),
-                settings = snapshot.settings.len(),
-                "session parked"
-            );
-            gw.metrics.sessions_parked.inc();
-            let parked = wait_parked(client, gw).await;
-            gw.metrics.sessions_parked.dec();
-            drop(mark);
-            match parked {
-                Parked::Message(bytes) => preload = bytes,
-                Parked::Closed => return Ok(RelayEnd::ClientClosed),
-                Parked::Terminated => {
-                    let msg = ErrorMessage::fatal(
-                        sqlstate::ADMIN_SHUTDOWN,
-                        "terminating connection because the gateway is shutting down",
-                    );
-                    end_with(client, None, Some(msg)).await;
-                    return Ok(RelayEnd::Terminated);
-                }
-            }
+        if how.parks() {
+            self.preload = park(gw, client, self.current.lease, how, snapshot).await?;
         } else {
-            drop(current.lease);
+            drop(self.current.lease);
         }
         let started = Instant::now();
-        match revive(gw, rv, who, snapshot, cancel).await {
+        match revive(gw, m.rv, &mut m.who, snapshot, self.cancel).await {
             Ok(new) => {
                 let took = started.elapsed();
-                gw.metrics.revived(reason.as_str(), Some(took));
-                info!(reason = reason.as_str(), ms = took.as_secs_f64() * 1000.0, backend = %new.endpoint, "session revived");
-                current = new;
-                returnable = None;
-                lease_idle = false;
-                park_rx = current.lease.park_requests();
-                migrate_rx = current.lease.migrate_requests();
-                tracker.reset_for_new_backend(snapshot.statements.iter().map(|s| s.name.as_str()));
+                gw.metrics.revived(how.label(), Some(took));
+                info!(reason = how.label(), ms = took.as_secs_f64() * 1000.0, backend = %new.endpoint, "session revived");
+                self.current = new;
+                self.returnable = None;
+                m.mobility.revived();
+                self.park_rx = self.current.lease.park_requests();
+                self.migrate_rx = self.current.lease.migrate_requests();
+                let names = snapshot.statements.iter().map(|s| s.name.as_str());
+                self.tracker.reset_for_new_backend(names);
+                Ok(self)
             }
             Err(e) => {
-                gw.metrics.revived(reason.as_str(), None);
-                warn!(error = %e, reason = reason.as_str(), "revival failed");
+                gw.metrics.revived(how.label(), None);
+                warn!(error = %e, reason = how.label(), "revival failed");
                 let msg = ErrorMessage::fatal(
                     sqlstate::CONNECTION_FAILURE,
                     format!(
@@ -442,8 +499,50 @@ async fn drive(
                 )
                 .with_hint("reconnect: a new connection starts a fresh session");
                 end_with(client, None, Some(msg)).await;
-                return Err(("revival_failed", e.to_string()));
+                Err(Err(("revival_failed", e.to_string())))
             }
+        }
+    }
+}
+
+/// How the policy sees `snap` for the session `tracker` follows.
+fn snapshot_view(snap: Option<&Snapshot>, tracker: &SessionTracker) -> SnapshotView {
+    SnapshotView {
+        valid: snap.is_some_and(|s| s.valid_for(tracker)),
+        movable: snap.is_some_and(Snapshot::movable),
+    }
+}
+
+/// Parks a session that left its backend connection (ending its `lease`) until its client's
+/// next bytes, which are returned; `Err` when the client left or the gateway shuts down.
+async fn park(
+    gw: &Gateway,
+    client: &mut Stream,
+    lease: Lease,
+    how: Move,
+    snapshot: &Snapshot,
+) -> Result<Vec<u8>, Ended> {
+    let mark = lease.park(how.for_sleep());
+    info!(
+        reason = how.label(),
+        statements = snapshot.statements.len(),
+        settings = snapshot.settings.len(),
+        "session parked"
+    );
+    gw.metrics.sessions_parked.inc();
+    let parked = wait_parked(client, gw).await;
+    gw.metrics.sessions_parked.dec();
+    drop(mark);
+    match parked {
+        Parked::Message(bytes) => Ok(bytes),
+        Parked::Closed => Err(Ok(RelayEnd::ClientClosed)),
+        Parked::Terminated => {
+            let msg = ErrorMessage::fatal(
+                sqlstate::ADMIN_SHUTDOWN,
+                "terminating connection because the gateway is shutting down",
+            );
+            end_with(client, None, Some(msg)).await;
+            Err(Ok(RelayEnd::Terminated))
         }
     }
 }
