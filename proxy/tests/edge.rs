@@ -572,6 +572,11 @@ async fn websocket_passwords_never_reach_the_log_even_at_trace() {
         let got = common::read_until(&mut ws, |m| m.iter().any(|(t, _)| *t == answer)).await;
         assert!(got.iter().any(|(t, _)| *t == answer), "{got:?}");
     }
+    // The gateway logs the session's start right after the client has its ReadyForQuery.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !gw.log().contains("DEBUG") && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let log = gw.log();
     assert!(log.contains("DEBUG"), "verbose logging is on:\n{log}");
     for secret in ["wrong-4711-secret", LOCAL_PASSWORD] {
