@@ -134,275 +134,201 @@ pub struct Metrics {
     pub reuse_idle: IntGauge,
 }
 
+/// Creates metrics and registers each with the gateway's registry. Names and help texts are
+/// fixed in this file, so a failure to create or register one is a bug, found by any test.
+struct Registrar(Registry);
+
+impl Registrar {
+    fn add<M: Collector + Clone + 'static>(&self, metric: prometheus::Result<M>) -> M {
+        let metric = metric.expect("valid metric");
+        self.0
+            .register(Box::new(metric.clone()))
+            .expect("unique metric");
+        metric
+    }
+
+    fn counter(&self, name: &str, help: &str) -> IntCounter {
+        self.add(IntCounter::new(name, help))
+    }
+
+    fn counter_vec(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+        self.add(IntCounterVec::new(Opts::new(name, help), labels))
+    }
+
+    fn seconds_vec(&self, name: &str, help: &str, labels: &[&str]) -> CounterVec {
+        self.add(CounterVec::new(Opts::new(name, help), labels))
+    }
+
+    fn gauge(&self, name: &str, help: &str) -> IntGauge {
+        self.add(IntGauge::new(name, help))
+    }
+
+    fn gauge_vec(&self, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+        self.add(IntGaugeVec::new(Opts::new(name, help), labels))
+    }
+
+    fn histogram(&self, name: &str, help: &str, buckets: &[f64]) -> Histogram {
+        let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
+        self.add(Histogram::with_opts(opts))
+    }
+
+    fn histogram_vec(
+        &self,
+        name: &str,
+        help: &str,
+        buckets: &[f64],
+        labels: &[&str],
+    ) -> HistogramVec {
+        let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
+        self.add(HistogramVec::new(opts, labels))
+    }
+}
+
 impl Metrics {
     /// Creates and registers all metrics.
     pub fn new() -> Metrics {
-        let registry = Registry::new();
-        let counter = |name: &str, help: &str| {
-            let c = IntCounter::new(name, help).expect("valid metric");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("unique metric");
-            c
-        };
-        let connections_accepted = counter(
-            "pgwake_connections_accepted_total",
-            "Client connections accepted.",
-        );
-        let connections_closed = counter(
-            "pgwake_connections_closed_total",
-            "Client connections closed.",
-        );
-        let cancels_forwarded = counter(
-            "pgwake_cancels_forwarded_total",
-            "Cancel requests matched and forwarded to a backend.",
-        );
-        let bytes = IntCounterVec::new(
-            Opts::new("pgwake_relayed_bytes_total", "Bytes relayed, by direction."),
+        let r = Registrar(Registry::new());
+        let bytes = r.counter_vec(
+            "pgwake_relayed_bytes_total",
+            "Bytes relayed, by direction.",
             &["direction"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(bytes.clone()))
-            .expect("unique metric");
-        let errors = IntCounterVec::new(
-            Opts::new(
+        );
+        let metrics = Metrics {
+            connections_accepted: r.counter(
+                "pgwake_connections_accepted_total",
+                "Client connections accepted.",
+            ),
+            connections_closed: r.counter(
+                "pgwake_connections_closed_total",
+                "Client connections closed.",
+            ),
+            cancels_forwarded: r.counter(
+                "pgwake_cancels_forwarded_total",
+                "Cancel requests matched and forwarded to a backend.",
+            ),
+            bytes_client_to_backend: bytes.with_label_values(&["client_to_backend"]),
+            bytes_backend_to_client: bytes.with_label_values(&["backend_to_client"]),
+            errors: r.counter_vec(
                 "pgwake_errors_total",
                 "Connections that ended in an error, by kind.",
+                &["kind"],
             ),
-            &["kind"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(errors.clone()))
-            .expect("unique metric");
-        let connections_active =
-            IntGauge::new("pgwake_connections_active", "Client connections open now.")
-                .expect("valid metric");
-        registry
-            .register(Box::new(connections_active.clone()))
-            .expect("unique metric");
-        let startup_duration = Histogram::with_opts(
-            HistogramOpts::new(
+            connections_active: r.gauge("pgwake_connections_active", "Client connections open now."),
+            startup_duration: r.histogram(
                 "pgwake_startup_duration_seconds",
                 "Time from accepting a connection to the client's first ReadyForQuery.",
-            )
-            .buckets(vec![
-                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-            ]),
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(startup_duration.clone()))
-            .expect("unique metric");
-        let wake_duration = HistogramVec::new(
-            HistogramOpts::new(
+                &[
+                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                ],
+            ),
+            wake_duration: r.histogram_vec(
                 "pgwake_wake_duration_seconds",
                 "Time a wake took, by backend kind and outcome.",
-            )
-            .buckets(vec![
-                0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0,
-            ]),
-            &["backend", "outcome"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(wake_duration.clone()))
-            .expect("unique metric");
-        let wakes = IntCounterVec::new(
-            Opts::new(
+                &[
+                    0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0,
+                ],
+                &["backend", "outcome"],
+            ),
+            wakes: r.counter_vec(
                 "pgwake_wakes_total",
                 "Wakes finished, by backend kind and outcome.",
+                &["backend", "outcome"],
             ),
-            &["backend", "outcome"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(wakes.clone()))
-            .expect("unique metric");
-        let waiters = IntGauge::new(
-            "pgwake_wake_waiters",
-            "Connections waiting in accept queues for a tenant to wake.",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(waiters.clone()))
-            .expect("unique metric");
-        let tenants =
-            IntGaugeVec::new(Opts::new("pgwake_tenants", "Tenants by state."), &["state"])
-                .expect("valid metric");
-        registry
-            .register(Box::new(tenants.clone()))
-            .expect("unique metric");
-        let tenant_awake = CounterVec::new(
-            Opts::new(
+            waiters: r.gauge(
+                "pgwake_wake_waiters",
+                "Connections waiting in accept queues for a tenant to wake.",
+            ),
+            tenants: r.gauge_vec("pgwake_tenants", "Tenants by state.", &["state"]),
+            tenant_awake: r.seconds_vec(
                 "pgwake_tenant_awake_seconds_total",
                 "Seconds tenants' databases spent waking, awake or going to sleep, by backend kind.",
+                &["backend"],
             ),
-            &["backend"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(tenant_awake.clone()))
-            .expect("unique metric");
-        let auth_attempts = IntCounterVec::new(
-            Opts::new(
+            auth_attempts: r.counter_vec(
                 "pgwake_auth_attempts_total",
                 "Client authentications at the gateway, by outcome (ok, failed, throttled, error).",
+                &["outcome"],
             ),
-            &["outcome"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(auth_attempts.clone()))
-            .expect("unique metric");
-        let gauge = |name: &str, help: &str| {
-            let g = IntGauge::new(name, help).expect("valid metric");
-            registry
-                .register(Box::new(g.clone()))
-                .expect("unique metric");
-            g
-        };
-        let http_pool_open = gauge(
-            "pgwake_http_pool_connections",
-            "Backend connections open in the SQL-over-HTTP pool (idle and in use).",
-        );
-        let http_pool_idle = gauge(
-            "pgwake_http_pool_idle_connections",
-            "Idle backend connections in the SQL-over-HTTP pool.",
-        );
-        let http_requests = IntCounterVec::new(
-            Opts::new(
+            http_pool_open: r.gauge(
+                "pgwake_http_pool_connections",
+                "Backend connections open in the SQL-over-HTTP pool (idle and in use).",
+            ),
+            http_pool_idle: r.gauge(
+                "pgwake_http_pool_idle_connections",
+                "Idle backend connections in the SQL-over-HTTP pool.",
+            ),
+            http_requests: r.counter_vec(
                 "pgwake_http_requests_total",
                 "SQL-over-HTTP requests answered, by HTTP status.",
+                &["status"],
             ),
-            &["status"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(http_requests.clone()))
-            .expect("unique metric");
-        let sessions_parked = IntGauge::new(
-            "pgwake_sessions_parked",
-            "Client sessions parked now: connected, without a backend connection.",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(sessions_parked.clone()))
-            .expect("unique metric");
-        let parks = IntCounterVec::new(
-            Opts::new(
+            sessions_parked: r.gauge(
+                "pgwake_sessions_parked",
+                "Client sessions parked now: connected, without a backend connection.",
+            ),
+            parks: r.counter_vec(
                 "pgwake_parks_total",
                 "Sessions that left their backend connection, by reason (idle_sleep, \
                  backend_ended, migrate).",
+                &["reason"],
             ),
-            &["reason"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(parks.clone()))
-            .expect("unique metric");
-        let revivals = IntCounterVec::new(
-            Opts::new(
+            revivals: r.counter_vec(
                 "pgwake_revivals_total",
                 "Sessions logged back in to a backend, by why they had left (idle_sleep, \
                  backend_ended, migrate) and outcome (ok, error).",
+                &["reason", "outcome"],
             ),
-            &["reason", "outcome"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(revivals.clone()))
-            .expect("unique metric");
-        let revival_duration = Histogram::with_opts(
-            HistogramOpts::new(
+            revival_duration: r.histogram(
                 "pgwake_revival_duration_seconds",
                 "Time a successful revival took: wake (if any), login, restoring settings and \
                  statements.",
-            )
-            .buckets(vec![
-                0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-            ]),
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(revival_duration.clone()))
-            .expect("unique metric");
-        let reuse = IntCounterVec::new(
-            Opts::new(
+                &[
+                    0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                ],
+            ),
+            reuse: r.counter_vec(
                 "pgwake_backend_reuse_total",
                 "Gateway-authenticated logins by how they got a backend connection: hit (a kept \
                  connection), miss (a new login), stale (a kept connection found closed or on an \
                  old address and dropped).",
+                &["outcome"],
             ),
-            &["outcome"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(reuse.clone()))
-            .expect("unique metric");
-        let reuse_returns = IntCounterVec::new(
-            Opts::new(
+            reuse_returns: r.counter_vec(
                 "pgwake_backend_reuse_returns_total",
                 "Backend connections of departed clients, by what became of them: kept, \
                  not_safe (in a transaction, busy or pinned), reset_failed, full.",
+                &["outcome"],
             ),
-            &["outcome"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(reuse_returns.clone()))
-            .expect("unique metric");
-        let reuse_idle = gauge(
-            "pgwake_backend_reuse_idle_connections",
-            "Backend connections kept idle for reuse by the next client.",
-        );
-        // Counters with labels exist only once a label set is used; the known ones are
-        // created at zero so that dashboards and alerts see them before the first event.
+            reuse_idle: r.gauge(
+                "pgwake_backend_reuse_idle_connections",
+                "Backend connections kept idle for reuse by the next client.",
+            ),
+            registry: r.0,
+        };
+        metrics.start_known_series();
+        metrics
+    }
+
+    /// Counters with labels exist only once a label set is used; the known ones are created
+    /// at zero so that dashboards and alerts see them before the first event.
+    fn start_known_series(&self) {
         for kind in ERROR_KINDS {
-            errors.with_label_values(&[kind]);
+            self.errors.with_label_values(&[kind]);
         }
         for outcome in AUTH_OUTCOMES {
-            auth_attempts.with_label_values(&[outcome]);
+            self.auth_attempts.with_label_values(&[outcome]);
         }
         for reason in PARK_REASONS {
-            parks.with_label_values(&[reason]);
+            self.parks.with_label_values(&[reason]);
             for outcome in OUTCOMES {
-                revivals.with_label_values(&[reason, outcome]);
+                self.revivals.with_label_values(&[reason, outcome]);
             }
         }
         for outcome in REUSE_OUTCOMES {
-            reuse.with_label_values(&[outcome]);
+            self.reuse.with_label_values(&[outcome]);
         }
         for outcome in REUSE_RETURN_OUTCOMES {
-            reuse_returns.with_label_values(&[outcome]);
-        }
-        Metrics {
-            reuse,
-            reuse_returns,
-            reuse_idle,
-            http_requests,
-            http_pool_open,
-            http_pool_idle,
-            sessions_parked,
-            parks,
-            revivals,
-            revival_duration,
-            auth_attempts,
-            wake_duration,
-            wakes,
-            waiters,
-            tenants,
-            tenant_awake,
-            connections_accepted,
-            connections_active,
-            connections_closed,
-            bytes_client_to_backend: bytes.with_label_values(&["client_to_backend"]),
-            bytes_backend_to_client: bytes.with_label_values(&["backend_to_client"]),
-            cancels_forwarded,
-            errors,
-            startup_duration,
-            registry,
+            self.reuse_returns.with_label_values(&[outcome]);
         }
     }
 
