@@ -179,42 +179,10 @@ pub async fn login(
                     }
                     continue;
                 }
-                match code {
-                    auth_code::OK | auth_code::SASL_FINAL => {
-                        to_client.extend_from_slice(&msg.bytes)
-                    }
-                    auth_code::SASL
-                    | auth_code::SASL_CONTINUE
-                    | auth_code::CLEARTEXT
-                    | auth_code::MD5 => {
-                        to_client.extend_from_slice(&msg.bytes);
-                        relayed = true;
-                        client
-                            .write_all(&to_client)
-                            .await
-                            .map_err(SessionError::ClientIo)?;
-                        to_client.clear();
-                        let answer = read_message(client, link.max_client_message)
-                            .await
-                            .map_err(SessionError::ClientIo)?
-                            .ok_or_else(|| {
-                                SessionError::ClientProtocol(
-                                    "password message length out of range".into(),
-                                )
-                            })?;
-                        if answer.tag() != b'p' {
-                            return Err(SessionError::ClientProtocol(format!(
-                                "expected a password message, got message type {:?}",
-                                answer.tag() as char
-                            )));
-                        }
-                        backend.write_all(&answer.bytes).await.map_err(backend_io)?;
-                    }
-                    other => {
-                        return Err(SessionError::BackendUnsupported(format!(
-                            "asks for authentication method {other}, which the gateway cannot relay"
-                        )));
-                    }
+                if relay_auth_request(client, &msg, code, &mut to_client).await? {
+                    relayed = true;
+                    let answer = read_password_message(client, link.max_client_message).await?;
+                    backend.write_all(&answer.bytes).await.map_err(backend_io)?;
                 }
             }
             b'K' => {
@@ -229,32 +197,10 @@ pub async fn login(
                 to_client.extend_from_slice(&backend_key_data(reg.pid, reg.secret));
                 registration = Some(reg);
             }
-            b'E' if !relayed => {
-                let fields = pgwake_protocol::frontend::error_fields(msg.body());
-                if fields.code == pgwake_protocol::sqlstate::CANNOT_CONNECT_NOW {
-                    // Starting up, or in crash recovery: the caller may hold the client and
-                    // try again, as during a wake.
-                    return Err(SessionError::BackendNotReady(fields.message));
-                }
-                client
-                    .write_all(&[&to_client[..], &msg.bytes[..]].concat())
-                    .await
-                    .map_err(SessionError::ClientIo)?;
-                client.flush().await.map_err(SessionError::ClientIo)?;
-                return Err(SessionError::LoginRefused);
-            }
             b'Z' | b'E' => {
-                to_client.extend_from_slice(&msg.bytes);
-                client
-                    .write_all(&to_client)
+                return finish_login(client, &mut to_client, &msg, relayed)
                     .await
-                    .map_err(SessionError::ClientIo)?;
-                client.flush().await.map_err(SessionError::ClientIo)?;
-                // After an ErrorResponse (the backend's own, relayed as is) the login is over.
-                return match msg.tag() {
-                    b'Z' => Ok(registration),
-                    _ => Err(SessionError::LoginRefused),
-                };
+                    .map(|()| registration);
             }
             b'S' => {
                 if let Some(p) = parameters.as_deref_mut() {
@@ -274,6 +220,82 @@ pub async fn login(
             }
         }
     }
+}
+
+/// Ends a login on its last message: ReadyForQuery, or an ErrorResponse, sent to the client
+/// with what was held back. A `57P03` the client has not seen any of the login before is kept
+/// from it, so the caller may hold the client and try again, as during a wake.
+async fn finish_login(
+    client: &mut Stream,
+    to_client: &mut Vec<u8>,
+    msg: &RawMessage,
+    relayed: bool,
+) -> Result<(), SessionError> {
+    if msg.tag() == b'E' && !relayed {
+        let fields = pgwake_protocol::frontend::error_fields(msg.body());
+        if fields.code == pgwake_protocol::sqlstate::CANNOT_CONNECT_NOW {
+            return Err(SessionError::BackendNotReady(fields.message));
+        }
+    }
+    to_client.extend_from_slice(&msg.bytes);
+    client
+        .write_all(to_client)
+        .await
+        .map_err(SessionError::ClientIo)?;
+    client.flush().await.map_err(SessionError::ClientIo)?;
+    // After an ErrorResponse (the backend's own, relayed as is) the login is over.
+    match msg.tag() {
+        b'Z' => Ok(()),
+        _ => Err(SessionError::LoginRefused),
+    }
+}
+
+/// Passes a backend's authentication request on to the client (passthrough): an outcome joins
+/// the messages still to send, a challenge is sent at once. True when the client must answer.
+async fn relay_auth_request(
+    client: &mut Stream,
+    msg: &RawMessage,
+    code: i32,
+    to_client: &mut Vec<u8>,
+) -> Result<bool, SessionError> {
+    match code {
+        auth_code::OK | auth_code::SASL_FINAL => {
+            to_client.extend_from_slice(&msg.bytes);
+            Ok(false)
+        }
+        auth_code::SASL | auth_code::SASL_CONTINUE | auth_code::CLEARTEXT | auth_code::MD5 => {
+            to_client.extend_from_slice(&msg.bytes);
+            client
+                .write_all(to_client)
+                .await
+                .map_err(SessionError::ClientIo)?;
+            to_client.clear();
+            Ok(true)
+        }
+        other => Err(SessionError::BackendUnsupported(format!(
+            "asks for authentication method {other}, which the gateway cannot relay"
+        ))),
+    }
+}
+
+/// Reads the client's answer to a relayed authentication request.
+async fn read_password_message(
+    client: &mut Stream,
+    max: usize,
+) -> Result<RawMessage, SessionError> {
+    let answer = read_message(client, max)
+        .await
+        .map_err(SessionError::ClientIo)?
+        .ok_or_else(|| {
+            SessionError::ClientProtocol("password message length out of range".into())
+        })?;
+    if answer.tag() != b'p' {
+        return Err(SessionError::ClientProtocol(format!(
+            "expected a password message, got message type {:?}",
+            answer.tag() as char
+        )));
+    }
+    Ok(answer)
 }
 
 /// Logs in to `backend` on the user's behalf with no client attached (a revival, a pooled
