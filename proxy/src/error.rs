@@ -170,23 +170,9 @@ impl SessionError {
             SessionError::UnexpectedRequest(what) => {
                 ErrorMessage::fatal(PROTOCOL_VIOLATION, format!("unexpected {what}"))
             }
-            SessionError::Route(ResolveError::Conflict { .. }) => ErrorMessage::fatal(
-                SQLSERVER_REJECTED_ESTABLISHMENT_OF_SQLCONNECTION,
-                format!("conflicting tenant names: {}", self.inner_text()),
-            )
-            .with_hint("name the tenant one way, or the same way everywhere"),
-            SessionError::Route(ResolveError::NotNamed) | SessionError::UnknownTenant(_) => {
-                ErrorMessage::fatal(
-                    SQLSERVER_REJECTED_ESTABLISHMENT_OF_SQLCONNECTION,
-                    "unknown or forbidden tenant",
-                )
-                .with_hint(TENANT_HINT)
-            }
-            SessionError::PasswordRouteNeedsGateway(_) => ErrorMessage::fatal(
-                INVALID_AUTHORIZATION_SPECIFICATION,
-                "this tenant cannot be named in the password",
-            )
-            .with_hint("name it with the TLS server name or options=endpoint=<tenant>"),
+            SessionError::Route(_)
+            | SessionError::UnknownTenant(_)
+            | SessionError::PasswordRouteNeedsGateway(_) => self.routing_message(),
             SessionError::AuthFailed(user) => ErrorMessage::fatal(
                 INVALID_PASSWORD,
                 format!("password authentication failed for user \"{user}\""),
@@ -250,6 +236,35 @@ impl SessionError {
             }
         };
         Some(m)
+    }
+
+    /// The message for a connection whose tenant could not be found or named that way.
+    fn routing_message(&self) -> ErrorMessage {
+        use sqlstate::*;
+        match self {
+            SessionError::Route(ResolveError::Conflict { .. }) => ErrorMessage::fatal(
+                SQLSERVER_REJECTED_ESTABLISHMENT_OF_SQLCONNECTION,
+                format!("conflicting tenant names: {}", self.inner_text()),
+            )
+            .with_hint("name the tenant one way, or the same way everywhere"),
+            SessionError::Route(ResolveError::NotNamed) | SessionError::UnknownTenant(_) => {
+                ErrorMessage::fatal(
+                    SQLSERVER_REJECTED_ESTABLISHMENT_OF_SQLCONNECTION,
+                    "unknown or forbidden tenant",
+                )
+                .with_hint(TENANT_HINT)
+            }
+            SessionError::PasswordRouteNeedsGateway(_) => ErrorMessage::fatal(
+                INVALID_AUTHORIZATION_SPECIFICATION,
+                "this tenant cannot be named in the password",
+            )
+            .with_hint("name it with the TLS server name or options=endpoint=<tenant>"),
+            // Only the routing variants are sent here.
+            other => ErrorMessage::fatal(
+                SQLSERVER_REJECTED_ESTABLISHMENT_OF_SQLCONNECTION,
+                other.to_string(),
+            ),
+        }
     }
 
     /// The message for a backend that could not be reached, logged in to or understood.
