@@ -1,13 +1,13 @@
-//! When a relayed session that can move records its state, marks its lease idle, parks for its
-//! tenant's sleep, migrates, or ends — the gateway's park/migrate policy without any I/O.
+//! When a relayed session that can move records its state, marks its wake claim idle, parks for
+//! its tenant's sleep, migrates, or ends — the gateway's park/migrate policy without any I/O.
 //!
 //! The proxy runs the relay in a loop. Before each run it asks [`Mobility::plan`] what the relay
 //! must watch for; after the run hands the session back it tells [`Mobility::decide`] why
 //! ([`Outcome`]) and performs the [`Decision`]: a snapshot (one SQL query on the backend),
-//! marking the lease idle, leaving the backend connection, or ending the session.
+//! marking the claim idle, leaving the backend connection, or ending the session.
 //!
 //! Idle time counts from the session's last traffic, never from the start of a run or from a
-//! snapshot, so a session at rest marks its lease idle exactly `idle_timeout` after its last
+//! snapshot, so a session at rest marks its claim idle exactly `idle_timeout` after its last
 //! query, whenever its snapshot fell in that time.
 
 use std::time::Duration;
@@ -34,7 +34,7 @@ pub struct SnapshotView {
 /// What the relay watches for during its next run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RunPlan {
-    /// Mark the lease busy before the run: it was idle, but the session changed since.
+    /// Mark the claim busy before the run: it was idle, but the session changed since.
     pub mark_busy: bool,
     /// Hand the session back once it has been at rest this long after bytes last moved.
     pub quiet_after: Option<Duration>,
@@ -48,7 +48,7 @@ pub struct RunPlan {
     /// Keep a backend's error or end of stream at rest from the client and hand the session
     /// back, so it can move instead of failing.
     pub hold_backend_end: bool,
-    /// Mark the lease busy as soon as the client sends something.
+    /// Mark the claim busy as soon as the client sends something.
     pub busy_on_client_activity: bool,
 }
 
@@ -115,7 +115,7 @@ impl Move {
 pub enum Decision {
     /// Record the session's state, then ask [`Mobility::snapshot_taken`] what next.
     Snapshot,
-    /// Mark the lease idle (the tenant sleeps once all its sessions are), then relay on.
+    /// Mark the claim idle (the tenant sleeps once all its sessions are), then relay on.
     MarkIdle,
     /// Relay on.
     Stay,
@@ -131,8 +131,8 @@ pub enum Decision {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Mobility {
     policy: Policy,
-    /// The lease is marked idle.
-    lease_idle: bool,
+    /// The claim is marked idle.
+    claim_idle: bool,
     /// The current run started at a valid snapshot of a movable session.
     run_movable: bool,
     /// A migrate request waits for the snapshot being taken.
@@ -140,19 +140,19 @@ pub struct Mobility {
 }
 
 impl Mobility {
-    /// A session that just logged in (or was revived): no snapshot, lease busy.
+    /// A session that just logged in (or was revived): no snapshot, claim busy.
     pub fn new(policy: Policy) -> Mobility {
         Mobility {
             policy,
-            lease_idle: false,
+            claim_idle: false,
             run_movable: false,
             migrate_after_snapshot: false,
         }
     }
 
-    /// True while the lease is marked idle.
-    pub fn lease_idle(&self) -> bool {
-        self.lease_idle
+    /// True while the claim is marked idle.
+    pub fn claim_idle(&self) -> bool {
+        self.claim_idle
     }
 
     /// The plan for the next relay run. `preloaded`: client bytes read while parked are relayed
@@ -166,9 +166,9 @@ impl Mobility {
         idle_timeout: Duration,
     ) -> RunPlan {
         let valid = snapshot.valid && !preloaded;
-        let mark_busy = !valid && self.lease_idle;
+        let mark_busy = !valid && self.claim_idle;
         if mark_busy {
-            self.lease_idle = false;
+            self.claim_idle = false;
         }
         self.run_movable = valid && snapshot.movable;
         let snapshot_after = self.policy.snapshot_after.min(idle_timeout);
@@ -186,10 +186,10 @@ impl Mobility {
             mark_busy,
             quiet_after: Some(snapshot_after),
             quiet_first,
-            listen_park: self.lease_idle,
+            listen_park: self.claim_idle,
             listen_migrate: true,
             hold_backend_end: self.run_movable,
-            busy_on_client_activity: self.lease_idle,
+            busy_on_client_activity: self.claim_idle,
         }
     }
 
@@ -202,7 +202,7 @@ impl Mobility {
         match outcome {
             Outcome::Quiet if !valid => Decision::Snapshot,
             Outcome::Quiet if self.waits_for_idle() => {
-                self.lease_idle = true;
+                self.claim_idle = true;
                 Decision::MarkIdle
             }
             Outcome::Quiet => Decision::Stay,
@@ -228,15 +228,15 @@ impl Mobility {
         }
     }
 
-    /// The session is on a new backend connection, with a lease that is not idle.
+    /// The session is on a new backend connection, with a claim that is not idle.
     pub fn revived(&mut self) {
-        self.lease_idle = false;
+        self.claim_idle = false;
     }
 
     /// At a valid snapshot, the idle clock is what the session waits for: it can park, or it
     /// is to be ended when its tenant sleeps.
     fn waits_for_idle(&self) -> bool {
-        !self.lease_idle && (self.run_movable || self.policy.end_pinned)
+        !self.claim_idle && (self.run_movable || self.policy.end_pinned)
     }
 
     fn migrate(snapshot: SnapshotView) -> Decision {
@@ -283,7 +283,7 @@ mod tests {
         Duration::from_secs(s)
     }
 
-    /// A session whose lease was marked idle at a valid snapshot `view`.
+    /// A session whose claim was marked idle at a valid snapshot `view`.
     fn idle(view: SnapshotView, end_pinned: bool) -> Mobility {
         let mut m = Mobility::new(policy(end_pinned));
         m.plan(view, false, IDLE, IDLE);
@@ -324,7 +324,7 @@ mod tests {
         m.plan(NONE, false, SNAP, IDLE);
         assert_eq!(m.decide(Outcome::Quiet, NONE), Decision::Snapshot);
         assert_eq!(m.snapshot_taken(MOVABLE), Decision::Stay);
-        assert!(!m.lease_idle());
+        assert!(!m.claim_idle());
     }
 
     #[test]
@@ -344,13 +344,13 @@ mod tests {
     }
 
     #[test]
-    fn quiet_at_a_valid_movable_snapshot_marks_the_lease_idle() {
+    fn quiet_at_a_valid_movable_snapshot_marks_the_claim_idle() {
         let m = idle(MOVABLE, false);
-        assert!(m.lease_idle());
+        assert!(m.claim_idle());
     }
 
     #[test]
-    fn an_idle_lease_listens_for_park_requests_and_client_activity() {
+    fn an_idle_claim_listens_for_park_requests_and_client_activity() {
         let mut m = idle(MOVABLE, false);
         let p = m.plan(MOVABLE, false, IDLE, IDLE);
         assert!(p.listen_park && p.busy_on_client_activity && p.hold_backend_end);
@@ -362,13 +362,13 @@ mod tests {
     }
 
     #[test]
-    fn an_outdated_snapshot_marks_an_idle_lease_busy() {
+    fn an_outdated_snapshot_marks_an_idle_claim_busy() {
         let mut m = idle(MOVABLE, false);
         let p = m.plan(OUTDATED, false, Duration::ZERO, IDLE);
         assert!(p.mark_busy && !p.listen_park && !p.busy_on_client_activity);
         assert!(!p.hold_backend_end);
         assert_eq!(p.quiet_first, Some(SNAP));
-        assert!(!m.lease_idle());
+        assert!(!m.claim_idle());
     }
 
     #[test]
@@ -386,7 +386,7 @@ mod tests {
         assert_eq!(p.quiet_first, None);
         assert!(!p.hold_backend_end);
         assert_eq!(m.decide(Outcome::Quiet, PINNED), Decision::Stay);
-        assert!(!m.lease_idle());
+        assert!(!m.claim_idle());
     }
 
     #[test]
@@ -484,10 +484,10 @@ mod tests {
     }
 
     #[test]
-    fn a_revived_session_starts_with_a_busy_lease() {
+    fn a_revived_session_starts_with_a_busy_claim() {
         let mut m = idle(MOVABLE, false);
         m.revived();
-        assert!(!m.lease_idle());
+        assert!(!m.claim_idle());
         let p = m.plan(MOVABLE, true, Duration::ZERO, IDLE);
         assert!(!p.listen_park && !p.mark_busy);
     }
@@ -512,7 +512,7 @@ mod tests {
     }
 
     /// Plays a session with no more traffic against a relay that returns at the plan's quiet
-    /// time and an idle sleeper that asks it to park as soon as its lease is idle (it is the
+    /// time and an idle sleeper that asks it to park as soon as its claim is idle (it is the
     /// tenant's only session). Snapshots take `cost` and find the session `movable` or not.
     fn leave_alone(
         mut m: Mobility,
@@ -648,7 +648,7 @@ mod tests {
         /// session only moves on a snapshot that is valid and movable (for a park or a backend
         /// end, also when the run began), is ended as pinned only with `pinned = "terminate"`,
         /// snapshots only when it has no valid one, and listens for park requests exactly while
-        /// its lease is idle.
+        /// its claim is idle.
         #[test]
         fn moves_and_ends_only_on_what_the_snapshot_allows(
             (snapshot_after, idle_timeout) in timers(),
@@ -659,12 +659,12 @@ mod tests {
             let mut view = NONE;
             for r in runs {
                 let before = view;
-                let idle_before = m.lease_idle();
+                let idle_before = m.claim_idle();
                 let plan = m.plan(view, r.preloaded, Duration::from_millis(r.since_ms), idle_timeout);
                 let trusted = before.valid && !r.preloaded;
                 prop_assert_eq!(plan.mark_busy, idle_before && !trusted);
-                prop_assert_eq!(plan.listen_park, m.lease_idle());
-                prop_assert_eq!(plan.busy_on_client_activity, m.lease_idle());
+                prop_assert_eq!(plan.listen_park, m.claim_idle());
+                prop_assert_eq!(plan.busy_on_client_activity, m.claim_idle());
                 prop_assert_eq!(plan.hold_backend_end, trusted && before.movable);
                 prop_assert!(plan.quiet_after.is_some() && plan.listen_migrate);
                 if r.traffic || r.preloaded {
@@ -682,7 +682,7 @@ mod tests {
                     ends.push(Outcome::BackendShutDown);
                 }
                 let outcome = *r.end.get(&ends);
-                let idle_at_decision = m.lease_idle();
+                let idle_at_decision = m.claim_idle();
                 let mut decision = m.decide(outcome, view);
                 if decision == Decision::Snapshot {
                     prop_assert!(!view.valid);
@@ -709,7 +709,7 @@ mod tests {
                         return Ok(());
                     }
                     Decision::MarkIdle => {
-                        prop_assert!(view.valid && !idle_at_decision && m.lease_idle());
+                        prop_assert!(view.valid && !idle_at_decision && m.claim_idle());
                         prop_assert!(view.movable || end_pinned);
                     }
                     Decision::Stay | Decision::Snapshot => {}

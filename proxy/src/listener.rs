@@ -10,7 +10,7 @@ use pgwake_protocol::backend::backend_key_data;
 use pgwake_routing::backend::LocalBackend;
 use pgwake_routing::resolver::tenant_in_password;
 use pgwake_routing::{
-    Lease, ResolveError, Tenant, TenantDirectory, TenantId, TenantResolver, WakeCoordinator,
+    ResolveError, Tenant, TenantDirectory, TenantId, TenantResolver, WakeClaim, WakeCoordinator,
 };
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -286,7 +286,7 @@ pub(crate) async fn run_session(
     debug!(peer = %peer, "session ready");
     let attached = crate::session::Attached {
         stream: backend.stream,
-        lease: backend.lease,
+        claim: backend.claim,
         endpoint: backend.endpoint,
     };
     crate::session::run(
@@ -304,7 +304,7 @@ pub(crate) async fn run_session(
 struct BackendSession {
     stream: Stream,
     cancel: Option<crate::cancel::CancelRegistration>,
-    lease: Lease,
+    claim: WakeClaim,
     endpoint: pgwake_routing::Endpoint,
     /// Set for sessions the gateway can log back in (it authenticated the client).
     revivable: Option<crate::session::Revivable>,
@@ -352,7 +352,7 @@ async fn open_session(
         return Ok(BackendSession {
             stream,
             cancel: Some(cancel),
-            lease: admission.lease,
+            claim: admission.claim,
             endpoint,
             revivable,
             returnable: Some(returnable),
@@ -365,7 +365,7 @@ async fn open_session(
     Ok(BackendSession {
         stream,
         cancel,
-        lease: admission.lease,
+        claim: admission.claim,
         endpoint,
         revivable,
         returnable,

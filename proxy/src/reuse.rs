@@ -20,7 +20,7 @@
 //! state inside procedural languages, and a custom setting (`app.x`) once set stays defined
 //! (empty) after the reset.
 //!
-//! Kept connections hold no wake lease, so they never keep a tenant awake; a tenant that sleeps
+//! Kept connections hold no wake claim, so they never keep a tenant awake; a tenant that sleeps
 //! stops its backend, which closes them. Before one is handed out it must be silent (not closed,
 //! not talking) and lead to the tenant's current address; otherwise it is dropped and the client
 //! gets a fresh login.

@@ -4,7 +4,7 @@
 //!
 //! The session records its state (one SQL query) once it has been quiet at a safe point for
 //! `revival.snapshot_after`; once the tenant's idle timeout has passed since its last traffic
-//! (however the snapshot fell in that time) it marks its lease idle, and when
+//! (however the snapshot fell in that time) it marks its claim idle, and when
 //! every session of the tenant is idle the idle sleeper asks them to park. A parked session keeps
 //! only the client socket, the tracker, the snapshot and the sealed token; the client's next
 //! message wakes the tenant if needed and revives the session before it is forwarded.
@@ -22,7 +22,7 @@ use pgwake_protocol::revival::{
 };
 use pgwake_protocol::scram::ScramSecret;
 use pgwake_protocol::{ErrorMessage, Pins, SessionTracker, TrackerLimits, sqlstate};
-use pgwake_routing::{Endpoint, Lease, TenantId, WakeError};
+use pgwake_routing::{Endpoint, TenantId, WakeClaim, WakeError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio::time::{Instant, timeout, timeout_at};
@@ -106,7 +106,7 @@ pub struct Attached {
     /// The connection.
     pub stream: Stream,
     /// The session's claim on its tenant.
-    pub lease: Lease,
+    pub claim: WakeClaim,
     /// Where it goes.
     pub endpoint: Endpoint,
 }
@@ -263,8 +263,8 @@ impl<'g> Live<'g> {
         Live {
             gw,
             cancel,
-            park_rx: current.lease.park_requests(),
-            migrate_rx: current.lease.migrate_requests(),
+            park_rx: current.claim.park_requests(),
+            migrate_rx: current.claim.migrate_requests(),
             current,
             tracker: SessionTracker::new(TrackerLimits { max_statements }),
             snap: None,
@@ -293,22 +293,22 @@ impl<'g> Live<'g> {
             self.view(),
             !self.preload.is_empty(),
             since_traffic,
-            self.current.lease.idle_timeout(),
+            self.current.claim.idle_timeout(),
         )
     }
 
     /// Relays until either side ends or `plan` hands the session back.
     async fn relay_run(&mut self, client: &mut Stream, plan: RunPlan) -> RelayEnd {
         if plan.mark_busy {
-            self.current.lease.set_idle(false);
+            self.current.claim.set_idle(false);
         }
         let gw = self.gw;
         let settings = RelaySettings {
             buffer: gw.limits.relay_buffer.as_u64() as usize,
             max_message: gw.limits.max_message.as_u64() as u32,
         };
-        let lease = &self.current.lease;
-        let mut on_activity = || lease.set_idle(false);
+        let claim = &self.current.claim;
+        let mut on_activity = || claim.set_idle(false);
         let watch = SessionWatch {
             tracker: &mut self.tracker,
             quiet_after: plan.quiet_after,
@@ -414,7 +414,7 @@ impl<'g> Live<'g> {
                 }
                 Decision::MarkIdle => {
                     self.park_rx.borrow_and_update();
-                    self.current.lease.set_idle(true);
+                    self.current.claim.set_idle(true);
                     return Ok(None);
                 }
                 Decision::Stay => {
@@ -469,9 +469,9 @@ impl<'g> Live<'g> {
             return Err(Err(("internal", "parked without a snapshot".into())));
         };
         if how.parks() {
-            self.preload = park(gw, client, self.current.lease, how, snapshot).await?;
+            self.preload = park(gw, client, self.current.claim, how, snapshot).await?;
         } else {
-            drop(self.current.lease);
+            drop(self.current.claim);
         }
         let started = Instant::now();
         match revive(gw, m.rv, &mut m.who, snapshot, self.cancel).await {
@@ -482,8 +482,8 @@ impl<'g> Live<'g> {
                 self.current = new;
                 self.returnable = None;
                 m.mobility.revived();
-                self.park_rx = self.current.lease.park_requests();
-                self.migrate_rx = self.current.lease.migrate_requests();
+                self.park_rx = self.current.claim.park_requests();
+                self.migrate_rx = self.current.claim.migrate_requests();
                 let names = snapshot.statements.iter().map(|s| s.name.as_str());
                 self.tracker.reset_for_new_backend(names);
                 Ok(self)
@@ -513,16 +513,16 @@ fn snapshot_view(snap: Option<&Snapshot>, tracker: &SessionTracker) -> SnapshotV
     }
 }
 
-/// Parks a session that left its backend connection (ending its `lease`) until its client's
+/// Parks a session that left its backend connection (ending its `claim`) until its client's
 /// next bytes, which are returned; `Err` when the client left or the gateway shuts down.
 async fn park(
     gw: &Gateway,
     client: &mut Stream,
-    lease: Lease,
+    claim: WakeClaim,
     how: Move,
     snapshot: &Snapshot,
 ) -> Result<Vec<u8>, Ended> {
-    let mark = lease.park(how.for_sleep());
+    let mark = claim.park(how.for_sleep());
     info!(
         reason = how.label(),
         statements = snapshot.statements.len(),
@@ -724,7 +724,7 @@ async fn revive(
                 who.token = rv.keys.seal(&fresh);
                 return Ok(Attached {
                     stream,
-                    lease: admission.lease,
+                    claim: admission.claim,
                     endpoint,
                 });
             }

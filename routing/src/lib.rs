@@ -15,6 +15,6 @@ pub use directory::{Tenant, TenantDirectory};
 pub use resolver::{ResolveError, Resolved, ResolverConfig, Rule, Source, TenantResolver};
 pub use tenant::{InvalidTenantId, TenantId};
 pub use wake::{
-    Admission, Lease, ParkedMark, Phase, TenantStatus, WAKE_HISTORY, WakeCoordinator, WakeError,
-    WakeEvent, WakeRecord, WakeSettings,
+    Admission, ParkedMark, Phase, TenantStatus, WAKE_HISTORY, WakeClaim, WakeCoordinator,
+    WakeError, WakeEvent, WakeRecord, WakeSettings,
 };

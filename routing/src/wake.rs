@@ -1,7 +1,7 @@
 //! The `WakeCoordinator`: per-tenant state, exactly one wake in flight per tenant, bounded accept
 //! queues with deadlines, failure back-off and idle sleep.
 //!
-//! A connection asks `ensure_awake`; if the tenant is awake it gets the endpoint and a lease at
+//! A connection asks `ensure_awake`; if the tenant is awake it gets the endpoint and a claim at
 //! once. Otherwise it waits (bounded per tenant and in total) while a single wake task runs; the
 //! task outlives any one waiter, so a client giving up never cancels a wake others wait for.
 
@@ -278,22 +278,22 @@ fn epoch_seconds(t: SystemTime) -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// Proof that a connection counts against its tenant; dropping it ends the connection's claim
+/// A wake claim: proof that a connection counts against its tenant; dropping it ends the claim
 /// and starts the idle clock when it was the last one.
 ///
-/// A session idle at a safe point marks its lease idle: when every lease of a tenant is idle,
-/// the idle sleeper asks them all to park (leave their backend connections), and a lease
+/// A session idle at a safe point marks its claim idle: when every claim of a tenant is idle,
+/// the idle sleeper asks them all to park (leave their backend connections), and a claim
 /// given up by a session parked for that reason does not restart the idle clock.
-pub struct Lease {
+pub struct WakeClaim {
     slot: Arc<Slot>,
     idle: AtomicBool,
     /// Given up by a session parked because the tenant was idle.
     parked_for_sleep: bool,
 }
 
-impl Lease {
-    fn new(slot: Arc<Slot>) -> Lease {
-        Lease {
+impl WakeClaim {
+    fn new(slot: Arc<Slot>) -> WakeClaim {
+        WakeClaim {
             slot,
             idle: AtomicBool::new(false),
             parked_for_sleep: false,
@@ -356,7 +356,7 @@ impl Drop for ParkedMark {
     }
 }
 
-impl Drop for Lease {
+impl Drop for WakeClaim {
     fn drop(&mut self) {
         let mut inner = self.slot.lock();
         inner.connections = inner.connections.saturating_sub(1);
@@ -381,7 +381,7 @@ pub struct Admission {
     /// Where to connect.
     pub endpoint: Endpoint,
     /// The connection's claim on the tenant.
-    pub lease: Lease,
+    pub claim: WakeClaim,
 }
 
 /// Removes a waiter from both counts however its wait ends.
@@ -433,7 +433,7 @@ impl WakeCoordinator {
 
     /// The state of the tenant the directory holds now. A tenant replaced in the directory
     /// (its cluster changed) starts over with a fresh slot; connections admitted before keep
-    /// the old one through their leases.
+    /// the old one through their claims.
     fn slot(&self, tenant: &TenantId) -> Result<Arc<Slot>, WakeError> {
         let Some(current) = self.directory.get(tenant) else {
             return Err(WakeError::UnknownTenant(tenant.clone()));
@@ -484,7 +484,7 @@ impl WakeCoordinator {
                             .expect("awake tenants have an endpoint");
                         return Ok(Admission {
                             endpoint,
-                            lease: Lease::new(slot.clone()),
+                            claim: WakeClaim::new(slot.clone()),
                         });
                     }
                     Phase::Failed => {
@@ -835,7 +835,7 @@ mod tests {
             (s.connections, s.parked)
         };
         assert_eq!(status(&coordinator), (1, 0));
-        let mark = admission.lease.park(true);
+        let mark = admission.claim.park(true);
         assert_eq!(status(&coordinator), (0, 1));
         drop(mark);
         assert_eq!(status(&coordinator), (0, 0));
@@ -959,11 +959,11 @@ mod tests {
         let admissions = join_all((0..100).map(|_| lab.coordinator.ensure_awake(&t))).await;
         assert_about(started.elapsed(), 2 * SECOND);
         assert_eq!(backend.wakes().len(), 1);
-        let mut leases = Vec::new();
+        let mut claims = Vec::new();
         for admission in admissions {
             let admission = admission.unwrap_or_else(|e| panic!("refused: {e}"));
             assert_eq!(admission.endpoint.to_string(), FakeBackend::ENDPOINT);
-            leases.push(admission.lease);
+            claims.push(admission.claim);
         }
         let status = lab.status(&t);
         assert_eq!(
@@ -971,7 +971,7 @@ mod tests {
             (Phase::Awake, 100, 0)
         );
         assert_eq!(lab.wake_outcomes(), [true]);
-        drop(leases);
+        drop(claims);
         assert_eq!(lab.status(&t).connections, 0);
     }
 
@@ -1147,7 +1147,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn an_idle_tenant_sleeps_after_its_last_lease_and_the_idle_timeout() {
+    async fn an_idle_tenant_sleeps_after_its_last_claim_and_the_idle_timeout() {
         let t = tenant("t");
         let backend = fake(FakeBackend::new());
         let lab = Lab::new(settings(), 10 * SECOND, &[(&t, &backend)]);
@@ -1211,14 +1211,14 @@ mod tests {
         let lab = Lab::new(settings, idle_timeout, &[(&t, &backend)]);
         let _sleeper = lab.run_idle_sleeper();
         let admission = lab.coordinator.ensure_awake(&t).await.unwrap();
-        let mut park_requests = admission.lease.park_requests();
+        let mut park_requests = admission.claim.park_requests();
         park_requests.borrow_and_update();
-        admission.lease.set_idle(true);
+        admission.claim.set_idle(true);
         timeout(SECOND, park_requests.changed())
             .await
             .expect("asked to park at once")
             .unwrap();
-        let mark = admission.lease.park(true);
+        let mark = admission.claim.park(true);
         let status = lab.status(&t);
         assert_eq!((status.connections, status.parked), (0, 1));
         timeout(SECOND, async {

@@ -234,8 +234,8 @@ async fn execute(
         .ensure_awake(&login.tenant)
         .await
         .map_err(|e| SessionError::Wake(login.tenant.clone(), e))?;
-    // The lease marks the tenant active until the response is built.
-    let _lease = admission.lease;
+    // The claim marks the tenant active until the response is built.
+    let _claim = admission.claim;
     let mut conn = pooled_connection(state, &login, &admission.endpoint).await?;
     let limits = Limits {
         max_response: state.config.max_response_size.as_u64() as usize,
