@@ -278,8 +278,8 @@ async fn relay_auth_request(
     }
 }
 
-/// Reads the client's answer to a relayed authentication request.
-async fn read_password_message(
+/// Reads the client's answer to an authentication request: a password-family message (`p`).
+pub(crate) async fn read_password_message(
     client: &mut Stream,
     max: usize,
 ) -> Result<RawMessage, SessionError> {

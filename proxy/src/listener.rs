@@ -726,18 +726,7 @@ async fn ask_cleartext_password(gw: &Gateway, client: &mut Stream) -> Result<Str
 
 /// Reads a PasswordMessage holding a cleartext password.
 async fn read_cleartext_password(client: &mut Stream, max: usize) -> Result<String, SessionError> {
-    let m = crate::connect::read_message(client, max)
-        .await
-        .map_err(SessionError::ClientIo)?
-        .ok_or_else(|| {
-            SessionError::ClientProtocol("password message length out of range".into())
-        })?;
-    if m.tag() != b'p' {
-        return Err(SessionError::ClientProtocol(format!(
-            "expected a password message, got message type {:?}",
-            m.tag() as char
-        )));
-    }
+    let m = crate::connect::read_password_message(client, max).await?;
     let text = pgwake_protocol::auth::parse_password_message(m.body())
         .map_err(|e| SessionError::ClientProtocol(e.to_string()))?;
     String::from_utf8(text.to_vec())

@@ -7,7 +7,6 @@ use pgwake_protocol::scram::{Nonce, ScramErrorKind, ScramKeys, ScramServer, mech
 use tokio::io::AsyncWriteExt;
 
 use super::Credential;
-use crate::connect::read_message;
 use crate::error::SessionError;
 use crate::stream::Stream;
 use pgwake_protocol::auth as msg;
@@ -23,20 +22,9 @@ pub struct LoginMaterial {
     pub credential: Arc<Credential>,
 }
 
-/// Reads one password-family message (`p`) from the client.
+/// Reads one password-family message (`p`) from the client: its body.
 async fn read_password_message(client: &mut Stream, max: usize) -> Result<Vec<u8>, SessionError> {
-    let m = read_message(client, max)
-        .await
-        .map_err(SessionError::ClientIo)?
-        .ok_or_else(|| {
-            SessionError::ClientProtocol("authentication message length out of range".into())
-        })?;
-    if m.tag() != b'p' {
-        return Err(SessionError::ClientProtocol(format!(
-            "expected an authentication response, got message type {:?}",
-            m.tag() as char
-        )));
-    }
+    let m = crate::connect::read_password_message(client, max).await?;
     Ok(m.body().to_vec())
 }
 
