@@ -660,7 +660,8 @@ mod tests {
             for r in runs {
                 let before = view;
                 let idle_before = m.claim_idle();
-                let plan = m.plan(view, r.preloaded, Duration::from_millis(r.since_ms), idle_timeout);
+                let since = Duration::from_millis(r.since_ms);
+                let plan = m.plan(view, r.preloaded, since, idle_timeout);
                 let trusted = before.valid && !r.preloaded;
                 prop_assert_eq!(plan.mark_busy, idle_before && !trusted);
                 prop_assert_eq!(plan.listen_park, m.claim_idle());
@@ -688,7 +689,9 @@ mod tests {
                     prop_assert!(!view.valid);
                     view = SnapshotView { valid: true, movable: r.movable };
                     decision = m.snapshot_taken(view);
-                    prop_assert!(matches!(decision, Decision::Stay | Decision::Leave(Move::Migrate)));
+                    let stays_or_migrates =
+                        matches!(decision, Decision::Stay | Decision::Leave(Move::Migrate));
+                    prop_assert!(stays_or_migrates);
                 }
                 match decision {
                     Decision::Leave(Move::IdleSleep) | Decision::Leave(Move::BackendEnded) => {

@@ -129,9 +129,9 @@ pub enum BackendAuth<'a> {
     OnBehalf(OnBehalf<'a>),
 }
 
-/// Logs in to `backend` (the caller bounds it with `limits.login_timeout`) and carries the login to the client until the backend's first
-/// ReadyForQuery has reached it. Returns the cancel registration backing the key the client
-/// was given. With `parameters`, the backend's ParameterStatus messages are also copied there
+/// Logs in to `backend` and carries the login to the client until the backend's first
+/// ReadyForQuery has reached it; the caller bounds it with `limits.login_timeout`. Returns the
+/// cancel registration backing the key the client was given. With `parameters`, the backend's ParameterStatus messages are also copied there
 /// (a connection kept for reuse hands them to its next client).
 #[allow(clippy::too_many_arguments)]
 pub async fn login(

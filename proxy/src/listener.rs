@@ -523,11 +523,7 @@ async fn route_by_password(
     };
     tracing::Span::current().record("tenant", id.as_str());
     let Some((tenant, policy)) = admitted_tenant(gw, &id, peer) else {
-        if gw.unknown_tenant == UnknownTenant::PasswordFailed {
-            // The same work and answer as a wrong password for a tenant that exists.
-            check_password(gw, peer, &id, &NoUsers, user, password).await?;
-        }
-        return Err(SessionError::UnknownTenant(id.to_string()));
+        return Err(refuse_unknown_password(gw, peer, &id, user, password).await);
     };
     slot.claim_tenant(&tenant.id, policy.max_clients)
         .map_err(SessionError::Full)?;
@@ -661,6 +657,23 @@ async fn refuse_unknown_tenant(
         // Nobody logs in against no users; refuse all the same.
         Ok(Ok(_)) => reveal,
     }
+}
+
+/// Like [`refuse_unknown_tenant`], for a client whose cleartext password is already in hand
+/// (`/sql`, a tenant named in the password): by default the work and answer of a wrong one.
+pub(crate) async fn refuse_unknown_password(
+    gw: &Gateway,
+    peer: SocketAddr,
+    tenant: &TenantId,
+    user: &str,
+    password: &str,
+) -> SessionError {
+    if gw.unknown_tenant == UnknownTenant::PasswordFailed
+        && let Err(e) = check_password(gw, peer, tenant, &NoUsers, user, password).await
+    {
+        return e;
+    }
+    SessionError::UnknownTenant(tenant.to_string())
 }
 
 /// Checks the client's password at the gateway, with the throttle around it.

@@ -18,13 +18,12 @@ use tracing::{Instrument, debug, info};
 use super::query::{self, Limits, QueryError, Shape, client_error};
 use super::spill::SpillBuffer;
 use super::{Body, HttpState, json, plain};
-use crate::auth::NoUsers;
 use crate::auth::backend_login::OnBehalf;
 use crate::auth::client::LoginMaterial;
 use crate::cancel::CancelOnDrop;
-use crate::config::{AuthMode, UnknownTenant};
+use crate::config::AuthMode;
 use crate::error::SessionError;
-use crate::listener::{Gateway, admitted_tenant, check_password};
+use crate::listener::{Gateway, admitted_tenant, check_password, refuse_unknown_password};
 use crate::pool::{BackendConn, OpenBackend, OpenError, PoolError, PoolKey, Pooled};
 use pgwake_routing::{Endpoint, TenantId};
 
@@ -358,18 +357,9 @@ async fn admit(
     let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
     let user = get("user").unwrap_or_default();
     let Some((tenant, policy)) = admitted_tenant(gw, &resolved.tenant, peer) else {
-        if gw.unknown_tenant == UnknownTenant::PasswordFailed {
-            check_password(
-                gw,
-                peer,
-                &resolved.tenant,
-                &NoUsers,
-                &user,
-                &target.password,
-            )
-            .await?;
-        }
-        return Err(SessionError::UnknownTenant(resolved.tenant.to_string()).into());
+        let refused =
+            refuse_unknown_password(gw, peer, &resolved.tenant, &user, &target.password).await;
+        return Err(refused.into());
     };
     let source = match (policy.auth, &policy.credentials) {
         (AuthMode::Gateway, Some(source)) => source.clone(),
