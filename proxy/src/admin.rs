@@ -220,7 +220,7 @@ async fn route(state: &AdminState, req: &Request<Incoming>) -> Response<Full<Byt
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0.0, |d| d.as_secs_f64()),
                 uptime_s: state.started.elapsed().as_secs_f64(),
-                tenants: state.coordinator.status().len(),
+                tenants: state.coordinator.tenant_count(),
                 waiters: state.coordinator.waiters_total(),
                 totals: state.metrics.totals(),
             };

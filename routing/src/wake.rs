@@ -681,6 +681,11 @@ impl WakeCoordinator {
         out
     }
 
+    /// How many tenants the coordinator serves now.
+    pub fn tenant_count(&self) -> usize {
+        self.directory.len()
+    }
+
     /// Connections waiting for a wake, across all tenants.
     pub fn waiters_total(&self) -> usize {
         self.waiters_total.load(Ordering::Relaxed)
