@@ -21,6 +21,17 @@ pub fn query(out: &mut Vec<u8>, sql: &str) {
     message(out, b'Q', |b| cstr(b, sql));
 }
 
+/// Appends the queries that return a session to its defaults before another client uses it
+/// (a rollback when `in_transaction`, then `DISCARD ALL`); returns how many ReadyForQuery
+/// replies they produce.
+pub fn reset(out: &mut Vec<u8>, in_transaction: bool) -> usize {
+    if in_transaction {
+        query(out, "ROLLBACK");
+    }
+    query(out, "DISCARD ALL");
+    1 + usize::from(in_transaction)
+}
+
 /// Appends a Parse of statement `name` with parameter type OIDs (0: let the server infer).
 pub fn parse(out: &mut Vec<u8>, name: &str, sql: &str, param_types: &[u32]) {
     message(out, b'P', |b| {
@@ -36,17 +47,37 @@ pub fn parse(out: &mut Vec<u8>, name: &str, sql: &str, param_types: &[u32]) {
 /// Appends a Bind of the unnamed portal to statement `name` with text parameters and text
 /// results.
 pub fn bind_text(out: &mut Vec<u8>, name: &str, params: &[&str]) {
+    bind(out, name, params.iter().map(|p| Some(p.as_bytes())));
+}
+
+/// Appends a Bind of the unnamed portal to statement `name`: parameters in text format
+/// (`None` is NULL), results in text format.
+pub fn bind<'a>(
+    out: &mut Vec<u8>,
+    name: &str,
+    params: impl ExactSizeIterator<Item = Option<&'a [u8]>>,
+) {
     message(out, b'B', |b| {
         cstr(b, "");
         cstr(b, name);
         b.extend_from_slice(&0u16.to_be_bytes());
         b.extend_from_slice(&(params.len() as u16).to_be_bytes());
         for p in params {
-            b.extend_from_slice(&(p.len() as u32).to_be_bytes());
-            b.extend_from_slice(p.as_bytes());
+            match p {
+                Some(v) => {
+                    b.extend_from_slice(&(v.len() as u32).to_be_bytes());
+                    b.extend_from_slice(v);
+                }
+                None => b.extend_from_slice(&(-1i32).to_be_bytes()),
+            }
         }
         b.extend_from_slice(&0u16.to_be_bytes());
     });
+}
+
+/// Appends a Describe of the unnamed portal.
+pub fn describe_portal(out: &mut Vec<u8>) {
+    message(out, b'D', |b| cstr(b, "P"));
 }
 
 /// Appends an Execute of the unnamed portal, all rows.

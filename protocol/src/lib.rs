@@ -8,6 +8,7 @@ pub mod channel_binding;
 pub mod error;
 pub mod frame;
 pub mod frontend;
+pub mod login;
 pub mod mobility;
 pub mod revival;
 pub mod scram;

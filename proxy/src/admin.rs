@@ -248,7 +248,7 @@ async fn route(state: &AdminState, req: &Request<Incoming>) -> Response<Full<Byt
 /// Serves the admin endpoints until the process exits.
 pub async fn serve(listener: TcpListener, state: Arc<AdminState>) {
     let never = tokio_util::sync::CancellationToken::new();
-    while let Some((tcp, _)) = crate::listener::accept_next(&listener, &never, "admin").await {
+    while let Some((tcp, _)) = crate::front::accept_next(&listener, &never, "admin").await {
         let state = state.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| {

@@ -1,7 +1,14 @@
 //! Why a connection ended early: what is logged, what kind is counted, what the client is told.
 
+use std::time::Duration;
+
 use pgwake_protocol::{ErrorMessage, StartupError, sqlstate};
 use pgwake_routing::{ResolveError, TenantId, WakeError};
+use tokio::io::AsyncWriteExt;
+use tracing::{debug, info};
+
+use crate::metrics::Metrics;
+use crate::stream::Stream;
 
 /// How to name tenants, given to clients that named none or an unknown one.
 const TENANT_HINT: &str = "name the tenant with the TLS server name <tenant>.<sni_suffix>, \
@@ -340,4 +347,27 @@ fn wake_message(t: &TenantId, e: &WakeError) -> ErrorMessage {
             format!("the database for tenant \"{t}\" is not available"),
         ),
     }
+}
+
+/// Counts, logs and (where possible) tells the client why its connection ends.
+pub async fn fail(metrics: &Metrics, stream: Option<Stream>, err: SessionError) {
+    metrics.error(err.kind());
+    match &err {
+        SessionError::ClientIo(_) | SessionError::LoginRefused => {
+            debug!(error = %err, "connection ended")
+        }
+        _ => info!(error = %err, kind = err.kind(), "connection refused"),
+    }
+    let Some(mut stream) = stream else {
+        return;
+    };
+    // Closed properly even without a message: TLS close_notify, a WebSocket close frame.
+    let write = async {
+        if let Some(msg) = err.client_message() {
+            stream.write_all(&msg.to_bytes()).await?;
+            stream.flush().await?;
+        }
+        stream.shutdown().await
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), write).await;
 }

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use pgwake::app::quickstart::{self, QuickstartOptions};
 use pgwake::config::Config;
-use pgwake::quickstart::{self, QuickstartOptions};
 use pgwake_routing::TenantId;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
@@ -104,7 +104,7 @@ fn serve(cfg: Config, banner: Option<String>) -> anyhow::Result<()> {
             }
             trigger.cancel();
         });
-        pgwake::server::run(cfg, shutdown, banner).await
+        pgwake::app::run(cfg, shutdown, banner).await
     })
 }
 
@@ -154,7 +154,7 @@ fn run() -> anyhow::Result<()> {
         Command::CheckConfig { config } => {
             let cfg = load(&config)?;
             runtime()?
-                .block_on(pgwake::server::build(&cfg, CancellationToken::new()))
+                .block_on(pgwake::app::build(&cfg, CancellationToken::new()))
                 .context("the configuration cannot be served")?;
             let discovery = match cfg.kubernetes.discover {
                 true => " plus labelled Clusters",

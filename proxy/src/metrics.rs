@@ -193,6 +193,7 @@ impl Metrics {
             "Bytes relayed, by direction.",
             &["direction"],
         );
+        let pooling = Pooling::register(&r);
         let metrics = Metrics {
             connections_accepted: r.counter(
                 "pgwake_connections_accepted_total",
@@ -217,16 +218,12 @@ impl Metrics {
             startup_duration: r.histogram(
                 "pgwake_startup_duration_seconds",
                 "Time from accepting a connection to the client's first ReadyForQuery.",
-                &[
-                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-                ],
+                STARTUP_BUCKETS,
             ),
             wake_duration: r.histogram_vec(
                 "pgwake_wake_duration_seconds",
                 "Time a wake took, by backend kind and outcome.",
-                &[
-                    0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0,
-                ],
+                WAKE_BUCKETS,
                 &["backend", "outcome"],
             ),
             wakes: r.counter_vec(
@@ -249,19 +246,6 @@ impl Metrics {
                 "Client authentications at the gateway, by outcome (ok, failed, throttled, error).",
                 &["outcome"],
             ),
-            http_pool_open: r.gauge(
-                "pgwake_http_pool_connections",
-                "Backend connections open in the SQL-over-HTTP pool (idle and in use).",
-            ),
-            http_pool_idle: r.gauge(
-                "pgwake_http_pool_idle_connections",
-                "Idle backend connections in the SQL-over-HTTP pool.",
-            ),
-            http_requests: r.counter_vec(
-                "pgwake_http_requests_total",
-                "SQL-over-HTTP requests answered, by HTTP status.",
-                &["status"],
-            ),
             sessions_parked: r.gauge(
                 "pgwake_sessions_parked",
                 "Client sessions parked now: connected, without a backend connection.",
@@ -282,27 +266,14 @@ impl Metrics {
                 "pgwake_revival_duration_seconds",
                 "Time a successful revival took: wake (if any), login, restoring settings and \
                  statements.",
-                &[
-                    0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-                ],
+                REVIVAL_BUCKETS,
             ),
-            reuse: r.counter_vec(
-                "pgwake_backend_reuse_total",
-                "Gateway-authenticated logins by how they got a backend connection: hit (a kept \
-                 connection), miss (a new login), stale (a kept connection found closed or on an \
-                 old address and dropped).",
-                &["outcome"],
-            ),
-            reuse_returns: r.counter_vec(
-                "pgwake_backend_reuse_returns_total",
-                "Backend connections of departed clients, by what became of them: kept, \
-                 not_safe (in a transaction, busy or pinned), reset_failed, full.",
-                &["outcome"],
-            ),
-            reuse_idle: r.gauge(
-                "pgwake_backend_reuse_idle_connections",
-                "Backend connections kept idle for reuse by the next client.",
-            ),
+            http_pool_open: pooling.http_pool_open,
+            http_pool_idle: pooling.http_pool_idle,
+            http_requests: pooling.http_requests,
+            reuse: pooling.reuse,
+            reuse_returns: pooling.reuse_returns,
+            reuse_idle: pooling.reuse_idle,
             registry: r.0,
         };
         metrics.start_known_series();
@@ -450,5 +421,65 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// Buckets of `pgwake_startup_duration_seconds`.
+const STARTUP_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+/// Buckets of `pgwake_wake_duration_seconds`.
+const WAKE_BUCKETS: &[f64] = &[
+    0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0,
+];
+/// Buckets of `pgwake_revival_duration_seconds`.
+const REVIVAL_BUCKETS: &[f64] = &[
+    0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// The metrics of backend connections held apart from sessions: the `/sql` pool and reuse.
+struct Pooling {
+    http_pool_open: IntGauge,
+    http_pool_idle: IntGauge,
+    http_requests: IntCounterVec,
+    reuse: IntCounterVec,
+    reuse_returns: IntCounterVec,
+    reuse_idle: IntGauge,
+}
+
+impl Pooling {
+    fn register(r: &Registrar) -> Pooling {
+        Pooling {
+            http_pool_open: r.gauge(
+                "pgwake_http_pool_connections",
+                "Backend connections open in the SQL-over-HTTP pool (idle and in use).",
+            ),
+            http_pool_idle: r.gauge(
+                "pgwake_http_pool_idle_connections",
+                "Idle backend connections in the SQL-over-HTTP pool.",
+            ),
+            http_requests: r.counter_vec(
+                "pgwake_http_requests_total",
+                "SQL-over-HTTP requests answered, by HTTP status.",
+                &["status"],
+            ),
+            reuse: r.counter_vec(
+                "pgwake_backend_reuse_total",
+                "Gateway-authenticated logins by how they got a backend connection: hit (a kept \
+                 connection), miss (a new login), stale (a kept connection found closed or on an \
+                 old address and dropped).",
+                &["outcome"],
+            ),
+            reuse_returns: r.counter_vec(
+                "pgwake_backend_reuse_returns_total",
+                "Backend connections of departed clients, by what became of them: kept, \
+                 not_safe (in a transaction, busy or pinned), reset_failed, full.",
+                &["outcome"],
+            ),
+            reuse_idle: r.gauge(
+                "pgwake_backend_reuse_idle_connections",
+                "Backend connections kept idle for reuse by the next client.",
+            ),
+        }
     }
 }

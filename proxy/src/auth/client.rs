@@ -24,7 +24,7 @@ pub struct LoginMaterial {
 
 /// Reads one password-family message (`p`) from the client: its body.
 async fn read_password_message(client: &mut Stream, max: usize) -> Result<Vec<u8>, SessionError> {
-    let m = crate::connect::read_password_message(client, max).await?;
+    let m = crate::wire::read_password_message(client, max).await?;
     Ok(m.body().to_vec())
 }
 

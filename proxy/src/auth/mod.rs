@@ -2,7 +2,6 @@
 //! exchange with the client, and what is kept to log in to the backend on the user's behalf.
 
 mod auth_query;
-pub mod backend_login;
 pub mod client;
 mod kube_secret;
 mod local;
@@ -16,6 +15,7 @@ use async_trait::async_trait;
 use pgwake_protocol::scram::{ScramKeys, ScramSecret};
 
 pub use auth_query::{AuthQuerySettings, AuthQuerySource};
+pub use client::LoginMaterial;
 pub use kube_secret::{KubeSecretSource, SecretStore};
 pub use local::LocalSource;
 pub use static_file::StaticSource;

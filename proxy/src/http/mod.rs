@@ -30,23 +30,18 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span};
 
 use crate::config::HttpConfig;
-use crate::listener::Gateway;
-use crate::pool::{BackendConn, Pool, PoolKey, PoolSettings};
+use crate::front::{Front, accept_next};
+use crate::tls::ServerTls;
 
 /// First byte of a TLS handshake record.
 const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 
-/// The pool of backend connections `/sql` runs on.
-pub type SqlPool = Pool<PoolKey, BackendConn>;
-
 /// What the HTTP listener shares between its connections.
 pub struct HttpState {
-    /// The gateway (routing, auth, wake, metrics).
-    pub gateway: Arc<Gateway>,
+    /// The front the Postgres listener uses too (caps, negotiation, the pipeline).
+    pub front: Arc<Front>,
     /// Limits of `/sql`.
     pub config: HttpConfig,
-    /// Warm backend connections for `/sql`.
-    pub pool: Arc<SqlPool>,
     /// TLS with ALPN `h2` and `http/1.1`, when certificates are configured.
     pub tls: Option<TlsAcceptor>,
     /// Accept connections without TLS.
@@ -54,32 +49,31 @@ pub struct HttpState {
 }
 
 impl HttpState {
-    /// State for `gateway` with `config`; TLS from the gateway's certificates.
-    pub fn new(gateway: Arc<Gateway>, config: HttpConfig, allow_plaintext: bool) -> HttpState {
-        let tls = gateway.server_tls.as_ref().map(|t| {
+    /// State for connections through `front` with `config`; TLS from the gateway's
+    /// certificates.
+    pub fn new(
+        front: Arc<Front>,
+        server_tls: Option<&ServerTls>,
+        config: HttpConfig,
+        allow_plaintext: bool,
+    ) -> HttpState {
+        let tls = server_tls.map(|t| {
             let mut c = (*t.config).clone();
             c.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
             TlsAcceptor::from(Arc::new(c))
         });
-        let pool = Pool::new(PoolSettings {
-            max_per_key: config.pool_max_per_key,
-            max_total: config.pool_max_total,
-            idle_timeout: config.pool_idle_timeout,
-            acquire_timeout: config.pool_acquire_timeout,
-        });
         HttpState {
-            gateway,
+            front,
             config,
-            pool,
             tls,
             allow_plaintext,
         }
     }
 
-    /// Publishes the pool's counts as metrics.
+    /// Publishes the `/sql` pool's counts as metrics.
     fn record_pool(&self) {
-        let stats = self.pool.stats();
-        let m = &self.gateway.metrics;
+        let stats = self.front.pipeline.connector.pool_stats();
+        let m = &self.front.metrics;
         m.http_pool_open.set(stats.open as i64);
         m.http_pool_idle.set(stats.idle as i64);
     }
@@ -113,14 +107,14 @@ pub async fn serve(
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = tick.tick() => {
-                        state.pool.reap();
+                        state.front.pipeline.connector.reap_pool();
                         state.record_pool();
                     }
                 }
             }
         })
     };
-    while let Some((tcp, peer)) = crate::listener::accept_next(&listener, &stop, "http").await {
+    while let Some((tcp, peer)) = accept_next(&listener, &stop, "http").await {
         let state = state.clone();
         let conn_tasks = tasks.clone();
         let stop = stop.clone();
@@ -141,8 +135,8 @@ async fn connection(
     stop: CancellationToken,
 ) {
     let _ = tcp.set_nodelay(true);
-    let gw = state.gateway.clone();
-    let deadline = gw.limits.startup_timeout;
+    let gw = state.front.clone();
+    let deadline = gw.startup_timeout;
     // Like the Postgres listener: TLS when the first byte starts a handshake, plaintext only
     // when allowed.
     let mut first = [0u8; 1];

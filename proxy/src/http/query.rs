@@ -6,12 +6,12 @@
 //! backend skips to the next Sync, later statements of a batch fail inside the aborted
 //! transaction and `COMMIT` rolls back, so one round trip serves any request.
 
-use bytes::BufMut;
+use pgwake_protocol::frontend;
 use serde_json::{Map, Number, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::spill::SpillBuffer;
-use crate::pool::BackendConn;
+use crate::upstream::BackendConn;
 
 pub use super::body::Statement;
 
@@ -79,13 +79,13 @@ pub async fn run(
     let mut request = Vec::with_capacity(256);
     let resets = conn.take_reset(&mut request);
     if let Some(begin) = begin {
-        simple(&mut request, begin);
+        frontend::query(&mut request, begin);
     }
     for s in statements {
         extended(&mut request, s)?;
     }
     if begin.is_some() {
-        simple(&mut request, "COMMIT");
+        frontend::query(&mut request, "COMMIT");
     }
     conn.stream.write_all(&request).await?;
     conn.stream.flush().await?;
@@ -168,13 +168,6 @@ pub async fn run(
     Ok(())
 }
 
-fn simple(out: &mut Vec<u8>, sql: &str) {
-    out.put_u8(b'Q');
-    out.put_u32((4 + sql.len() + 1) as u32);
-    out.put_slice(sql.as_bytes());
-    out.put_u8(0);
-}
-
 /// Appends Parse, Bind, Describe (portal), Execute and Sync for one statement.
 fn extended(out: &mut Vec<u8>, s: &Statement) -> Result<(), QueryError> {
     if s.query.contains('\0') {
@@ -189,50 +182,17 @@ fn extended(out: &mut Vec<u8>, s: &Statement) -> Result<(), QueryError> {
             "too many parameters (at most 32767)",
         )));
     }
-    // Parse: unnamed statement, parameter types left to the server.
-    message(out, b'P', |b| {
-        b.put_u8(0);
-        b.put_slice(s.query.as_bytes());
-        b.put_u8(0);
-        b.put_i16(0);
-    });
-    // Bind: unnamed portal, all parameters and results in text format.
-    message(out, b'B', |b| {
-        b.put_u8(0);
-        b.put_u8(0);
-        b.put_i16(0);
-        b.put_i16(s.params.len() as i16);
-        for p in &s.params {
-            match p {
-                Some(v) => {
-                    b.put_i32(v.len() as i32);
-                    b.put_slice(v.as_bytes());
-                }
-                None => b.put_i32(-1),
-            }
-        }
-        b.put_i16(0);
-    });
-    message(out, b'D', |b| {
-        b.put_u8(b'P');
-        b.put_u8(0);
-    });
-    message(out, b'E', |b| {
-        b.put_u8(0);
-        b.put_i32(0);
-    });
-    message(out, b'S', |_| {});
+    // The unnamed statement and portal, parameter types left to the server.
+    frontend::parse(out, "", &s.query, &[]);
+    frontend::bind(
+        out,
+        "",
+        s.params.iter().map(|p| p.as_deref().map(str::as_bytes)),
+    );
+    frontend::describe_portal(out);
+    frontend::execute(out);
+    frontend::sync(out);
     Ok(())
-}
-
-/// Appends one tagged message whose body `fill` writes.
-fn message(out: &mut Vec<u8>, tag: u8, fill: impl FnOnce(&mut Vec<u8>)) {
-    out.put_u8(tag);
-    let at = out.len();
-    out.put_u32(0);
-    fill(out);
-    let len = (out.len() - at) as u32;
-    out[at..at + 4].copy_from_slice(&len.to_be_bytes());
 }
 
 /// An error object for a request the gateway refuses before Postgres sees it.
@@ -484,6 +444,7 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::BufMut;
 
     fn typed(text: &str, type_oid: u32) -> Value {
         let mut out = Vec::new();

@@ -18,13 +18,13 @@ use tracing::{Instrument, debug, info};
 use super::query::{self, Limits, QueryError, Shape, client_error};
 use super::spill::SpillBuffer;
 use super::{Body, HttpState, json, plain};
-use crate::auth::backend_login::OnBehalf;
-use crate::auth::client::LoginMaterial;
+use crate::auth::LoginMaterial;
 use crate::cancel::CancelOnDrop;
-use crate::config::AuthMode;
+use crate::config::BackendTls;
 use crate::error::SessionError;
-use crate::listener::{Gateway, admitted_tenant, check_password, refuse_unknown_password};
-use crate::pool::{BackendConn, OpenBackend, OpenError, PoolError, PoolKey, Pooled};
+use crate::metrics::Metrics;
+use crate::pipeline::Pipeline;
+use crate::upstream::{BackendConn, OpenError, PoolError, PoolKey, Pooled};
 use pgwake_routing::{Endpoint, TenantId};
 
 /// How far past `http.max_request_size` an oversized body is read and dropped before its 413.
@@ -187,17 +187,14 @@ pub async fn handle(
         Err(Refusal::Error(fields)) => json(StatusCode::BAD_REQUEST, &Value::Object(fields)),
         Err(Refusal::Status(status, text)) => plain(status, &text),
         Err(Refusal::Session(e)) => {
-            state.gateway.metrics.error(e.kind());
+            state.front.metrics.error(e.kind());
             json(
                 StatusCode::BAD_REQUEST,
                 &Value::Object(session_error_fields(&e)),
             )
         }
     };
-    state
-        .gateway
-        .metrics
-        .http_request(response.status().as_u16());
+    state.front.metrics.http_request(response.status().as_u16());
     response
 }
 
@@ -206,7 +203,7 @@ async fn execute(
     peer: SocketAddr,
     state: &Arc<HttpState>,
 ) -> Result<(Body, u64), Refusal> {
-    let gw = &state.gateway;
+    let gw = &state.front.pipeline;
     let (headers, body) = read_request(req, state).await?;
     let conn_string = headers
         .get("neon-connection-string")
@@ -235,16 +232,16 @@ async fn execute(
         .map_err(|e| SessionError::Wake(login.tenant.clone(), e))?;
     // The claim marks the tenant active until the response is built.
     let _claim = admission.claim;
-    let mut conn = pooled_connection(state, &login, &admission.endpoint).await?;
+    let mut conn = pooled_connection(gw, &login, &admission.endpoint).await?;
     let limits = Limits {
         max_response: state.config.max_response_size.as_u64() as usize,
-        max_message: gw.link.max_message,
+        max_message: gw.connector.max_message(),
     };
     // Armed until the answer is complete: a client that goes away, or the query timeout, drops
     // it and so cancels the query on the backend.
     let guard = CancelOnDrop::new(
         conn.cancel.as_ref().and_then(|r| r.target()),
-        gw.limits.connect_timeout,
+        gw.connector.connect_timeout(),
     );
     let mut out = SpillBuffer::new(state.config.response_memory.as_u64() as usize);
     let run = query::run(
@@ -269,7 +266,7 @@ async fn execute(
     if matches!(outcome, Ok(_) | Err(QueryError::Postgres(_))) {
         guard.disarm();
     }
-    answer(gw, conn, outcome, out, statements.len()).await
+    answer(&gw.metrics, conn, outcome, out, statements.len()).await
 }
 
 /// Reads a request's headers and whole body, within `http.max_request_size` and
@@ -329,6 +326,7 @@ async fn read_request(
 /// Who a request logs in as, once the gateway has checked its password.
 struct CheckedLogin {
     tenant: TenantId,
+    tls: BackendTls,
     user: String,
     database: String,
     material: LoginMaterial,
@@ -338,7 +336,7 @@ struct CheckedLogin {
 /// TLS server name, and an unknown tenant gets by default the answer and the work of a wrong
 /// password.
 async fn admit(
-    gw: &Gateway,
+    gw: &Pipeline,
     peer: SocketAddr,
     target: &ConnectionString,
 ) -> Result<CheckedLogin, Refusal> {
@@ -350,38 +348,36 @@ async fn admit(
         params.push(("options".to_owned(), o.clone()));
     }
     let resolved = gw
+        .router
         .resolver
         .resolve(Some(&target.host), &mut params)
         .map_err(SessionError::from)?;
     tracing::Span::current().record("tenant", resolved.tenant.as_str());
     let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
     let user = get("user").unwrap_or_default();
-    let Some((tenant, policy)) = admitted_tenant(gw, &resolved.tenant, peer) else {
-        let refused =
-            refuse_unknown_password(gw, peer, &resolved.tenant, &user, &target.password).await;
+    let Some((tenant, profile)) = gw.router.admit(&resolved.tenant, peer) else {
+        let unknown = gw.router.unknown_tenant;
+        let password = &target.password;
+        let refused = gw
+            .auth
+            .refuse_unknown_password(unknown, peer, &resolved.tenant, &user, password)
+            .await;
         return Err(refused.into());
     };
-    let source = match (policy.auth, &policy.credentials) {
-        (AuthMode::Gateway, Some(source)) => source.clone(),
-        _ => {
-            return Err(Refusal::Error(client_error(
-                pgwake_protocol::sqlstate::FEATURE_NOT_SUPPORTED,
-                "SQL over HTTP needs authentication at the gateway; this tenant uses passthrough",
-            )));
-        }
+    let Some(source) = profile.gateway_credentials() else {
+        return Err(Refusal::Error(client_error(
+            pgwake_protocol::sqlstate::FEATURE_NOT_SUPPORTED,
+            "SQL over HTTP needs authentication at the gateway; this tenant uses passthrough",
+        )));
     };
     let database = get("database").unwrap_or_else(|| user.clone());
-    let material = check_password(
-        gw,
-        peer,
-        &tenant.id,
-        source.as_ref(),
-        &user,
-        &target.password,
-    )
-    .await?;
+    let material = gw
+        .auth
+        .check_password(peer, &tenant.id, source.as_ref(), &user, &target.password)
+        .await?;
     Ok(CheckedLogin {
         tenant: tenant.id.clone(),
+        tls: profile.tls,
         user,
         database,
         material,
@@ -390,54 +386,32 @@ async fn admit(
 
 /// A pooled backend connection for `login` at `endpoint`, opened when none is free.
 async fn pooled_connection(
-    state: &HttpState,
+    gw: &Pipeline,
     login: &CheckedLogin,
     endpoint: &Endpoint,
 ) -> Result<Pooled<PoolKey, BackendConn>, Refusal> {
-    let gw = &state.gateway;
     let key = PoolKey {
         tenant: login.tenant.clone(),
         user: login.user.clone(),
         database: login.database.clone(),
     };
-    let login_params = vec![
-        ("user".to_owned(), login.user.clone()),
-        ("database".to_owned(), login.database.clone()),
-    ];
-    let tls = gw.backend_tls_for(&login.tenant);
-    let open = || {
-        BackendConn::open(OpenBackend {
-            link: &gw.link,
-            endpoint,
-            tls,
-            params: &login_params,
-            auth: OnBehalf::new(&login.user, &login.material, gw.max_backend_iterations),
-            cancels: &gw.cancels,
-            connect_timeout: gw.limits.connect_timeout,
-            login_timeout: gw.limits.login_timeout,
-        })
-    };
-    loop {
-        let conn = state.pool.get(&key, open).await.map_err(|e| match e {
-            PoolError::Exhausted(_) => Refusal::Error(client_error(
-                pgwake_protocol::sqlstate::TOO_MANY_CONNECTIONS,
-                "too many concurrent SQL-over-HTTP requests for this database; retry shortly",
-            )),
-            PoolError::Open(OpenError::Session(e)) => e.into(),
-            // The backend's own answer, e.g. 3D000 for a database that does not exist.
-            PoolError::Open(OpenError::Refused(body)) => Refusal::Error(query::error_fields(&body)),
-        })?;
-        // A tenant that slept and woke elsewhere leaves connections to its old address.
-        if conn.endpoint == *endpoint {
-            return Ok(conn);
-        }
-    }
+    let at = (endpoint, login.tls);
+    let pooled = gw.connector.pooled(&key, at, &login.material).await;
+    pooled.map_err(|e| match e {
+        PoolError::Exhausted(_) => Refusal::Error(client_error(
+            pgwake_protocol::sqlstate::TOO_MANY_CONNECTIONS,
+            "too many concurrent SQL-over-HTTP requests for this database; retry shortly",
+        )),
+        PoolError::Open(OpenError::Session(e)) => e.into(),
+        // The backend's own answer, e.g. 3D000 for a database that does not exist.
+        PoolError::Open(OpenError::Refused(body)) => Refusal::Error(query::error_fields(&body)),
+    })
 }
 
 /// The response to a request whose statements ran with `outcome`; the connection goes back to
 /// the pool when it is at rest.
 async fn answer(
-    gw: &Gateway,
+    metrics: &Metrics,
     mut conn: Pooled<PoolKey, BackendConn>,
     outcome: Result<(), QueryError>,
     out: SpillBuffer,
@@ -470,14 +444,14 @@ async fn answer(
         }
         Err(QueryError::Spill(e)) => {
             info!(error = %e, "sql over http: no room for a large response");
-            gw.metrics.error("http_response_spill");
+            metrics.error("http_response_spill");
             Err(Refusal::Status(
                 StatusCode::INSUFFICIENT_STORAGE,
                 "the response could not be stored: no room in the temporary folder".into(),
             ))
         }
         Err(QueryError::TooLarge(limit)) => {
-            gw.metrics.error("http_response_too_large");
+            metrics.error("http_response_too_large");
             Err(Refusal::Status(
                 StatusCode::INSUFFICIENT_STORAGE,
                 format!("response larger than {limit} bytes (http.max_response_size)"),
@@ -485,7 +459,7 @@ async fn answer(
         }
         Err(e) => {
             info!(error = %e, "sql over http: backend connection failed");
-            gw.metrics.error("backend_io");
+            metrics.error("backend_io");
             Err(Refusal::Error(client_error(
                 pgwake_protocol::sqlstate::CONNECTION_FAILURE,
                 "the connection to the tenant's database was lost",

@@ -26,8 +26,8 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info_span};
 
 use super::{Body, HttpState, plain};
-use crate::listener::{ActiveGuard, cancel, fail, run_session};
-use crate::negotiate::{Negotiated, negotiate_tunnel};
+use crate::error::fail;
+use crate::front::{ActiveGuard, Negotiated, negotiate_tunnel};
 use crate::stream::Stream;
 
 /// Whether a request asks for a WebSocket upgrade.
@@ -86,8 +86,8 @@ pub fn upgrade(
     }
     let name = server_name(&req);
     let on_upgrade = hyper::upgrade::on(&mut req);
-    let gw = state.gateway.clone();
-    let mut guard = ActiveGuard::new(&gw);
+    let gw = state.front.clone();
+    let mut guard = ActiveGuard::new(&gw.capacity, &gw.metrics);
     tasks.spawn(
         async move {
             let accepted_at = Instant::now();
@@ -105,7 +105,7 @@ pub fn upgrade(
                 tls,
                 server_name: name,
             };
-            let deadline = accepted_at + gw.limits.startup_timeout;
+            let deadline = accepted_at + gw.startup_timeout;
             let max = gw.negotiate.max_startup_message;
             let negotiated = tokio::select! {
                 n = negotiate_tunnel(client, max, deadline) => n,
@@ -113,11 +113,17 @@ pub fn upgrade(
                 _ = guard.slot.evicted() => return,
             };
             match negotiated {
-                Ok(Negotiated::Cancel { key, stream }) => cancel(&gw, &key, stream).await,
-                Ok(Negotiated::Session { stream, startup }) => {
-                    run_session(&gw, stream, peer, startup, accepted_at, &mut guard.slot).await
+                Ok(Negotiated::Cancel { key, stream }) => {
+                    gw.pipeline.cancel_request(&key, stream).await
                 }
-                Err((stream, err)) => fail(&gw, stream, err).await,
+                Ok(Negotiated::Session { stream, startup }) => {
+                    let slot = &mut guard.slot;
+                    let session = gw
+                        .pipeline
+                        .run_session(stream, peer, startup, accepted_at, slot);
+                    session.await
+                }
+                Err((stream, err)) => fail(&gw.metrics, stream, err).await,
             }
         }
         .instrument(info_span!("ws", %peer, tenant = tracing::field::Empty)),

@@ -14,8 +14,8 @@ use pgwake_protocol::{Pins, SessionTracker};
 use tokio::io::AsyncWriteExt;
 use tokio::time::{Instant, timeout_at};
 
-use crate::connect::read_message;
 use crate::stream::Stream;
+use crate::wire::read_message;
 
 /// One query reads everything a revival needs and the pins the protocol cannot show: each row
 /// is (kind, name, value, extra), all text.

@@ -28,19 +28,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes};
-use pgwake_protocol::frontend::TERMINATE;
+use bytes::Bytes;
+use pgwake_protocol::frontend::{self, TERMINATE};
 use pgwake_routing::{Endpoint, TenantId};
 use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
+use super::pool::{Pool, PoolConnection, PoolSettings, silent};
 use crate::cancel::CancelTarget;
 use crate::config::ReuseConfig;
-use crate::connect::read_message;
 use crate::metrics::Metrics;
-use crate::pool::{Pool, PoolConnection, PoolSettings, silent};
 use crate::stream::Stream;
+use crate::wire::read_message;
 
 /// Which clients may share a kept backend connection: same tenant, same startup parameters.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -242,12 +242,8 @@ enum Checked {
 /// idle again.
 async fn reset(stream: &mut Stream, max_message: usize) -> std::io::Result<Checked> {
     let mut out = Vec::with_capacity(PINS_SQL.len() + 32);
-    for sql in [PINS_SQL, "DISCARD ALL"] {
-        out.put_u8(b'Q');
-        out.put_u32((4 + sql.len() + 1) as u32);
-        out.put_slice(sql.as_bytes());
-        out.put_u8(0);
-    }
+    frontend::query(&mut out, PINS_SQL);
+    let expected = 1 + frontend::reset(&mut out, false);
     stream.write_all(&out).await?;
     stream.flush().await?;
     let mut pinned = None;
@@ -263,7 +259,7 @@ async fn reset(stream: &mut Stream, max_message: usize) -> std::io::Result<Check
             b'E' => failed = true,
             b'Z' => {
                 replies += 1;
-                if replies < 2 {
+                if replies < expected {
                     continue;
                 }
                 return match (failed, pinned, msg.body().first()) {

@@ -19,17 +19,13 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use bytes::BufMut;
+use pgwake_protocol::frontend;
 use pgwake_routing::{Endpoint, TenantId};
-use tokio::io::{AsyncRead, AsyncWriteExt, BufReader, ReadBuf};
+use tokio::io::{AsyncRead, BufReader, ReadBuf};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
-use tokio::time::{Instant, timeout_at};
+use tokio::time::Instant;
 
-use crate::auth::backend_login::OnBehalf;
-use crate::cancel::{CancelMap, CancelRegistration, CancelTarget};
-use crate::config::BackendTls;
-use crate::connect::{BackendLink, connect, login_detached, read_message};
-use crate::error::SessionError;
+use crate::cancel::CancelRegistration;
 use crate::stream::Stream;
 
 /// Bounds and timeouts of a pool.
@@ -386,57 +382,16 @@ pub struct BackendConn {
     pub cancel: Option<CancelRegistration>,
 }
 
-/// How to open a [`BackendConn`].
-pub struct OpenBackend<'a> {
-    /// TCP, TLS and size settings.
-    pub link: &'a BackendLink,
-    /// Where to connect.
-    pub endpoint: &'a Endpoint,
-    /// TLS towards the backend.
-    pub tls: BackendTls,
-    /// Startup parameters (`user`, `database`, ...).
-    pub params: &'a [(String, String)],
-    /// Logs in for the user (pooled connections are only for users the gateway checked).
-    pub auth: OnBehalf<'a>,
-    /// Where the backend's cancel key is registered.
-    pub cancels: &'a Arc<CancelMap>,
-    /// Time for TCP (and TLS).
-    pub connect_timeout: Duration,
-    /// Time for the login exchange.
-    pub login_timeout: Duration,
-}
-
 impl BackendConn {
-    /// Connects and logs in.
-    pub async fn open(o: OpenBackend<'_>) -> Result<BackendConn, OpenError> {
-        let mut stream = connect(
-            o.link,
-            o.endpoint,
-            o.tls,
-            Instant::now() + o.connect_timeout,
-        )
-        .await
-        .map_err(OpenError::Session)?;
-        let key = timeout_at(
-            Instant::now() + o.login_timeout,
-            login_detached(o.link, &mut stream, o.params, o.endpoint, o.auth),
-        )
-        .await
-        .map_err(|_| OpenError::Session(SessionError::LoginTimeout))?
-        .map_err(OpenError::Session)?
-        .map_err(OpenError::Refused)?;
-        let cancel = Some(o.cancels.register(CancelTarget {
-            endpoint: o.endpoint.clone(),
-            pid: key.0,
-            secret: key.1,
-        }));
-        Ok(BackendConn {
+    /// A connection just logged in at `endpoint`, with its backend's cancel key registered.
+    pub fn new(stream: Stream, endpoint: Endpoint, cancel: CancelRegistration) -> BackendConn {
+        BackendConn {
             stream: BufReader::new(stream),
-            endpoint: o.endpoint.clone(),
+            endpoint,
             status: b'I',
             needs_reset: false,
-            cancel,
-        })
+            cancel: Some(cancel),
+        }
     }
 
     /// Appends the messages that reset the session (a rollback if a transaction is open, then
@@ -446,57 +401,9 @@ impl BackendConn {
         if !self.needs_reset && self.status == b'I' {
             return 0;
         }
-        let mut replies = 0;
-        if self.status != b'I' {
-            simple_query(out, "ROLLBACK");
-            replies += 1;
-        }
-        simple_query(out, "DISCARD ALL");
         self.needs_reset = false;
-        replies + 1
+        frontend::reset(out, self.status != b'I')
     }
-
-    /// Resets the session now and waits until the backend is idle again; for callers that hand
-    /// the connection over as is rather than pipelining [`BackendConn::take_reset`].
-    pub async fn reset(&mut self, max_message: usize) -> Result<(), std::io::Error> {
-        let mut out = Vec::new();
-        let mut replies = self.take_reset(&mut out);
-        self.stream.write_all(&out).await?;
-        self.stream.flush().await?;
-        while replies > 0 {
-            let msg = read_message(&mut self.stream, max_message)
-                .await?
-                .ok_or_else(|| std::io::Error::other("message length out of range"))?;
-            match msg.tag() {
-                b'Z' => {
-                    replies -= 1;
-                    self.status = msg.body().first().copied().unwrap_or(b'E');
-                }
-                b'E' => return Err(std::io::Error::other("the session reset failed")),
-                _ => {}
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Why a backend connection could not be opened.
-#[derive(Debug, thiserror::Error)]
-pub enum OpenError {
-    /// Connecting or logging in failed at the gateway's end, or the backend broke the protocol.
-    #[error(transparent)]
-    Session(SessionError),
-    /// The backend refused the login with this ErrorResponse body (e.g. an unknown database).
-    #[error("the backend refused the login")]
-    Refused(Vec<u8>),
-}
-
-/// Appends a simple Query message.
-fn simple_query(out: &mut Vec<u8>, sql: &str) {
-    out.put_u8(b'Q');
-    out.put_u32((4 + sql.len() + 1) as u32);
-    out.put_slice(sql.as_bytes());
-    out.put_u8(0);
 }
 
 impl PoolConnection for BackendConn {

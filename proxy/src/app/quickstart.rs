@@ -12,8 +12,8 @@ use pgwake_routing::TenantId;
 use pgwake_routing::backend::{LocalBackend, can_enter, server_account};
 use rand::Rng;
 
+use super::local_settings;
 use crate::config::Config;
-use crate::server::local_settings;
 
 /// What the quickstart was asked for.
 pub struct QuickstartOptions {

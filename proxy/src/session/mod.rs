@@ -12,94 +12,58 @@
 //! When to do which is decided by `pgwake_protocol::mobility` without I/O; this module carries
 //! its decisions out.
 
+pub mod relay;
+mod revive;
+pub mod snapshot;
+
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use pgwake_protocol::frontend::{self, TERMINATE};
 use pgwake_protocol::mobility::{Decision, Mobility, Move, Outcome, Policy, RunPlan, SnapshotView};
-use pgwake_protocol::revival::{
-    LoginSecrets, RevivalClaims, RevivalError, RevivalKeys, RevivalToken,
-};
-use pgwake_protocol::scram::ScramSecret;
 use pgwake_protocol::{ErrorMessage, Pins, SessionTracker, TrackerLimits, sqlstate};
-use pgwake_routing::{Endpoint, TenantId, WakeClaim, WakeError};
+use pgwake_routing::{Endpoint, WakeClaim, WakeCoordinator};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
-use tokio::time::{Instant, timeout, timeout_at};
+use tokio::time::{Instant, timeout};
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::auth::Credential;
-use crate::auth::backend_login::OnBehalf;
-use crate::auth::client::LoginMaterial;
-use crate::cancel::{CancelRegistration, CancelTarget, cancel_in_background};
-use crate::config::{PinnedPolicy, RevivalConfig};
-use crate::connect::{connect, login_detached};
-use crate::error::SessionError;
-use crate::listener::Gateway;
-use crate::relay::{RelayEnd, RelaySettings, SessionWatch, relay};
-use crate::reuse::Returnable;
-use crate::revive::{Snapshot, SnapshotLimits, StateError, restore, take_snapshot};
-use crate::stream::Stream;
+pub use self::relay::RelaySettings;
+pub use self::revive::{Revivable, Revival};
 
-/// Pause between attempts while a backend restarts (connection refused, `57P03`).
-const RETRY_PAUSE: Duration = Duration::from_millis(50);
+use self::relay::{RelayEnd, SessionWatch, relay};
+use self::snapshot::{Snapshot, SnapshotLimits, StateError, take_snapshot};
+use crate::cancel::{CancelMap, CancelRegistration, cancel_in_background};
+use crate::config::PinnedPolicy;
+use crate::metrics::Metrics;
+use crate::stream::Stream;
+use crate::upstream::{Connector, Returnable};
+
+/// What sessions share: the way to new backend connections, the wake coordinator (a parked
+/// session's tenant may sleep), revival keys and settings, and the relay's sizes.
+pub struct Sessions {
+    /// Opens and takes back backend connections.
+    pub connector: Arc<Connector>,
+    /// Wakes a parked session's tenant before it is revived.
+    pub coordinator: Arc<WakeCoordinator>,
+    /// Gateway-issued cancel keys (a revived session's key points at its new backend).
+    pub cancels: Arc<CancelMap>,
+    /// Parking and reviving sessions (token keys and `[revival]`).
+    pub revival: Option<Arc<Revival>>,
+    /// Buffer size and framing limit of each relay.
+    pub relay: RelaySettings,
+    /// How long recording a session's state may take.
+    pub snapshot_timeout: Duration,
+    /// Fires when sessions must end (grace period over).
+    pub terminate: CancellationToken,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+}
 /// How long the rest of an idle backend's last ErrorResponse may take to arrive.
 const HELD_MESSAGE_WAIT: Duration = Duration::from_secs(1);
 /// Client bytes read at once while parked (the rest stays in the socket for the relay).
 const PARKED_READ: usize = 512;
-
-/// The gateway's revival settings and token keys.
-pub struct Revival {
-    /// Token keys.
-    pub keys: RevivalKeys,
-    /// `[revival]`.
-    pub config: RevivalConfig,
-}
-
-/// What a session needs to be logged back in: who it is and its sealed token.
-pub struct Revivable {
-    /// The session's tenant.
-    pub tenant: TenantId,
-    /// The user it logged in as.
-    pub user: String,
-    /// Sealed login material and startup parameters.
-    pub token: RevivalToken,
-}
-
-impl Revivable {
-    /// Seals what a gateway-authenticated login left into a token.
-    pub fn seal(
-        revival: &Revival,
-        tenant: &TenantId,
-        user: &str,
-        params: &[(String, String)],
-        material: &LoginMaterial,
-    ) -> Revivable {
-        let database = params
-            .iter()
-            .find(|(k, _)| k == "database")
-            .map(|(_, v)| v.as_str())
-            .unwrap_or(user);
-        let claims = RevivalClaims::new(
-            tenant.as_str(),
-            user,
-            database,
-            params.to_vec(),
-            LoginSecrets {
-                keys: Some(material.keys.clone()),
-                derived: material.credential.remembered_keys(),
-                password: material.credential.password.clone(),
-            },
-            SystemTime::now(),
-            revival.config.token_ttl,
-        );
-        Revivable {
-            tenant: tenant.clone(),
-            user: user.to_owned(),
-            token: revival.keys.seal(&claims),
-        }
-    }
-}
 
 /// A live backend connection of a session.
 pub struct Attached {
@@ -109,34 +73,6 @@ pub struct Attached {
     pub claim: WakeClaim,
     /// Where it goes.
     pub endpoint: Endpoint,
-}
-
-/// Why a revival failed.
-#[derive(Debug, thiserror::Error)]
-enum ReviveError {
-    #[error("revival token refused: {0}")]
-    Token(#[from] RevivalError),
-    #[error("waking the database: {0}")]
-    Wake(WakeError),
-    #[error("{0}")]
-    Connect(SessionError),
-    #[error("login refused: {} {}", .0.code, .0.message)]
-    Login(frontend::ErrorFields),
-    #[error("restoring the session state: {0}")]
-    Restore(StateError),
-    #[error("not finished within {0:?}")]
-    Timeout(Duration),
-}
-
-impl ReviveError {
-    /// True when the backend may just be restarting.
-    fn retryable(&self) -> bool {
-        match self {
-            ReviveError::Connect(SessionError::BackendUnreachable { .. }) => true,
-            ReviveError::Login(f) => f.code == sqlstate::CANNOT_CONNECT_NOW,
-            _ => false,
-        }
-    }
 }
 
 /// What a parked client did.
@@ -149,30 +85,33 @@ enum Parked {
     Terminated,
 }
 
-/// Relays a logged-in session until it ends, moving it between backend connections when it is
-/// `revivable` and revival is enabled, and handing its backend connection back for reuse when
-/// it is `returnable` and its client leaves at a safe point; counts and logs how it ended.
-pub async fn run(
-    gw: &Gateway,
-    client: &mut Stream,
-    attached: Attached,
-    cancel: Option<CancelRegistration>,
-    revivable: Option<Revivable>,
-    returnable: Option<Returnable>,
-) {
-    let end = drive(gw, client, attached, cancel.as_ref(), revivable, returnable).await;
-    drop(cancel);
-    match end {
-        Ok(end) => match end.error_kind() {
-            Some(kind) => {
+impl Sessions {
+    /// Relays a logged-in session until it ends, moving it between backend connections when it is
+    /// `revivable` and revival is enabled, and handing its backend connection back for reuse when
+    /// it is `returnable` and its client leaves at a safe point; counts and logs how it ended.
+    pub async fn run(
+        &self,
+        client: &mut Stream,
+        attached: Attached,
+        cancel: Option<CancelRegistration>,
+        revivable: Option<Revivable>,
+        returnable: Option<Returnable>,
+    ) {
+        let gw = self;
+        let end = drive(gw, client, attached, cancel.as_ref(), revivable, returnable).await;
+        drop(cancel);
+        match end {
+            Ok(end) => match end.error_kind() {
+                Some(kind) => {
+                    gw.metrics.error(kind);
+                    info!(reason = ?end, "session ended");
+                }
+                None => debug!(reason = ?end, "session ended"),
+            },
+            Err((kind, why)) => {
                 gw.metrics.error(kind);
-                info!(reason = ?end, "session ended");
+                info!(reason = %why, kind, "session ended");
             }
-            None => debug!(reason = ?end, "session ended"),
-        },
-        Err((kind, why)) => {
-            gw.metrics.error(kind);
-            info!(reason = %why, kind, "session ended");
         }
     }
 }
@@ -182,7 +121,7 @@ type Ended = Result<RelayEnd, (&'static str, String)>;
 
 /// Relays the session run after run, doing between runs what the park/migrate policy decides.
 async fn drive(
-    gw: &Gateway,
+    gw: &Sessions,
     client: &mut Stream,
     current: Attached,
     cancel: Option<&CancelRegistration>,
@@ -237,7 +176,7 @@ struct Mover<'g> {
 
 /// A session between relay runs: its backend connection and what is kept across moves.
 struct Live<'g> {
-    gw: &'g Gateway,
+    gw: &'g Sessions,
     cancel: Option<&'g CancelRegistration>,
     current: Attached,
     tracker: SessionTracker,
@@ -254,7 +193,7 @@ struct Live<'g> {
 
 impl<'g> Live<'g> {
     fn new(
-        gw: &'g Gateway,
+        gw: &'g Sessions,
         current: Attached,
         cancel: Option<&'g CancelRegistration>,
         returnable: Option<Returnable>,
@@ -269,7 +208,7 @@ impl<'g> Live<'g> {
             tracker: SessionTracker::new(TrackerLimits { max_statements }),
             snap: None,
             preload: Vec::new(),
-            returnable: returnable.filter(|_| gw.reuse.is_some()),
+            returnable: returnable.filter(|_| gw.connector.reuses()),
             logged_in: std::time::Instant::now(),
         }
     }
@@ -303,10 +242,7 @@ impl<'g> Live<'g> {
             self.current.claim.set_idle(false);
         }
         let gw = self.gw;
-        let settings = RelaySettings {
-            buffer: gw.limits.relay_buffer.as_u64() as usize,
-            max_message: gw.limits.max_message.as_u64() as u32,
-        };
+        let settings = gw.relay;
         let claim = &self.current.claim;
         let mut on_activity = || claim.set_idle(false);
         let watch = SessionWatch {
@@ -340,7 +276,7 @@ impl<'g> Live<'g> {
         ) && self.tracker.in_flight()
             && let Some(target) = self.cancel.and_then(CancelRegistration::target)
         {
-            cancel_in_background(target, self.gw.limits.connect_timeout);
+            cancel_in_background(target, self.gw.connector.connect_timeout());
         }
     }
 
@@ -357,19 +293,12 @@ impl<'g> Live<'g> {
         let safe = self.tracker.at_rest()
             && !pins.contains(Pins::LISTEN)
             && !pins.contains(Pins::HELD_CURSOR);
-        match (self.returnable, gw.reuse.as_deref()) {
-            (Some(back), Some(reuse)) if safe => {
-                let max = gw.link.max_message;
-                reuse
-                    .give_back(stream, endpoint, back, max, &gw.metrics)
-                    .await;
-            }
-            _ => {
-                debug!(pins = %pins.describe(), "backend connection not kept: not at a safe point");
-                gw.metrics.reuse_return("not_safe");
-                crate::reuse::close(stream).await;
-            }
+        if !safe {
+            debug!(pins = %pins.describe(), "backend connection not kept: not at a safe point");
         }
+        gw.connector
+            .give_back(stream, endpoint, self.returnable, safe)
+            .await;
     }
 
     /// The policy's name for a run's end; `Err` with how the session ended for the ends that are
@@ -474,7 +403,7 @@ impl<'g> Live<'g> {
             drop(self.current.claim);
         }
         let started = Instant::now();
-        match revive(gw, m.rv, &mut m.who, snapshot, self.cancel).await {
+        match revive::revive(gw, m.rv, &mut m.who, snapshot, self.cancel).await {
             Ok(new) => {
                 let took = started.elapsed();
                 gw.metrics.revived(how.label(), Some(took));
@@ -516,7 +445,7 @@ fn snapshot_view(snap: Option<&Snapshot>, tracker: &SessionTracker) -> SnapshotV
 /// Parks a session that left its backend connection (ending its `claim`) until its client's
 /// next bytes, which are returned; `Err` when the client left or the gateway shuts down.
 async fn park(
-    gw: &Gateway,
+    gw: &Sessions,
     client: &mut Stream,
     claim: WakeClaim,
     how: Move,
@@ -550,7 +479,7 @@ async fn park(
 /// Takes the session's snapshot; a failed query leaves a snapshot that keeps the session where
 /// it is until the client sends something.
 async fn snapshot(
-    gw: &Gateway,
+    gw: &Sessions,
     rv: &Revival,
     client: &mut Stream,
     current: &mut Attached,
@@ -560,9 +489,9 @@ async fn snapshot(
     let limits = SnapshotLimits {
         max_statements: rv.config.max_statements,
         max_bytes: rv.config.max_snapshot.as_u64() as usize,
-        max_message: gw.limits.max_message.as_u64() as usize,
+        max_message: gw.relay.max_message as usize,
     };
-    let wait = gw.limits.login_timeout;
+    let wait = gw.snapshot_timeout;
     match take_snapshot(
         &mut current.stream,
         client,
@@ -603,7 +532,7 @@ async fn snapshot(
 async fn backend_going_away(
     backend: &mut Stream,
     mut held: Vec<u8>,
-    gw: &Gateway,
+    gw: &Sessions,
 ) -> Result<(), Vec<u8>> {
     if held.is_empty() {
         return Ok(());
@@ -618,7 +547,7 @@ async fn backend_going_away(
             held.extend_from_slice(&b[..n]);
         }
         let len = u32::from_be_bytes([held[1], held[2], held[3], held[4]]) as usize + 1;
-        if len > gw.link.max_message {
+        if len > gw.connector.max_message() {
             return None;
         }
         if held.len() < len {
@@ -645,7 +574,7 @@ async fn backend_going_away(
 }
 
 /// Waits for a parked client's next bytes.
-async fn wait_parked(client: &mut Stream, gw: &Gateway) -> Parked {
+async fn wait_parked(client: &mut Stream, gw: &Sessions) -> Parked {
     let mut buf = [0u8; PARKED_READ];
     tokio::select! {
         r = client.read(&mut buf) => match r {
@@ -655,116 +584,6 @@ async fn wait_parked(client: &mut Stream, gw: &Gateway) -> Parked {
         },
         _ = gw.terminate.cancelled() => Parked::Terminated,
     }
-}
-
-/// The login material a token holds.
-fn material(secrets: &LoginSecrets) -> Option<LoginMaterial> {
-    let keys = secrets.keys.clone()?;
-    let verifier = ScramSecret {
-        iterations: keys.iterations,
-        salt: keys.salt.clone(),
-        stored_key: keys.client_key.stored_key(),
-        server_key: keys.server_key.clone(),
-    };
-    let credential = Credential::new(verifier, secrets.password.clone());
-    for k in &secrets.derived {
-        credential.remember_keys(k.clone());
-    }
-    Some(LoginMaterial {
-        keys,
-        credential: Arc::new(credential),
-    })
-}
-
-/// Logs the session in to its tenant again (waking it if needed, retrying while the backend
-/// restarts), restores its state and points its cancel key at the new backend.
-async fn revive(
-    gw: &Gateway,
-    rv: &Revival,
-    who: &mut Revivable,
-    snap: &Snapshot,
-    cancel: Option<&CancelRegistration>,
-) -> Result<Attached, ReviveError> {
-    let limit = rv.config.revive_timeout;
-    let deadline = Instant::now() + limit;
-    let mut claims = rv
-        .keys
-        .open(&who.token, who.tenant.as_str(), SystemTime::now())?;
-    let material = material(&claims.secrets).ok_or(RevivalError::Malformed)?;
-    loop {
-        let admission = timeout_at(deadline, gw.coordinator.ensure_awake(&who.tenant))
-            .await
-            .map_err(|_| ReviveError::Timeout(limit))?
-            .map_err(ReviveError::Wake)?;
-        let endpoint = admission.endpoint.clone();
-        match attempt(gw, &endpoint, &claims, &material, snap, deadline).await {
-            Ok((stream, (pid, secret))) => {
-                if let Some(reg) = cancel {
-                    gw.cancels.retarget(
-                        reg.pid,
-                        CancelTarget {
-                            endpoint: endpoint.clone(),
-                            pid,
-                            secret,
-                        },
-                    );
-                }
-                // A fresh expiry: the token now proves a login that just worked.
-                let now = SystemTime::now();
-                let ttl = Duration::from_secs(claims.expires_at.saturating_sub(claims.issued_at));
-                let fresh = RevivalClaims::new(
-                    std::mem::take(&mut claims.tenant),
-                    std::mem::take(&mut claims.user),
-                    std::mem::take(&mut claims.database),
-                    std::mem::take(&mut claims.params),
-                    std::mem::take(&mut claims.secrets),
-                    now,
-                    ttl,
-                );
-                who.token = rv.keys.seal(&fresh);
-                return Ok(Attached {
-                    stream,
-                    claim: admission.claim,
-                    endpoint,
-                });
-            }
-            Err(e) if e.retryable() && Instant::now() + RETRY_PAUSE < deadline => {
-                debug!(error = %e, "backend not ready for the revival yet; retrying");
-                drop(admission);
-                tokio::time::sleep(RETRY_PAUSE).await;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-async fn attempt(
-    gw: &Gateway,
-    endpoint: &Endpoint,
-    claims: &RevivalClaims,
-    material: &LoginMaterial,
-    snap: &Snapshot,
-    deadline: Instant,
-) -> Result<(Stream, (i32, bytes::Bytes)), ReviveError> {
-    let tenant = TenantId::parse(&claims.tenant).map_err(|_| RevivalError::Malformed)?;
-    let mode = gw.backend_tls_for(&tenant);
-    let connect_deadline = deadline.min(Instant::now() + gw.limits.connect_timeout);
-    let mut stream = connect(&gw.link, endpoint, mode, connect_deadline)
-        .await
-        .map_err(ReviveError::Connect)?;
-    let auth = OnBehalf::new(&claims.user, material, gw.max_backend_iterations);
-    let key = timeout_at(
-        deadline,
-        login_detached(&gw.link, &mut stream, &claims.params, endpoint, auth),
-    )
-    .await
-    .map_err(|_| ReviveError::Timeout(gw.limits.login_timeout))?
-    .map_err(ReviveError::Connect)?
-    .map_err(|body| ReviveError::Login(frontend::error_fields(&body)))?;
-    restore(&mut stream, snap, gw.link.max_message, deadline)
-        .await
-        .map_err(ReviveError::Restore)?;
-    Ok((stream, key))
 }
 
 /// Ends a session the relay handed back: an optional message for the client, then both links

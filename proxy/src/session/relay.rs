@@ -325,49 +325,27 @@ pub async fn relay(
         preload,
         keep_backend,
     } = watch;
-    let mut c2b = Pump::new(settings.buffer, settings.max_message, counters.0);
-    c2b.withhold_terminate = keep_backend;
-    let mut b2c = Pump::new(settings.buffer, settings.max_message, counters.1);
-    if !preload.is_empty()
-        && let Err(e) = c2b.preload(&preload, &mut |d| {
-            tracker.observe_client(d, std::time::Instant::now())
-        })
-    {
-        return RelayEnd::ClientFrame(e);
-    }
-    b2c.on_eof = Some(
-        ErrorMessage::fatal(
-            sqlstate::CONNECTION_FAILURE,
-            "the connection to the tenant's database was lost",
-        )
-        .to_bytes()
-        .to_vec(),
-    );
-    let mut terminated = Box::pin(terminate.cancelled());
-    let mut boundary_wait: Option<Pin<Box<tokio::time::Sleep>>> = None;
-    let mut park_fut = Box::pin(changed(park));
-    let mut migrate_fut = Box::pin(changed(migrate));
-    let (mut park_asked, mut migrate_asked) = (false, false);
-    let quiet_for = quiet_after.unwrap_or(Duration::MAX);
-    let mut quiet = quiet_after.map(|d| Box::pin(tokio::time::sleep(quiet_first.unwrap_or(d))));
-    let mut quiet_armed = quiet_first.is_some();
+    let (mut c2b, mut b2c) = match pumps(settings, counters, keep_backend, &preload, tracker) {
+        Ok(p) => p,
+        Err(e) => return RelayEnd::ClientFrame(e),
+    };
+    let mut shutdown = Shutdown {
+        terminated: Box::pin(terminate.cancelled()),
+        boundary_wait: None,
+    };
+    let mut handback = Handback {
+        park: Box::pin(changed(park)),
+        migrate: Box::pin(changed(migrate)),
+        park_asked: false,
+        migrate_asked: false,
+        quiet_for: quiet_after.unwrap_or(Duration::MAX),
+        quiet: quiet_after.map(|d| Box::pin(tokio::time::sleep(quiet_first.unwrap_or(d)))),
+        quiet_armed: quiet_first.is_some(),
+    };
 
     let end = std::future::poll_fn(|cx| {
-        if boundary_wait.is_none() && terminated.as_mut().poll(cx).is_ready() {
-            b2c.inject = Some(
-                ErrorMessage::fatal(
-                    sqlstate::ADMIN_SHUTDOWN,
-                    "terminating connection because the gateway is shutting down",
-                )
-                .to_bytes()
-                .to_vec(),
-            );
-            boundary_wait = Some(Box::pin(tokio::time::sleep(TERMINATE_BOUNDARY_WAIT)));
-        }
-        if let Some(wait) = boundary_wait.as_mut()
-            && wait.as_mut().poll(cx).is_ready()
-        {
-            return Poll::Ready(RelayEnd::Terminated);
+        if let Poll::Ready(end) = shutdown.poll(cx, &mut b2c) {
+            return Poll::Ready(end);
         }
         let now = std::time::Instant::now();
         c2b.moved = false;
@@ -385,20 +363,14 @@ pub async fn relay(
             f();
         }
         if let Poll::Ready(r) = client_poll {
-            return Poll::Ready(match r {
-                Ok(()) => RelayEnd::ClientClosed,
-                Err(PumpError::Read(e)) => RelayEnd::ClientIo(e),
-                Err(PumpError::Write(e)) => RelayEnd::BackendIo(e),
-                Err(PumpError::Frame(e)) => RelayEnd::ClientFrame(e),
-                Err(PumpError::Held) => RelayEnd::ClientClosed,
-            });
+            return Poll::Ready(client_end(r));
         }
         if c2b.scanner.last_tag() == Some(b'X') {
             // The client said goodbye; the backend closing next is no failure.
             b2c.on_eof = None;
         }
         let hold = hold_backend_end
-            && boundary_wait.is_none()
+            && !shutdown.started()
             && tracker.at_rest()
             && b2c.drained()
             && c2b.drained();
@@ -409,50 +381,164 @@ pub async fn relay(
             &mut |d| tracker.observe_backend(d, now),
             hold,
         ) {
-            return Poll::Ready(match r {
-                Ok(()) if boundary_wait.is_some() => RelayEnd::Terminated,
-                Ok(()) => RelayEnd::BackendClosed,
-                Err(PumpError::Read(e)) => RelayEnd::BackendIo(e),
-                Err(PumpError::Write(e)) => RelayEnd::ClientIo(e),
-                Err(PumpError::Frame(e)) => RelayEnd::BackendFrame(e),
-                Err(PumpError::Held) => RelayEnd::BackendEnded {
-                    held: b2c.buf[..b2c.held].to_vec(),
-                },
-            });
+            return Poll::Ready(backend_end(r, &b2c, shutdown.started()));
         }
-        if boundary_wait.is_some() {
+        if shutdown.started() {
             return Poll::Pending;
         }
         // Both directions would block: see whether the caller wants the session back.
-        if !park_asked && park_fut.as_mut().poll(cx).is_ready() {
-            park_asked = true;
-        }
-        if !migrate_asked && migrate_fut.as_mut().poll(cx).is_ready() {
-            migrate_asked = true;
-        }
         let at_rest = tracker.at_rest()
             && c2b.drained()
             && b2c.drained()
             && !c2b.need_flush
             && !b2c.need_flush;
-        if at_rest && migrate_asked {
+        handback.poll(cx, at_rest, c2b.moved || b2c.moved)
+    })
+    .await;
+    finish(end, client, backend, &c2b, keep_backend).await
+}
+
+/// The two directions of a relay run, the client's with any bytes read while it was parked.
+fn pumps(
+    settings: RelaySettings,
+    counters: (IntCounter, IntCounter),
+    keep_backend: bool,
+    preload: &[u8],
+    tracker: &mut SessionTracker,
+) -> Result<(Pump, Pump), FrameError> {
+    let mut c2b = Pump::new(settings.buffer, settings.max_message, counters.0);
+    c2b.withhold_terminate = keep_backend;
+    let mut b2c = Pump::new(settings.buffer, settings.max_message, counters.1);
+    if !preload.is_empty() {
+        c2b.preload(preload, &mut |d| {
+            tracker.observe_client(d, std::time::Instant::now())
+        })?;
+    }
+    b2c.on_eof = Some(
+        ErrorMessage::fatal(
+            sqlstate::CONNECTION_FAILURE,
+            "the connection to the tenant's database was lost",
+        )
+        .to_bytes()
+        .to_vec(),
+    );
+    Ok((c2b, b2c))
+}
+
+/// How the client-to-backend direction ended.
+fn client_end(r: Result<(), PumpError>) -> RelayEnd {
+    match r {
+        Ok(()) => RelayEnd::ClientClosed,
+        Err(PumpError::Read(e)) => RelayEnd::ClientIo(e),
+        Err(PumpError::Write(e)) => RelayEnd::BackendIo(e),
+        Err(PumpError::Frame(e)) => RelayEnd::ClientFrame(e),
+        Err(PumpError::Held) => RelayEnd::ClientClosed,
+    }
+}
+
+/// How the backend-to-client direction ended (`terminating`: the gateway is shutting down).
+fn backend_end(r: Result<(), PumpError>, b2c: &Pump, terminating: bool) -> RelayEnd {
+    match r {
+        Ok(()) if terminating => RelayEnd::Terminated,
+        Ok(()) => RelayEnd::BackendClosed,
+        Err(PumpError::Read(e)) => RelayEnd::BackendIo(e),
+        Err(PumpError::Write(e)) => RelayEnd::ClientIo(e),
+        Err(PumpError::Frame(e)) => RelayEnd::BackendFrame(e),
+        Err(PumpError::Held) => RelayEnd::BackendEnded {
+            held: b2c.buf[..b2c.held].to_vec(),
+        },
+    }
+}
+
+/// The gateway's shutdown as a relay sees it: once `terminated` fires, FATAL `57P01` goes to
+/// the client at the next message boundary, and the run ends after a bounded wait for one.
+struct Shutdown<T> {
+    terminated: Pin<Box<T>>,
+    boundary_wait: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<T: Future<Output = ()>> Shutdown<T> {
+    /// Whether the shutdown reached this run.
+    fn started(&self) -> bool {
+        self.boundary_wait.is_some()
+    }
+
+    /// Ready with [`RelayEnd::Terminated`] once the wait for a boundary is over.
+    fn poll(&mut self, cx: &mut Context<'_>, b2c: &mut Pump) -> Poll<RelayEnd> {
+        if self.boundary_wait.is_none() && self.terminated.as_mut().poll(cx).is_ready() {
+            b2c.inject = Some(
+                ErrorMessage::fatal(
+                    sqlstate::ADMIN_SHUTDOWN,
+                    "terminating connection because the gateway is shutting down",
+                )
+                .to_bytes()
+                .to_vec(),
+            );
+            self.boundary_wait = Some(Box::pin(tokio::time::sleep(TERMINATE_BOUNDARY_WAIT)));
+        }
+        match self
+            .boundary_wait
+            .as_mut()
+            .map(|wait| wait.as_mut().poll(cx))
+        {
+            Some(Poll::Ready(())) => Poll::Ready(RelayEnd::Terminated),
+            _ => Poll::Pending,
+        }
+    }
+}
+
+/// What hands a session back to its caller while both directions wait: a park or migrate
+/// request, or the session being quiet for long enough; each only at a safe point.
+struct Handback<P, M> {
+    park: Pin<Box<P>>,
+    migrate: Pin<Box<M>>,
+    park_asked: bool,
+    migrate_asked: bool,
+    quiet_for: Duration,
+    quiet: Option<Pin<Box<tokio::time::Sleep>>>,
+    quiet_armed: bool,
+}
+
+impl<P: Future<Output = ()>, M: Future<Output = ()>> Handback<P, M> {
+    /// Ready with how the run ends when the session is `at_rest` and the caller wants it back;
+    /// `moved` says bytes moved in this poll (the quiet period starts again).
+    fn poll(&mut self, cx: &mut Context<'_>, at_rest: bool, moved: bool) -> Poll<RelayEnd> {
+        if !self.park_asked && self.park.as_mut().poll(cx).is_ready() {
+            self.park_asked = true;
+        }
+        if !self.migrate_asked && self.migrate.as_mut().poll(cx).is_ready() {
+            self.migrate_asked = true;
+        }
+        if at_rest && self.migrate_asked {
             return Poll::Ready(RelayEnd::Migrate);
         }
-        if at_rest && park_asked {
+        if at_rest && self.park_asked {
             return Poll::Ready(RelayEnd::Park);
         }
-        if let Some(q) = quiet.as_mut() {
-            if c2b.moved || b2c.moved {
-                quiet_armed = true;
-                q.as_mut().reset(tokio::time::Instant::now() + quiet_for);
+        if let Some(q) = self.quiet.as_mut() {
+            if moved {
+                self.quiet_armed = true;
+                q.as_mut()
+                    .reset(tokio::time::Instant::now() + self.quiet_for);
             }
-            if at_rest && quiet_armed && q.as_mut().poll(cx).is_ready() {
+            if at_rest && self.quiet_armed && q.as_mut().poll(cx).is_ready() {
                 return Poll::Ready(RelayEnd::Quiet);
             }
         }
         Poll::Pending
-    })
-    .await;
+    }
+}
+
+/// Closes what a finished run leaves: nothing for a session handed back; the client told why
+/// a bad frame ends it; the client side only when the backend connection is kept; otherwise a
+/// Terminate for a backend whose client vanished, and both streams shut down.
+async fn finish(
+    end: RelayEnd,
+    client: &mut Stream,
+    backend: &mut Stream,
+    c2b: &Pump,
+    keep_backend: bool,
+) -> RelayEnd {
     if matches!(
         end,
         RelayEnd::Quiet | RelayEnd::Park | RelayEnd::Migrate | RelayEnd::BackendEnded { .. }
@@ -475,16 +561,11 @@ pub async fn relay(
         let _ = tokio::time::timeout(Duration::from_millis(500), client.shutdown()).await;
         return RelayEnd::ClientLeft;
     }
-
     // A client that vanished without Terminate leaves the backend mid-protocol; tell it we are
     // done so it ends cleanly instead of logging an unexpected EOF.
     if c2b.scanner.last_tag() != Some(b'X') && c2b.scanner.at_boundary() {
-        let terminate_msg = [b'X', 0, 0, 0, 4];
-        let _ = tokio::time::timeout(
-            Duration::from_millis(200),
-            backend.write_all(&terminate_msg),
-        )
-        .await;
+        let _ =
+            tokio::time::timeout(Duration::from_millis(200), backend.write_all(&TERMINATE)).await;
     }
     let close = async {
         let _ = client.shutdown().await;

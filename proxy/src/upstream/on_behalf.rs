@@ -7,7 +7,7 @@ use pgwake_protocol::backend::auth_code;
 use pgwake_protocol::scram::{AwaitingServerFinal, Nonce, SCRAM_SHA_256, ScramClient, ScramKeys};
 use pgwire::messages::startup::Authentication;
 
-use super::client::LoginMaterial;
+use crate::auth::client::LoginMaterial;
 use crate::error::SessionError;
 
 /// The gateway's side of one backend login.

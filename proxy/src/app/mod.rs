@@ -1,0 +1,236 @@
+//! The application: building the gateway's stages from its configuration ([`build`]) and
+//! running its listeners until shutdown ([`run`]).
+
+mod backends;
+pub mod quickstart;
+mod run;
+mod tenants;
+
+use std::sync::{Arc, RwLock};
+
+use pgwake_routing::backend::{LocalBackend, PoolBackend};
+use pgwake_routing::{ComputeBackend, ResolverConfig, TenantDirectory, TenantResolver};
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+
+pub use backends::local_settings;
+pub use run::run;
+
+use crate::auth::CredentialError;
+use crate::auth::password::PasswordChecker;
+use crate::auth::throttle::{Throttle, ThrottleSettings};
+use crate::cancel::CancelMap;
+use crate::capacity::Capacity;
+use crate::config::Config;
+use crate::front::{Front, NegotiateSettings};
+use crate::metrics::Metrics;
+use crate::pipeline::{Authenticator, Pipeline, Profiles, Router};
+use crate::session::{RelaySettings, Revival, Sessions};
+use crate::tls::{self, ServerTls};
+use crate::upstream::{BackendLink, Connector, ConnectorSettings, PoolSettings};
+
+/// Why the gateway could not be built from a valid configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// Certificates or keys are unusable.
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+    /// The local backend cannot run here.
+    #[error("local backend: {0}")]
+    Local(#[from] pgwake_routing::BackendError),
+    /// The Kubernetes client could not be configured.
+    #[error("kubernetes: {0}")]
+    Kubernetes(String),
+    /// The revival keys are unusable.
+    #[error("{0}")]
+    Revival(String),
+    /// A pool class's template is unusable.
+    #[error("pool_class {class}: {problem}")]
+    Pool {
+        /// The class.
+        class: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A credential source is unusable.
+    #[error("tenant {tenant}: credentials: {source}")]
+    Credentials {
+        /// The tenant.
+        tenant: String,
+        /// What is wrong.
+        source: CredentialError,
+    },
+}
+
+/// The gateway built from a configuration: the front its listeners share (holding the pipeline
+/// and its stages) and the backends that need starting and stopping with it.
+pub struct Gateway {
+    /// Accepting and negotiating, then the pipeline.
+    pub front: Arc<Front>,
+    /// The gateway's TLS identity, for the HTTP listener.
+    pub server_tls: Option<Arc<ServerTls>>,
+    /// The local backend, when any tenant uses it (stopped with the gateway).
+    pub local: Option<Arc<LocalBackend>>,
+    /// The pool backend, when any pool class is configured (its replenisher runs with the
+    /// gateway).
+    pub pool: Option<Arc<PoolBackend>>,
+}
+
+impl Gateway {
+    /// The pipeline and its stages.
+    pub fn pipeline(&self) -> &Pipeline {
+        &self.front.pipeline
+    }
+}
+
+/// Builds the gateway; fails on unusable certificates, a local backend that cannot run here, or
+/// an unreachable Kubernetes configuration.
+pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gateway, BuildError> {
+    let server_tls = match &config.tls {
+        Some(t) => Some(Arc::new(tls::server_config(t)?)),
+        None => None,
+    };
+    let local = backends::local_backend(config)?;
+    let kube = backends::KubeBackends::build(config).await?;
+    let tenants = backends::tenant_list(config, local.as_ref(), &kube);
+    // The backend kinds in use: the configured tenants', and cnpg's when discovery may add
+    // tenants on it later.
+    let backend_kinds: Vec<&'static str> = tenants
+        .iter()
+        .map(|t| t.backend.kind())
+        .chain(kube.cnpg.as_ref().map(|c| c.kind()))
+        .collect();
+    let directory = Arc::new(TenantDirectory::new(tenants));
+    let metrics = Arc::new(Metrics::new());
+    for kind in backend_kinds {
+        metrics.backend_in_use(kind);
+    }
+    let coordinator = backends::wake_coordinator(&directory, &config.wake, &metrics);
+    let mut secrets = tenants::SecretStores::new(config.limits.login_timeout, terminate.clone());
+    let profiles = tenants::tenant_profiles(config, &coordinator, &kube, &mut secrets)?;
+    let profiles: Profiles = Arc::new(RwLock::new(profiles));
+    tenants::start_discovery(
+        config,
+        &kube,
+        &directory,
+        &profiles,
+        &mut secrets,
+        &terminate,
+    );
+    let router = Router {
+        resolver: TenantResolver::new(ResolverConfig {
+            rules: config.routing.rules.clone(),
+            sni_suffix: config.routing.sni_suffix.clone(),
+            default_tenant: config.routing.default_tenant.clone(),
+        }),
+        directory,
+        profiles,
+        unknown_tenant: config.routing.unknown_tenant,
+    };
+    let cancels = Arc::new(CancelMap::default());
+    let connector = Arc::new(Connector::new(
+        connector_settings(config)?,
+        cancels.clone(),
+        metrics.clone(),
+    ));
+    let sessions = Sessions {
+        connector: connector.clone(),
+        coordinator: coordinator.clone(),
+        cancels: cancels.clone(),
+        revival: Some(Arc::new(Revival {
+            keys: config
+                .revival
+                .key_ring()
+                .map_err(|e| BuildError::Revival(e.to_string()))?,
+            config: config.revival.clone(),
+        })),
+        relay: RelaySettings {
+            buffer: config.limits.relay_buffer.as_u64() as usize,
+            max_message: config.limits.max_message.as_u64() as u32,
+        },
+        snapshot_timeout: config.limits.login_timeout,
+        terminate: terminate.clone(),
+        metrics: metrics.clone(),
+    };
+    let pipeline = Arc::new(Pipeline {
+        router,
+        auth: authenticator(config, server_tls.clone(), &metrics),
+        coordinator,
+        wake_notice: config.wake.wake_notice,
+        connector,
+        sessions,
+        cancels,
+        metrics: metrics.clone(),
+        terminate: terminate.clone(),
+    });
+    let front = Front {
+        negotiate: NegotiateSettings {
+            tls: server_tls
+                .as_ref()
+                .map(|t| TlsAcceptor::from(t.config.clone())),
+            allow_plaintext: config.listen.allow_plaintext,
+            max_startup_message: config.limits.max_startup_message.as_u64() as usize,
+        },
+        startup_timeout: config.limits.startup_timeout,
+        capacity: Capacity::new(run::capacity_settings(&config.limits)),
+        pipeline,
+        metrics,
+        terminate,
+    };
+    Ok(Gateway {
+        front: Arc::new(front),
+        server_tls,
+        local,
+        pool: kube.pool,
+    })
+}
+
+/// The password checker of `[auth]`.
+fn authenticator(
+    config: &Config,
+    server_tls: Option<Arc<ServerTls>>,
+    metrics: &Arc<Metrics>,
+) -> Authenticator {
+    let a = &config.auth;
+    Authenticator {
+        throttle: Throttle::new(ThrottleSettings {
+            free_failures: a.throttle_free_failures,
+            base: a.throttle_base,
+            max: a.throttle_max,
+            capacity: a.throttle_capacity,
+        }),
+        mock_key: match &a.mock_secret {
+            Some(s) => s.as_bytes().to_vec(),
+            None => rand::random::<[u8; 32]>().to_vec(),
+        },
+        passwords: PasswordChecker::new(),
+        server_tls,
+        max_client_message: config.limits.max_startup_message.as_u64() as usize,
+        timeout: config.limits.auth_timeout,
+        metrics: metrics.clone(),
+    }
+}
+
+/// How the connector reaches and logs in to backends, keeps connections for reuse and pools
+/// them for `/sql`.
+fn connector_settings(config: &Config) -> Result<ConnectorSettings, BuildError> {
+    let (limits, http) = (&config.limits, &config.http);
+    Ok(ConnectorSettings {
+        link: BackendLink {
+            tls_config: tls::backend_client_config(&config.backend)?,
+            max_message: limits.max_message.as_u64() as usize,
+            max_client_message: limits.max_startup_message.as_u64() as usize,
+        },
+        connect_timeout: limits.connect_timeout,
+        login_timeout: limits.login_timeout,
+        not_ready_wait: config.wake.wake_timeout,
+        max_backend_iterations: config.auth.max_backend_iterations,
+        reuse: config.reuse.clone(),
+        http_pool: PoolSettings {
+            max_per_key: http.pool_max_per_key,
+            max_total: http.pool_max_total,
+            idle_timeout: http.pool_idle_timeout,
+            acquire_timeout: http.pool_acquire_timeout,
+        },
+    })
+}

@@ -1,0 +1,207 @@
+//! Running the gateway: its listeners, the admin API and background jobs, until shutdown; then
+//! draining sessions and stopping the local servers it started.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use pgwake_routing::backend::LocalBackend;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{info, warn};
+
+use super::{Gateway, build};
+use crate::admin::{self, AdminState};
+use crate::capacity::CapacitySettings;
+use crate::config::Config;
+use crate::{front, http};
+
+/// How long terminated sessions get to deliver their last message before the process exits.
+const TERMINATE_DRAIN: Duration = Duration::from_secs(5);
+
+/// Serves until `shutdown` fires, then drains: stop accepting, `/readyz` 503, sessions get
+/// `shutdown_grace`, the rest are ended with FATAL 57P01.
+pub async fn run(
+    config: Config,
+    shutdown: CancellationToken,
+    banner: Option<String>,
+) -> anyhow::Result<()> {
+    let terminate = CancellationToken::new();
+    let gateway = Arc::new(build(&config, terminate.clone()).await?);
+    let listener = TcpListener::bind(config.listen.postgres)
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "listen.postgres: cannot listen on {}: {e}",
+                config.listen.postgres
+            )
+        })?;
+    // Bound before the admin listener, so /readyz never answers for a gateway that then fails.
+    let http_listener = match config.listen.http {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("listen.http: cannot listen on {addr}: {e}"))?,
+        ),
+        None => None,
+    };
+    if let Some(local) = &gateway.local {
+        for t in gateway.pipeline().router.directory.all() {
+            local.stop_stale(&t.id).await;
+        }
+    }
+    let admin_token = read_admin_token(&config)?;
+    let admin_state = Arc::new(AdminState {
+        metrics: gateway.front.metrics.clone(),
+        coordinator: gateway.pipeline().coordinator.clone(),
+        ready: true.into(),
+        token: admin_token,
+        started: std::time::Instant::now(),
+    });
+    let sleeper_stop = CancellationToken::new();
+    let replenisher = start_background_jobs(&gateway, &sleeper_stop);
+    if let Some(addr) = config.listen.admin {
+        let admin_listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("listen.admin: cannot listen on {addr}: {e}"))?;
+        tokio::spawn(admin::serve(admin_listener, admin_state.clone()));
+    }
+    info!(
+        postgres = %config.listen.postgres,
+        admin = ?config.listen.admin,
+        http = ?config.listen.http,
+        tenants = gateway.pipeline().router.directory.len(),
+        tls = config.tls.is_some(),
+        "pgwake serving"
+    );
+    if let Some(b) = banner {
+        println!("{b}");
+    }
+    let tasks = TaskTracker::new();
+    let stop = CancellationToken::new();
+    let accept = tokio::spawn(front::serve(
+        listener,
+        gateway.front.clone(),
+        tasks.clone(),
+        stop.clone(),
+    ));
+
+    let http_accept = http_listener.map(|l| {
+        let state = Arc::new(http::HttpState::new(
+            gateway.front.clone(),
+            gateway.server_tls.as_deref(),
+            config.http.clone(),
+            config.listen.allow_plaintext,
+        ));
+        tokio::spawn(http::serve(l, state, tasks.clone(), stop.clone()))
+    });
+
+    shutdown.cancelled().await;
+    admin_state.ready.store(false, Ordering::Relaxed);
+    stop.cancel();
+    let _ = accept.await;
+    if let Some(h) = http_accept {
+        let _ = h.await;
+    }
+    tasks.close();
+    drain(&gateway, &tasks, config.limits.shutdown_grace, &terminate).await;
+    sleeper_stop.cancel();
+    if let Some(r) = replenisher {
+        // It gives its Leases up, so another replica replenishes without waiting them out.
+        let _ = tokio::time::timeout(TERMINATE_DRAIN, r).await;
+    }
+    if let Some(local) = &gateway.local {
+        stop_local_servers(&gateway, local).await;
+    }
+    // Ends the Kubernetes watches.
+    gateway.front.terminate.cancel();
+    info!("pgwake stopped");
+    Ok(())
+}
+
+/// The admin API's bearer token, from `[admin] token_file`.
+fn read_admin_token(config: &Config) -> anyhow::Result<Option<String>> {
+    let Some(path) = &config.admin.token_file else {
+        return Ok(None);
+    };
+    let token = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("admin.token_file: cannot read {}: {e}", path.display()))?
+        .trim()
+        .to_owned();
+    if token.is_empty() {
+        anyhow::bail!("admin.token_file: {} is empty", path.display());
+    }
+    Ok(Some(token))
+}
+
+/// Starts the idle sleeper, the reuse reaper and the warm-pool replenisher until `stop`; the
+/// replenisher's task is returned so shutdown can wait for it to give its Leases up.
+fn start_background_jobs(
+    gateway: &Gateway,
+    stop: &CancellationToken,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let pipeline = gateway.pipeline();
+    tokio::spawn(pipeline.coordinator.clone().run_idle_sleeper(stop.clone()));
+    let (connector, stop_reaper) = (pipeline.connector.clone(), stop.clone());
+    tokio::spawn(async move { connector.run_reaper(stop_reaper).await });
+    gateway
+        .pool
+        .clone()
+        .map(|pool| tokio::spawn(pool.run_replenisher(stop.clone())))
+}
+
+/// Lets sessions finish within `grace`, then ends the rest (FATAL 57P01 at their next message
+/// boundary) and waits a little for them to go.
+async fn drain(
+    gateway: &Gateway,
+    tasks: &TaskTracker,
+    grace: Duration,
+    terminate: &CancellationToken,
+) {
+    let active = gateway.front.metrics.connections_active.get();
+    info!(active, grace = ?grace, "shutting down: waiting for sessions");
+    if tokio::time::timeout(grace, tasks.wait()).await.is_err() {
+        info!(
+            remaining = gateway.front.metrics.connections_active.get(),
+            "grace period over: terminating sessions"
+        );
+        terminate.cancel();
+        let _ = tokio::time::timeout(TERMINATE_DRAIN, tasks.wait()).await;
+    }
+}
+
+/// Servers this gateway started never outlive it, including one still starting (its wake has
+/// not recorded it yet, but its postmaster.pid is there).
+async fn stop_local_servers(gateway: &Gateway, local: &LocalBackend) {
+    local.stop_all().await;
+    for t in gateway.pipeline().router.directory.all() {
+        if t.backend.kind() == "local" {
+            local.stop_stale(&t.id).await;
+        }
+    }
+}
+
+/// The connection caps of `[limits]`, lowered to what the process's file limit can hold.
+pub(super) fn capacity_settings(limits: &crate::config::Limits) -> CapacitySettings {
+    let configured = CapacitySettings {
+        max_clients: limits.max_client_connections,
+        max_unauthenticated: limits.max_unauthenticated_connections,
+    };
+    let Ok((soft, _)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+    else {
+        return configured;
+    };
+    let fitted = configured.fitted_to(soft);
+    if fitted.max_clients < configured.max_clients
+        || fitted.max_unauthenticated < configured.max_unauthenticated
+    {
+        warn!(
+            open_files = soft,
+            max_client_connections = fitted.max_clients,
+            max_unauthenticated_connections = fitted.max_unauthenticated,
+            "the file limit holds fewer connections than configured: caps lowered (raise it with ulimit -n)"
+        );
+    }
+    fitted
+}

@@ -1,0 +1,151 @@
+//! The accept loop of the Postgres listener: each connection is counted against the caps,
+//! negotiated within the startup timeout, then handed to the pipeline (a session) or answered
+//! as a cancel request.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use super::negotiate::{NegotiateSettings, Negotiated, negotiate};
+use crate::capacity::{Capacity, ClientSlot};
+use crate::error::fail;
+use crate::metrics::Metrics;
+use crate::pipeline::Pipeline;
+
+/// How often a failing accept is logged; the failures in between are counted in the next line.
+const ACCEPT_ERROR_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// Pause after a failed accept (out of file descriptors: wait for some to be freed).
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+
+/// What the Postgres listener's connections share before the pipeline takes them.
+pub struct Front {
+    /// TLS, plaintext policy and startup size.
+    pub negotiate: NegotiateSettings,
+    /// Time from accept to a complete startup message.
+    pub startup_timeout: Duration,
+    /// Open client connections against their caps.
+    pub capacity: Arc<Capacity>,
+    /// Where negotiated connections go.
+    pub pipeline: Arc<Pipeline>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Fires when sessions must end (grace period over).
+    pub terminate: CancellationToken,
+}
+
+/// A client connection's place in the counts (metrics and caps) for its whole life.
+pub struct ActiveGuard {
+    metrics: Arc<Metrics>,
+    /// Its place against the connection caps.
+    pub slot: ClientSlot,
+}
+
+impl ActiveGuard {
+    /// Counts a client connection as accepted and active until the guard drops; when too many
+    /// connections are still logging in, the oldest of them is ended to make room.
+    pub fn new(capacity: &Arc<Capacity>, metrics: &Arc<Metrics>) -> ActiveGuard {
+        metrics.connections_accepted.inc();
+        metrics.connections_active.inc();
+        let (slot, evicted) = capacity.open();
+        if evicted {
+            metrics.error("login_evicted");
+        }
+        ActiveGuard {
+            metrics: metrics.clone(),
+            slot,
+        }
+    }
+}
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.metrics.connections_active.dec();
+        self.metrics.connections_closed.inc();
+    }
+}
+
+/// The next accepted connection of `listener` (named `what` in logs), or `None` once `stop`
+/// fires; failed accepts are logged and retried after a pause.
+pub async fn accept_next(
+    listener: &TcpListener,
+    stop: &CancellationToken,
+    what: &str,
+) -> Option<(TcpStream, SocketAddr)> {
+    let mut last_logged: Option<Instant> = None;
+    let mut unlogged = 0u64;
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => return None,
+            a = listener.accept() => a,
+        };
+        match accepted {
+            Ok(a) => return Some(a),
+            Err(e) => {
+                // Out of file descriptors or similar: back off instead of spinning, and log
+                // once per interval instead of per failure.
+                if last_logged.is_none_or(|t| t.elapsed() >= ACCEPT_ERROR_LOG_INTERVAL) {
+                    warn!(listener = what, error = %e, failures_since_last_line = unlogged, "accept failed");
+                    last_logged = Some(Instant::now());
+                    unlogged = 0;
+                } else {
+                    unlogged += 1;
+                }
+                tokio::select! {
+                    _ = stop.cancelled() => return None,
+                    _ = tokio::time::sleep(ACCEPT_ERROR_PAUSE) => {}
+                }
+            }
+        }
+    }
+}
+
+/// Accepts connections until `stop` fires; each runs as a task in `tasks`.
+pub async fn serve(
+    listener: TcpListener,
+    front: Arc<Front>,
+    tasks: TaskTracker,
+    stop: CancellationToken,
+) {
+    while let Some((tcp, peer)) = accept_next(&listener, &stop, "postgres").await {
+        let front = front.clone();
+        let mut guard = ActiveGuard::new(&front.capacity, &front.metrics);
+        let span = info_span!("conn", %peer, tenant = tracing::field::Empty);
+        tasks.spawn(
+            async move {
+                handle(tcp, peer, &front, &mut guard.slot).await;
+            }
+            .instrument(span),
+        );
+    }
+    info!("listener stopped accepting");
+}
+
+async fn handle(tcp: TcpStream, peer: SocketAddr, front: &Front, slot: &mut ClientSlot) {
+    let accepted_at = Instant::now();
+    let _ = tcp.set_nodelay(true);
+    let deadline = accepted_at + front.startup_timeout;
+    let negotiated = tokio::select! {
+        n = negotiate(tcp, &front.negotiate, deadline) => n,
+        _ = front.terminate.cancelled() => return,
+        _ = slot.evicted() => {
+            debug!("connection ended during negotiation to make room for newer ones");
+            return;
+        }
+    };
+    match negotiated {
+        Ok(Negotiated::Cancel { key, stream }) => front.pipeline.cancel_request(&key, stream).await,
+        Ok(Negotiated::Session { stream, startup }) => {
+            let pipeline = &front.pipeline;
+            pipeline
+                .run_session(stream, peer, startup, accepted_at, slot)
+                .await
+        }
+        Err((stream, err)) => fail(&front.metrics, stream, err).await,
+    }
+}

@@ -1,0 +1,227 @@
+//! Authentication at the gateway: SCRAM with the client (or a cleartext password inside an
+//! encrypted link), checked against the tenant's credential source with the failure throttle
+//! around it.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pgwake_routing::TenantId;
+use tokio::io::AsyncWriteExt;
+
+use crate::auth::client::authenticate_client;
+use crate::auth::password::PasswordChecker;
+use crate::auth::throttle::Throttle;
+use crate::auth::{CredentialSource, LoginMaterial, NoUsers};
+use crate::config::UnknownTenant;
+use crate::error::SessionError;
+use crate::metrics::Metrics;
+use crate::stream::Stream;
+use crate::tls::ServerTls;
+use crate::wire::read_password_message;
+
+/// Checks clients' passwords.
+pub struct Authenticator {
+    /// Failed-authentication throttle.
+    pub throttle: Throttle,
+    /// Key for mock SCRAM salts of unknown users.
+    pub mock_key: Vec<u8>,
+    /// Cleartext password checks (HTTP and WebSocket logins, passwords naming their tenant).
+    pub passwords: PasswordChecker,
+    /// The gateway's TLS identity (for channel binding).
+    pub server_tls: Option<Arc<ServerTls>>,
+    /// Largest message accepted from a client during a login.
+    pub max_client_message: usize,
+    /// Time for a client to finish authenticating.
+    pub timeout: Duration,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+impl Authenticator {
+    /// Checks the client's password with the throttle around it: SCRAM, or a cleartext
+    /// password for WebSocket clients (the serverless driver sends it in the clear inside the
+    /// tunnel, often pipelined right behind the startup message).
+    pub async fn authenticate(
+        &self,
+        client: &mut Stream,
+        peer: SocketAddr,
+        tenant: &TenantId,
+        source: &dyn CredentialSource,
+        user: &str,
+    ) -> Result<LoginMaterial, SessionError> {
+        if let Some(wait) = self.throttle.blocked_for(peer.ip(), tenant, user) {
+            self.metrics.auth_attempt("throttled");
+            return Err(SessionError::Throttled(wait));
+        }
+        if client.is_tunnel() {
+            let password = self.ask_cleartext_password(client).await?;
+            let material = self
+                .check_password(peer, tenant, source, user, &password)
+                .await?;
+            return self.accept(client, material).await;
+        }
+        let credential = source.lookup(user).await.map_err(|e| {
+            self.metrics.auth_attempt("error");
+            SessionError::AuthUnavailable(e.to_string())
+        })?;
+        let channel_binding = match (&self.server_tls, client.is_tls()) {
+            (Some(tls), true) => tls.channel_binding(client.sni()),
+            _ => None,
+        };
+        let reserve = || {
+            self.throttle
+                .reserve(peer.ip(), tenant, user)
+                .map_err(SessionError::Throttled)
+        };
+        let result = authenticate_client(
+            client,
+            user,
+            credential,
+            channel_binding,
+            &self.mock_key,
+            self.max_client_message,
+            reserve,
+        )
+        .await;
+        self.attempt_done(peer, tenant, source, user, &result);
+        result
+    }
+
+    /// Tells a client whose password was checked in the clear that it is in.
+    pub async fn accept(
+        &self,
+        client: &mut Stream,
+        material: LoginMaterial,
+    ) -> Result<LoginMaterial, SessionError> {
+        client
+            .write_all(&pgwake_protocol::auth::authentication_ok())
+            .await
+            .map_err(SessionError::ClientIo)?;
+        Ok(material)
+    }
+
+    /// Asks the client for its password in the clear (only over an encrypted link) and reads it.
+    pub async fn ask_cleartext_password(
+        &self,
+        client: &mut Stream,
+    ) -> Result<String, SessionError> {
+        client
+            .write_all(&pgwake_protocol::auth::authentication_cleartext_password())
+            .await
+            .map_err(SessionError::ClientIo)?;
+        client.flush().await.map_err(SessionError::ClientIo)?;
+        let m = read_password_message(client, self.max_client_message).await?;
+        let text = pgwake_protocol::auth::parse_password_message(m.body())
+            .map_err(|e| SessionError::ClientProtocol(e.to_string()))?;
+        String::from_utf8(text.to_vec())
+            .map_err(|_| SessionError::ClientProtocol("password is not valid UTF-8".into()))
+    }
+
+    /// Checks a cleartext password for `user` of `tenant` against the tenant's credential
+    /// source, with the same throttle and metrics as a SCRAM login.
+    pub async fn check_password(
+        &self,
+        peer: SocketAddr,
+        tenant: &TenantId,
+        source: &dyn CredentialSource,
+        user: &str,
+        password: &str,
+    ) -> Result<LoginMaterial, SessionError> {
+        if let Some(wait) = self.throttle.blocked_for(peer.ip(), tenant, user) {
+            self.metrics.auth_attempt("throttled");
+            return Err(SessionError::Throttled(wait));
+        }
+        let credential = source.lookup(user).await.map_err(|e| {
+            self.metrics.auth_attempt("error");
+            SessionError::AuthUnavailable(e.to_string())
+        })?;
+        let result = match self.throttle.reserve(peer.ip(), tenant, user) {
+            Err(wait) => Err(SessionError::Throttled(wait)),
+            Ok(()) => match credential {
+                Some(c) => self.passwords.check(tenant, user, c, password).await,
+                // The same key derivation as for a known user, so timing tells nothing.
+                None => {
+                    self.passwords
+                        .check_unknown(&self.mock_key, user, password)
+                        .await;
+                    None
+                }
+            }
+            .ok_or_else(|| SessionError::AuthFailed(user.to_owned())),
+        };
+        self.attempt_done(peer, tenant, source, user, &result);
+        result
+    }
+
+    /// The answer to a client naming a tenant that does not exist or is forbidden to it: by
+    /// default the very exchange and answer of a wrong password (`routing.unknown_tenant`).
+    pub async fn refuse_unknown_tenant(
+        &self,
+        unknown: UnknownTenant,
+        client: &mut Stream,
+        peer: SocketAddr,
+        tenant: &TenantId,
+        user: Option<&str>,
+    ) -> SessionError {
+        let reveal = SessionError::UnknownTenant(tenant.to_string());
+        if unknown == UnknownTenant::Reveal {
+            return reveal;
+        }
+        let Some(user) = user else {
+            return SessionError::NoUser;
+        };
+        let login = self.authenticate(client, peer, tenant, &NoUsers, user);
+        match tokio::time::timeout(self.timeout, login).await {
+            Err(_) => SessionError::AuthTimeout,
+            Ok(Err(e)) => e,
+            // Nobody logs in against no users; refuse all the same.
+            Ok(Ok(_)) => reveal,
+        }
+    }
+
+    /// Like [`Authenticator::refuse_unknown_tenant`], for a client whose cleartext password is
+    /// already in hand (`/sql`, a tenant named in the password): by default the work and answer
+    /// of a wrong one.
+    pub async fn refuse_unknown_password(
+        &self,
+        unknown: UnknownTenant,
+        peer: SocketAddr,
+        tenant: &TenantId,
+        user: &str,
+        password: &str,
+    ) -> SessionError {
+        if unknown == UnknownTenant::PasswordFailed
+            && let Err(e) = self
+                .check_password(peer, tenant, &NoUsers, user, password)
+                .await
+        {
+            return e;
+        }
+        SessionError::UnknownTenant(tenant.to_string())
+    }
+
+    /// Counts an authentication attempt's outcome and tells the throttle and the credential
+    /// source.
+    fn attempt_done<T>(
+        &self,
+        peer: SocketAddr,
+        tenant: &TenantId,
+        source: &dyn CredentialSource,
+        user: &str,
+        result: &Result<T, SessionError>,
+    ) {
+        match result {
+            Ok(_) => {
+                self.metrics.auth_attempt("ok");
+                self.throttle.success(peer.ip(), tenant, user);
+            }
+            Err(SessionError::AuthFailed(_)) => {
+                self.metrics.auth_attempt("failed");
+                source.failed(user);
+            }
+            Err(SessionError::Throttled(_)) => self.metrics.auth_attempt("throttled"),
+            Err(_) => self.metrics.auth_attempt("error"),
+        }
+    }
+}

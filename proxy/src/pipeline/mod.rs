@@ -1,0 +1,185 @@
+//! The pipeline a negotiated connection goes through, in order: route and admit
+//! ([`admit`]), authenticate ([`authenticate`]), wake ([`wake`]), connect and log in (the
+//! upstream [`Connector`]), then the session ([`Sessions`]). TCP, WebSocket and `/sql` share
+//! its stages.
+
+pub mod access;
+pub mod admit;
+pub mod authenticate;
+pub mod route;
+pub mod wake;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pgwake_protocol::{CancelKey, StartupMessage};
+use pgwake_routing::WakeCoordinator;
+use tokio::io::AsyncWriteExt;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+pub use access::AccessList;
+pub use admit::Admitted;
+pub use authenticate::Authenticator;
+pub use route::{Profiles, Router, TenantProfile};
+
+use crate::cancel::{CancelMap, CancelRegistration, forward_cancel};
+use crate::capacity::ClientSlot;
+use crate::error::{SessionError, fail};
+use crate::metrics::Metrics;
+use crate::session::{Attached, Revivable, Sessions};
+use crate::stream::Stream;
+use crate::upstream::{ClientLogin, Connector, Returnable};
+
+/// The stages, each a narrow handle of its own.
+pub struct Pipeline {
+    /// Finds tenants and their profiles.
+    pub router: Router,
+    /// Checks passwords.
+    pub auth: Authenticator,
+    /// Wakes tenants and holds connections while they wake.
+    pub coordinator: Arc<WakeCoordinator>,
+    /// Tell authenticated clients that must wait that their database is waking.
+    pub wake_notice: bool,
+    /// Opens backend connections.
+    pub connector: Arc<Connector>,
+    /// Relays, parks and revives sessions.
+    pub sessions: Sessions,
+    /// Gateway-issued cancel keys.
+    pub cancels: Arc<CancelMap>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Fires when sessions must end (grace period over).
+    pub terminate: CancellationToken,
+}
+
+/// A session ready to relay: its backend, its cancel key, and how it may move or be reused.
+struct Opened {
+    attached: Attached,
+    cancel: Option<CancelRegistration>,
+    returnable: Option<Returnable>,
+    reused: bool,
+    revivable: Option<Revivable>,
+}
+
+impl Pipeline {
+    /// Forwards a cancel request to the backend its gateway-issued key maps to, then closes the
+    /// client's connection properly (TLS close_notify: libpq 17 reports a cancel whose TLS
+    /// session just breaks off as failed).
+    pub async fn cancel_request(&self, key: &CancelKey, mut client: Stream) {
+        match self.cancels.lookup(key) {
+            Some(target) => {
+                self.metrics.cancels_forwarded.inc();
+                let connect_timeout = self.connector.connect_timeout();
+                if let Err(e) = forward_cancel(&target, connect_timeout).await {
+                    warn!(error = %e, backend = %target.endpoint, "cancel not delivered");
+                }
+            }
+            None => debug!("cancel request with an unknown key dropped"),
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(1), client.shutdown()).await;
+    }
+
+    /// Carries a client stream whose startup message has arrived through login and the relay,
+    /// over TCP, TLS or a tunnel alike.
+    pub async fn run_session(
+        &self,
+        mut client: Stream,
+        peer: SocketAddr,
+        startup: StartupMessage,
+        accepted_at: Instant,
+        slot: &mut ClientSlot,
+    ) {
+        if let Err(full) = slot.check_gateway() {
+            return fail(&self.metrics, Some(client), SessionError::Full(full)).await;
+        }
+        let evicted = slot.eviction();
+        let opened = tokio::select! {
+            // Boxed: the login's state is freed once it is done instead of sizing every
+            // session's task (parked sessions should cost little).
+            r = Box::pin(self.open_session(&mut client, peer, startup, slot)) => r,
+            _ = self.terminate.cancelled() => Err(SessionError::ShuttingDown),
+            _ = evicted.cancelled() => Err(SessionError::Evicted),
+        };
+        slot.logged_in();
+        let opened = match opened {
+            Ok(s) => s,
+            Err(err) => return fail(&self.metrics, Some(client), err).await,
+        };
+        let elapsed = accepted_at.elapsed();
+        self.metrics.startup_duration.observe(elapsed.as_secs_f64());
+        let (elapsed_ms, backend) = (elapsed.as_millis() as u64, &opened.attached.endpoint);
+        if opened.reused {
+            debug!(elapsed_ms, %backend, "kept backend connection reused");
+        } else {
+            debug!(elapsed_ms, %backend, "login relayed");
+        }
+        debug!(peer = %peer, "session ready");
+        let o = opened;
+        let sessions = &self.sessions;
+        sessions
+            .run(&mut client, o.attached, o.cancel, o.revivable, o.returnable)
+            .await;
+    }
+
+    /// Admits, authenticates, wakes and connects a client: the journey up to the relay.
+    async fn open_session(
+        &self,
+        client: &mut Stream,
+        peer: SocketAddr,
+        mut startup: StartupMessage,
+        slot: &mut ClientSlot,
+    ) -> Result<Opened, SessionError> {
+        if startup.needs_negotiation() {
+            let unsupported = startup.unsupported_options();
+            let msg = pgwake_protocol::backend::negotiate_protocol_version(unsupported);
+            client
+                .write_all(&msg)
+                .await
+                .map_err(SessionError::ClientIo)?;
+        }
+        let admitted = admit::admit(&self.router, &self.auth, client, peer, &mut startup, slot);
+        let Admitted {
+            tenant,
+            profile,
+            user,
+            material,
+        } = admitted.await?;
+        // Only a client the gateway authenticated may learn that its database is waking.
+        let notice = material.is_some() && self.wake_notice;
+        let awake = wake::wake(&self.coordinator, client, &tenant.id, notice).await?;
+        let params: Vec<(String, String)> = startup.forwardable_params().cloned().collect();
+        let checked = user.as_deref().zip(material.as_ref());
+        let revivable = checked.and_then(|(user, material)| {
+            let revival = self
+                .sessions
+                .revival
+                .as_ref()
+                .filter(|r| r.config.enabled)?;
+            let who = (&tenant.id, user, profile.tls);
+            Some(Revivable::seal(revival, who, &params, material))
+        });
+        let login = ClientLogin {
+            tenant: &tenant.id,
+            endpoint: &awake.endpoint,
+            tls: profile.tls,
+            params: &params,
+            checked,
+        };
+        let up = self.connector.for_client(client, login).await?;
+        let attached = Attached {
+            stream: up.stream,
+            claim: awake.claim,
+            endpoint: awake.endpoint,
+        };
+        Ok(Opened {
+            attached,
+            cancel: up.cancel,
+            returnable: up.returnable,
+            reused: up.reused,
+            revivable,
+        })
+    }
+}

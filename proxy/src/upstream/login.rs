@@ -1,0 +1,169 @@
+//! Carrying out a backend login that `pgwake_protocol::login` decides: the startup goes to the
+//! backend, authentication requests are answered by the gateway or relayed to the client, and
+//! a client is given a gateway-issued cancel key in place of the backend's.
+
+use std::sync::Arc;
+
+use pgwake_protocol::backend::{backend_key_data, startup_packet};
+use pgwake_protocol::login::{BackendLogin, LoginMode, Step};
+use pgwake_routing::Endpoint;
+use tokio::io::AsyncWriteExt;
+
+use super::OpenError;
+use super::connect::BackendLink;
+use super::on_behalf::OnBehalf;
+use crate::cancel::{CancelMap, CancelRegistration, CancelTarget};
+use crate::error::SessionError;
+use crate::stream::Stream;
+use crate::wire::{read_message, read_password_message};
+
+/// The client a login is carried to, and where its cancel key is registered.
+pub(super) struct ToClient<'a> {
+    /// The client's stream.
+    pub stream: &'a mut Stream,
+    /// Gateway-issued cancel keys.
+    pub cancels: &'a Arc<CancelMap>,
+}
+
+/// What a finished login left.
+pub(super) struct LoggedIn {
+    /// The backend's cancel key.
+    pub target: Option<CancelTarget>,
+    /// The key the client was given for it (logins carried to a client).
+    pub cancel: Option<CancelRegistration>,
+    /// The backend's ParameterStatus messages, when asked to keep them.
+    pub parameters: Option<Vec<u8>>,
+}
+
+/// Logs in to `backend` with `params`: the gateway answers authentication requests when it has
+/// `auth`, else the client does; with a client the login is carried to it until the backend's
+/// first ReadyForQuery has reached it. A refusal the client saw nothing of and that may pass
+/// (`57P03`, or the connection cut mid-login by a crash restart) is `BackendNotReady`, to be
+/// retried; a detached login's refusal is the backend's ErrorResponse body. Callers bound it
+/// in time.
+pub(super) async fn log_in(
+    link: &BackendLink,
+    backend: &mut Stream,
+    endpoint: &Endpoint,
+    params: &[(String, String)],
+    mut auth: Option<OnBehalf<'_>>,
+    mut client: Option<ToClient<'_>>,
+    keep_parameters: bool,
+) -> Result<LoggedIn, OpenError> {
+    let mode = match (&auth, &client) {
+        (_, None) => LoginMode::Detached,
+        (Some(_), Some(_)) => LoginMode::Greet,
+        (None, Some(_)) => LoginMode::Relay,
+    };
+    let mut login = BackendLogin::new(mode, keep_parameters);
+    let io = |login: &BackendLogin, e: std::io::Error| {
+        if login.relayed() || mode == LoginMode::Detached {
+            SessionError::BackendUnreachable {
+                endpoint: endpoint.to_string(),
+                source: e,
+            }
+        } else {
+            // A crash restart of Postgres ends every child, new ones mid-login included: for a
+            // client that has seen nothing yet, a server not ready.
+            SessionError::BackendNotReady(format!("the connection ended during the login: {e}"))
+        }
+    };
+    backend
+        .write_all(&startup_packet(params))
+        .await
+        .map_err(|e| io(&login, e))?;
+    let mut done = LoggedIn {
+        target: None,
+        cancel: None,
+        parameters: None,
+    };
+    loop {
+        let msg = read_message(backend, link.max_message)
+            .await
+            .map_err(|e| io(&login, e))?
+            .ok_or_else(|| SessionError::BackendProtocol("message length out of range".into()))?;
+        let step = login
+            .step(&msg.bytes)
+            .map_err(|e| SessionError::BackendProtocol(e.to_string()))?;
+        match step {
+            Step::Next => {}
+            Step::Answer { code, body } => {
+                let Some(on_behalf) = auth.as_mut() else {
+                    return Err(out_of_mode());
+                };
+                if let Some(reply) = on_behalf.answer(code, body).await? {
+                    backend.write_all(&reply).await.map_err(|e| io(&login, e))?;
+                }
+            }
+            Step::AskClient => {
+                let Some(c) = client.as_mut() else {
+                    return Err(out_of_mode());
+                };
+                let answer = ask_client(c.stream, &mut login, link.max_client_message).await?;
+                backend
+                    .write_all(&answer)
+                    .await
+                    .map_err(|e| io(&login, e))?;
+            }
+            Step::Key { pid, secret } => {
+                let target = CancelTarget {
+                    endpoint: endpoint.clone(),
+                    pid,
+                    secret,
+                };
+                if let Some(c) = client.as_ref() {
+                    let reg = c.cancels.register(target.clone());
+                    login.hold(&backend_key_data(reg.pid, reg.secret));
+                    done.cancel = Some(reg);
+                }
+                done.target = Some(target);
+            }
+            Step::Ready => {
+                if let Some(c) = client.as_mut() {
+                    send_held(c.stream, &mut login).await?;
+                }
+                done.parameters = login.take_parameters();
+                return Ok(done);
+            }
+            Step::Refused { retry: true, body } if client.is_some() => {
+                let fields = pgwake_protocol::frontend::error_fields(body);
+                return Err(SessionError::BackendNotReady(fields.message).into());
+            }
+            Step::Refused { body, .. } => {
+                let Some(c) = client.as_mut() else {
+                    return Err(OpenError::Refused(body.to_vec()));
+                };
+                // The backend's own ErrorResponse, relayed as is, ends the login.
+                send_held(c.stream, &mut login).await?;
+                return Err(SessionError::LoginRefused.into());
+            }
+        }
+    }
+}
+
+/// A step the login's mode rules out (the mode follows from `auth` and the client, so this
+/// would be the gateway's own mistake), refused rather than trusted.
+fn out_of_mode() -> OpenError {
+    SessionError::BackendProtocol("a login step its mode rules out".into()).into()
+}
+
+/// Sends the client the authentication request (and what came before it) and reads its answer
+/// for the backend.
+async fn ask_client(
+    client: &mut Stream,
+    login: &mut BackendLogin,
+    max: usize,
+) -> Result<Vec<u8>, SessionError> {
+    send_held(client, login).await?;
+    Ok(read_password_message(client, max).await?.bytes)
+}
+
+/// Sends the client what the login held back for it.
+async fn send_held(client: &mut Stream, login: &mut BackendLogin) -> Result<(), SessionError> {
+    let held = login.take_held();
+    client
+        .write_all(&held)
+        .await
+        .map_err(SessionError::ClientIo)?;
+    client.flush().await.map_err(SessionError::ClientIo)
+}

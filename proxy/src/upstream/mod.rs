@@ -1,0 +1,372 @@
+//! Upstream: the one way to a logged-in backend connection. The [`Connector`] opens TCP and
+//! TLS in the tenant's mode, logs in (relaying a passthrough login, greeting a client the
+//! gateway authenticated, or detached for revivals and `/sql`), registers cancel keys and keeps
+//! connections for reuse; every path that needs a backend goes through it.
+
+pub mod connect;
+mod login;
+mod on_behalf;
+pub mod pool;
+pub mod reuse;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pgwake_protocol::backend::backend_key_data;
+use pgwake_routing::{Endpoint, TenantId};
+use tokio::io::AsyncWriteExt;
+use tokio::time::Instant;
+use tracing::debug;
+
+pub use connect::BackendLink;
+pub use pool::{BackendConn, PoolError, PoolKey, PoolSettings, PoolStats, Pooled};
+pub use reuse::Returnable;
+
+use self::login::{LoggedIn, ToClient, log_in};
+use self::on_behalf::OnBehalf;
+use self::pool::Pool;
+use self::reuse::{Reuse, ReuseKey};
+use crate::auth::LoginMaterial;
+use crate::cancel::{CancelMap, CancelRegistration, CancelTarget};
+use crate::config::{BackendTls, ReuseConfig};
+use crate::error::SessionError;
+use crate::metrics::Metrics;
+use crate::stream::Stream;
+
+/// ReadyForQuery, idle: a kept backend connection is reset and outside any transaction.
+const READY_IDLE: [u8; 6] = [b'Z', 0, 0, 0, 5, b'I'];
+/// Pause between logins to a backend that answered `57P03`.
+const NOT_READY_PAUSE: Duration = Duration::from_millis(50);
+
+/// Why a backend connection could not be opened without a client.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// Connecting or logging in failed at the gateway's end, or the backend broke the protocol.
+    #[error(transparent)]
+    Session(#[from] SessionError),
+    /// The backend refused the login with this ErrorResponse body (e.g. an unknown database).
+    #[error("the backend refused the login")]
+    Refused(Vec<u8>),
+}
+
+impl From<OpenError> for SessionError {
+    fn from(e: OpenError) -> SessionError {
+        match e {
+            OpenError::Session(e) => e,
+            OpenError::Refused(_) => SessionError::LoginRefused,
+        }
+    }
+}
+
+/// What the connector is built from.
+pub struct ConnectorSettings {
+    /// TCP, TLS and size settings.
+    pub link: BackendLink,
+    /// Time for TCP (and TLS).
+    pub connect_timeout: Duration,
+    /// Time for a login exchange.
+    pub login_timeout: Duration,
+    /// How long a client is held while its backend answers `57P03` (the wake timeout).
+    pub not_ready_wait: Duration,
+    /// Cap on SCRAM iterations when deriving backend keys from a password.
+    pub max_backend_iterations: u32,
+    /// `[reuse]`.
+    pub reuse: ReuseConfig,
+    /// Bounds of the pool `/sql` runs on.
+    pub http_pool: PoolSettings,
+}
+
+/// Opens, logs in, keeps and hands out backend connections.
+pub struct Connector {
+    link: BackendLink,
+    connect_timeout: Duration,
+    login_timeout: Duration,
+    not_ready_wait: Duration,
+    max_backend_iterations: u32,
+    cancels: Arc<CancelMap>,
+    metrics: Arc<Metrics>,
+    reuse: Option<Arc<Reuse>>,
+    http_pool: Arc<Pool<PoolKey, BackendConn>>,
+}
+
+/// A client session's login: who, where, and with what.
+pub struct ClientLogin<'a> {
+    /// The tenant.
+    pub tenant: &'a TenantId,
+    /// Its database's address now.
+    pub endpoint: &'a Endpoint,
+    /// TLS towards it.
+    pub tls: BackendTls,
+    /// Startup parameters forwarded to the backend.
+    pub params: &'a [(String, String)],
+    /// The user and what the gateway's check of the password left; `None` under passthrough,
+    /// where the client logs in to the backend itself.
+    pub checked: Option<(&'a str, &'a LoginMaterial)>,
+}
+
+/// A backend connection whose login reached the client.
+pub struct Upstream {
+    /// The connection.
+    pub stream: Stream,
+    /// The key the client holds for it.
+    pub cancel: Option<CancelRegistration>,
+    /// Set when the connection may be kept for reuse once the client leaves.
+    pub returnable: Option<Returnable>,
+    /// Whether it was a kept connection rather than a fresh login.
+    pub reused: bool,
+}
+
+impl Connector {
+    /// A connector registering cancel keys in `cancels`.
+    pub fn new(s: ConnectorSettings, cancels: Arc<CancelMap>, metrics: Arc<Metrics>) -> Self {
+        Connector {
+            reuse: Reuse::new(&s.reuse),
+            http_pool: Pool::new(s.http_pool),
+            link: s.link,
+            connect_timeout: s.connect_timeout,
+            login_timeout: s.login_timeout,
+            not_ready_wait: s.not_ready_wait,
+            max_backend_iterations: s.max_backend_iterations,
+            cancels,
+            metrics,
+        }
+    }
+
+    /// Largest message accepted from a backend outside the relay.
+    pub fn max_message(&self) -> usize {
+        self.link.max_message
+    }
+
+    /// Largest message accepted from a client during a login.
+    pub fn max_client_message(&self) -> usize {
+        self.link.max_client_message
+    }
+
+    /// Time for TCP (and TLS); also bounds delivering a cancel request.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// Whether departing clients may leave their backend connections for reuse.
+    pub fn reuses(&self) -> bool {
+        self.reuse.is_some()
+    }
+
+    /// A backend connection for a client session: a kept one for the same tenant, user and
+    /// startup parameters when there is one (greeting the client as its login would have), else
+    /// a fresh login carried to the client. While the backend answers `57P03` before the client
+    /// saw anything of the login (starting up, crash recovery) the client is held and the login
+    /// tried again for up to the wake timeout.
+    pub async fn for_client(
+        &self,
+        client: &mut Stream,
+        login: ClientLogin<'_>,
+    ) -> Result<Upstream, SessionError> {
+        // Only clients the gateway authenticated share backend connections: the gateway logged
+        // the connection in itself, as the same user with the same startup parameters.
+        let reuse = self.reuse.as_ref().filter(|_| login.checked.is_some());
+        let key = reuse.map(|_| ReuseKey::new(login.tenant, login.params));
+        if let (Some(reuse), Some(key)) = (reuse, &key)
+            && let Some(taken) = reuse.take(key, login.endpoint, &self.metrics)
+        {
+            return self.greet_on_kept(client, taken).await;
+        }
+        let hold_until = Instant::now() + self.not_ready_wait;
+        loop {
+            match self.log_in_fresh(client, &login, key.is_some()).await {
+                Ok(done) => return Ok(self.upstream(done, key)),
+                Err(SessionError::BackendNotReady(why)) if Instant::now() < hold_until => {
+                    debug!(reason = %why, "backend not ready; holding the client");
+                    tokio::select! {
+                        _ = tokio::time::sleep(NOT_READY_PAUSE) => {}
+                        _ = client.hung_up() => {
+                            return Err(SessionError::ClientIo(std::io::Error::new(
+                                std::io::ErrorKind::ConnectionAborted,
+                                "the client closed the connection while its database was \
+                                 recovering",
+                            )));
+                        }
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// One fresh login carried to the client, within the login timeout.
+    async fn log_in_fresh(
+        &self,
+        client: &mut Stream,
+        login: &ClientLogin<'_>,
+        keep_parameters: bool,
+    ) -> Result<(Stream, LoggedIn), SessionError> {
+        let deadline = Instant::now() + self.connect_timeout;
+        let mut stream = connect::connect(&self.link, login.endpoint, login.tls, deadline).await?;
+        let auth = login
+            .checked
+            .map(|(user, m)| OnBehalf::new(user, m, self.max_backend_iterations));
+        let to_client = ToClient {
+            stream: client,
+            cancels: &self.cancels,
+        };
+        let exchange = log_in(
+            &self.link,
+            &mut stream,
+            login.endpoint,
+            login.params,
+            auth,
+            Some(to_client),
+            keep_parameters,
+        );
+        let done = tokio::time::timeout(self.login_timeout, exchange)
+            .await
+            .map_err(|_| SessionError::LoginTimeout)??;
+        Ok((stream, done))
+    }
+
+    /// A fresh login's connection, returnable when `key` says it may be kept.
+    fn upstream(&self, (stream, done): (Stream, LoggedIn), key: Option<ReuseKey>) -> Upstream {
+        let returnable = match (key, done.parameters, done.target) {
+            (Some(key), Some(parameters), Some(target)) => Some(Returnable {
+                key,
+                parameters: parameters.into(),
+                target,
+            }),
+            _ => None,
+        };
+        Upstream {
+            stream,
+            cancel: done.cancel,
+            returnable,
+            reused: false,
+        }
+    }
+
+    /// Hands a kept backend connection to the client: the parameters the backend once sent, a
+    /// fresh cancel key for it, and ReadyForQuery.
+    async fn greet_on_kept(
+        &self,
+        client: &mut Stream,
+        taken: reuse::Taken,
+    ) -> Result<Upstream, SessionError> {
+        let cancel = self.cancels.register(taken.returnable.target.clone());
+        let mut hello = Vec::with_capacity(taken.returnable.parameters.len() + 32);
+        hello.extend_from_slice(&taken.returnable.parameters);
+        hello.extend_from_slice(&backend_key_data(cancel.pid, cancel.secret));
+        hello.extend_from_slice(&READY_IDLE);
+        client
+            .write_all(&hello)
+            .await
+            .map_err(SessionError::ClientIo)?;
+        client.flush().await.map_err(SessionError::ClientIo)?;
+        Ok(Upstream {
+            stream: taken.stream,
+            cancel: Some(cancel),
+            returnable: Some(taken.returnable),
+            reused: true,
+        })
+    }
+
+    /// A backend connection logged in as `user` with no client attached (a revival), by
+    /// `deadline` and within the connect and login timeouts; with the backend's cancel key.
+    pub async fn detached(
+        &self,
+        (endpoint, tls): (&Endpoint, BackendTls),
+        params: &[(String, String)],
+        (user, material): (&str, &LoginMaterial),
+        deadline: Instant,
+    ) -> Result<(Stream, CancelTarget), OpenError> {
+        let connect_by = deadline.min(Instant::now() + self.connect_timeout);
+        let mut stream = connect::connect(&self.link, endpoint, tls, connect_by).await?;
+        let auth = OnBehalf::new(user, material, self.max_backend_iterations);
+        let login = log_in(
+            &self.link,
+            &mut stream,
+            endpoint,
+            params,
+            Some(auth),
+            None,
+            false,
+        );
+        let login_by = deadline.min(Instant::now() + self.login_timeout);
+        let done = tokio::time::timeout_at(login_by, login)
+            .await
+            .map_err(|_| SessionError::LoginTimeout)??;
+        let target = done
+            .target
+            .ok_or_else(|| SessionError::BackendProtocol("no BackendKeyData".into()))?;
+        Ok((stream, target))
+    }
+
+    /// A pooled connection for `key` at `endpoint` (`/sql`), opened and logged in as the key's
+    /// user when none is free; `PoolError::Exhausted` when the pool's bounds held past its
+    /// acquire timeout.
+    pub async fn pooled(
+        &self,
+        key: &PoolKey,
+        (endpoint, tls): (&Endpoint, BackendTls),
+        material: &LoginMaterial,
+    ) -> Result<Pooled<PoolKey, BackendConn>, PoolError<OpenError>> {
+        let params = [
+            ("user".to_owned(), key.user.clone()),
+            ("database".to_owned(), key.database.clone()),
+        ];
+        let open = || async {
+            let deadline = Instant::now() + self.connect_timeout + self.login_timeout;
+            let who = (key.user.as_str(), material);
+            let (stream, target) = self
+                .detached((endpoint, tls), &params, who, deadline)
+                .await?;
+            let cancel = self.cancels.register(target);
+            Ok(BackendConn::new(stream, endpoint.clone(), cancel))
+        };
+        loop {
+            let conn = self.http_pool.get(key, open).await?;
+            // A tenant that slept and woke elsewhere leaves connections to its old address.
+            if conn.endpoint == *endpoint {
+                return Ok(conn);
+            }
+        }
+    }
+
+    /// Closes `/sql` pool connections past their idle timeout.
+    pub fn reap_pool(&self) {
+        self.http_pool.reap();
+    }
+
+    /// Counts of the `/sql` pool.
+    pub fn pool_stats(&self) -> PoolStats {
+        self.http_pool.stats()
+    }
+
+    /// Takes back a departed client's backend connection: reset and kept for reuse when it is
+    /// `returnable` and was left at a safe point, else closed.
+    pub async fn give_back(
+        &self,
+        stream: Stream,
+        endpoint: Endpoint,
+        returnable: Option<Returnable>,
+        safe: bool,
+    ) {
+        match (returnable, self.reuse.as_deref()) {
+            (Some(back), Some(reuse)) if safe => {
+                let max = self.link.max_message;
+                reuse
+                    .give_back(stream, endpoint, back, max, &self.metrics)
+                    .await;
+            }
+            _ => {
+                self.metrics.reuse_return("not_safe");
+                reuse::close(stream).await;
+            }
+        }
+    }
+
+    /// Closes kept connections past their idle timeout, until `stop` fires (none to do without
+    /// `[reuse]`).
+    pub async fn run_reaper(&self, stop: tokio_util::sync::CancellationToken) {
+        if let Some(reuse) = &self.reuse {
+            reuse.clone().run_reaper(self.metrics.clone(), stop).await;
+        }
+    }
+}
