@@ -24,6 +24,25 @@ pub mod auth_code {
     pub const SASL_FINAL: i32 = 12;
 }
 
+/// OIDs of the built-in types a RowDescription names that the gateway gives a JSON form
+/// (`/sql` rows in non-raw mode).
+pub mod type_oid {
+    /// `bool`.
+    pub const BOOL: u32 = 16;
+    /// `int2`.
+    pub const INT2: u32 = 21;
+    /// `int4`.
+    pub const INT4: u32 = 23;
+    /// `float4`.
+    pub const FLOAT4: u32 = 700;
+    /// `float8`.
+    pub const FLOAT8: u32 = 701;
+    /// `json`.
+    pub const JSON: u32 = 114;
+    /// `jsonb`.
+    pub const JSONB: u32 = 3802;
+}
+
 /// A StartupMessage (protocol 3.0) carrying these parameters.
 pub fn startup_packet<'a>(params: impl IntoIterator<Item = &'a (String, String)>) -> BytesMut {
     let mut startup = Startup::new();

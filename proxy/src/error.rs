@@ -152,6 +152,37 @@ impl SessionError {
         }
     }
 
+    /// The message for a connection ended by a time limit or a connection cap.
+    fn limit_message(&self) -> ErrorMessage {
+        use crate::capacity::Full;
+        let (code, text) = match self {
+            SessionError::StartupTimeout => (
+                sqlstate::PROTOCOL_VIOLATION,
+                "timeout: the startup message did not arrive in time".to_owned(),
+            ),
+            SessionError::AuthTimeout => (
+                sqlstate::PROTOCOL_VIOLATION,
+                "timeout: authentication did not finish in time".to_owned(),
+            ),
+            SessionError::Full(Full::Tenant { tenant, .. }) => (
+                sqlstate::TOO_MANY_CONNECTIONS,
+                format!("too many connections for tenant \"{tenant}\""),
+            ),
+            SessionError::Full(Full::Gateway(_)) => (
+                sqlstate::TOO_MANY_CONNECTIONS,
+                "sorry, too many clients already".to_owned(),
+            ),
+            _ => {
+                let m = ErrorMessage::fatal(
+                    sqlstate::TOO_MANY_CONNECTIONS,
+                    "too many connections are logging in; this one took too long",
+                );
+                return m.with_hint("retry");
+            }
+        };
+        ErrorMessage::fatal(code, text)
+    }
+
     /// The message for the client, or `None` when nothing can or should be sent (the client is
     /// gone, the backend's own error was already relayed, or TLS failed).
     pub fn client_message(&self) -> Option<ErrorMessage> {
@@ -161,10 +192,10 @@ impl SessionError {
                 ErrorMessage::fatal(FEATURE_NOT_SUPPORTED, self.inner_text())
             }
             SessionError::Startup(e) => ErrorMessage::fatal(PROTOCOL_VIOLATION, e.to_string()),
-            SessionError::StartupTimeout => ErrorMessage::fatal(
-                PROTOCOL_VIOLATION,
-                "timeout: the startup message did not arrive in time",
-            ),
+            SessionError::StartupTimeout
+            | SessionError::AuthTimeout
+            | SessionError::Evicted
+            | SessionError::Full(_) => self.limit_message(),
             SessionError::PlaintextRefused => ErrorMessage::fatal(
                 INVALID_AUTHORIZATION_SPECIFICATION,
                 "this gateway requires TLS: plaintext connections are not accepted",
@@ -220,24 +251,6 @@ impl SessionError {
                 ADMIN_SHUTDOWN,
                 "terminating connection because the gateway is shutting down",
             ),
-            SessionError::Full(crate::capacity::Full::Gateway(_)) => {
-                ErrorMessage::fatal(TOO_MANY_CONNECTIONS, "sorry, too many clients already")
-            }
-            SessionError::Full(crate::capacity::Full::Tenant { tenant, .. }) => {
-                ErrorMessage::fatal(
-                    TOO_MANY_CONNECTIONS,
-                    format!("too many connections for tenant \"{tenant}\""),
-                )
-            }
-            SessionError::AuthTimeout => ErrorMessage::fatal(
-                PROTOCOL_VIOLATION,
-                "timeout: authentication did not finish in time",
-            ),
-            SessionError::Evicted => ErrorMessage::fatal(
-                TOO_MANY_CONNECTIONS,
-                "too many connections are logging in; this one took too long",
-            )
-            .with_hint("retry"),
             SessionError::Handshake(_) | SessionError::LoginRefused | SessionError::ClientIo(_) => {
                 return None;
             }

@@ -84,18 +84,37 @@ impl Stream {
     }
 }
 
+/// Calls a poll method on whichever stream this is, pinned.
+macro_rules! on_inner {
+    ($stream:expr, $s:ident => $call:expr) => {
+        match $stream.get_mut() {
+            Stream::Plain(inner) => {
+                let $s = Pin::new(inner);
+                $call
+            }
+            Stream::ServerTls(inner) => {
+                let $s = Pin::new(inner.as_mut());
+                $call
+            }
+            Stream::ClientTls(inner) => {
+                let $s = Pin::new(inner.as_mut());
+                $call
+            }
+            Stream::Tunnel { io, .. } => {
+                let $s = Pin::new(io.as_mut());
+                $call
+            }
+        }
+    };
+}
+
 impl AsyncRead for Stream {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::ServerTls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-            Stream::ClientTls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-            Stream::Tunnel { io, .. } => Pin::new(io.as_mut()).poll_read(cx, buf),
-        }
+        on_inner!(self, s => s.poll_read(cx, buf))
     }
 }
 
@@ -105,29 +124,14 @@ impl AsyncWrite for Stream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::ServerTls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-            Stream::ClientTls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-            Stream::Tunnel { io, .. } => Pin::new(io.as_mut()).poll_write(cx, buf),
-        }
+        on_inner!(self, s => s.poll_write(cx, buf))
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
-            Stream::ServerTls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-            Stream::ClientTls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-            Stream::Tunnel { io, .. } => Pin::new(io.as_mut()).poll_flush(cx),
-        }
+        on_inner!(self, s => s.poll_flush(cx))
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::ServerTls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-            Stream::ClientTls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-            Stream::Tunnel { io, .. } => Pin::new(io.as_mut()).poll_shutdown(cx),
-        }
+        on_inner!(self, s => s.poll_shutdown(cx))
     }
 }

@@ -173,6 +173,11 @@ pub fn backend_client_config(backend: &BackendConfig) -> Result<Arc<ClientConfig
     Ok(Arc::new(config))
 }
 
+/// Short names for the signature checks' types (message, certificate, signature, verdict).
+type Cert<'a> = CertificateDer<'a>;
+type Dss = DigitallySignedStruct;
+type Signature = Result<HandshakeSignatureValid, rustls::Error>;
+
 /// libpq's `sslmode=require`: the link is encrypted and handshake signatures are checked, but the
 /// certificate is not tied to a trusted CA. Used only when no `[backend] ca` is configured.
 #[derive(Debug)]
@@ -190,22 +195,12 @@ impl ServerCertVerifier for EncryptOnly {
         Ok(ServerCertVerified::assertion())
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0)
+    fn verify_tls12_signature(&self, m: &[u8], c: &Cert<'_>, s: &Dss) -> Signature {
+        rustls::crypto::verify_tls12_signature(m, c, s, &self.0)
     }
 
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0)
+    fn verify_tls13_signature(&self, m: &[u8], c: &Cert<'_>, s: &Dss) -> Signature {
+        rustls::crypto::verify_tls13_signature(m, c, s, &self.0)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {

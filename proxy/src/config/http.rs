@@ -5,7 +5,7 @@ use std::time::Duration;
 use bytesize::ByteSize;
 use serde::Deserialize;
 
-use super::{ConfigError, invalid};
+use super::{ConfigError, nonzero, positive};
 
 /// `[http]`: limits of `POST /sql` and its pool of backend connections.
 #[derive(Clone, Debug, Deserialize)]
@@ -59,18 +59,12 @@ impl Default for HttpConfig {
 
 impl HttpConfig {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        if self.pool_max_per_key == 0 || self.pool_max_total == 0 {
-            return Err(invalid(
-                "http.pool_max_per_key",
-                "pool bounds must be at least 1 (http.pool_max_per_key, http.pool_max_total)",
-            ));
-        }
-        if self.header_timeout.is_zero() || self.body_timeout.is_zero() {
-            return Err(invalid(
-                "http.header_timeout",
-                "http.header_timeout and http.body_timeout must be greater than zero",
-            ));
-        }
-        Ok(())
+        let bounds = [self.pool_max_per_key, self.pool_max_total];
+        let bounds_why =
+            "pool bounds must be at least 1 (http.pool_max_per_key, http.pool_max_total)";
+        positive("http.pool_max_per_key", &bounds, bounds_why)?;
+        let times = [self.header_timeout, self.body_timeout];
+        let times_why = "http.header_timeout and http.body_timeout must be greater than zero";
+        nonzero("http.header_timeout", &times, times_why)
     }
 }

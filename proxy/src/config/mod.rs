@@ -2,6 +2,7 @@
 //! environment variables, validated once at start-up with errors that name the key.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use figment::Figment;
 use figment::providers::{Env, Format, Toml};
@@ -72,6 +73,22 @@ fn invalid(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         key: key.into(),
         problem: problem.into(),
+    }
+}
+
+/// Refuses `key` with `problem` unless every one of `values` is at least 1.
+fn positive(key: &str, values: &[usize], problem: &str) -> Result<(), ConfigError> {
+    match values.contains(&0) {
+        true => Err(invalid(key, problem)),
+        false => Ok(()),
+    }
+}
+
+/// Refuses `key` with `problem` unless every one of `times` is longer than zero.
+fn nonzero(key: &str, times: &[Duration], problem: &str) -> Result<(), ConfigError> {
+    match times.iter().any(Duration::is_zero) {
+        true => Err(invalid(key, problem)),
+        false => Ok(()),
     }
 }
 
@@ -239,6 +256,12 @@ mod tests {
 
     use super::*;
 
+    /// Asserts that `text` is refused with an error naming `key`.
+    fn refused(text: &str, key: &str) {
+        let err = load(text).unwrap_err().to_string();
+        assert!(err.contains(key), "{err}");
+    }
+
     /// Loads `text` inside a figment Jail: Jails run one at a time, so no other test's
     /// PGWAKE_* variables can leak into this load.
     #[allow(clippy::result_large_err)] // figment's Jail fixes the closure's error type
@@ -307,10 +330,10 @@ backend = { kind = "fixed", address = "127.0.0.1:5433" }
         assert_eq!(c.reuse.max_idle_per_key, 16);
         let c = load(&format!("{EXAMPLE}[reuse]\nenabled = false\n")).unwrap();
         assert!(!c.reuse.enabled);
-        let err = load(&format!("{EXAMPLE}[reuse]\nmax_idle_total = 0\n"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("reuse.max_idle_per_key"), "{err}");
+        refused(
+            &format!("{EXAMPLE}[reuse]\nmax_idle_total = 0\n"),
+            "reuse.max_idle_per_key",
+        );
     }
 
     #[test]
@@ -320,8 +343,7 @@ backend = { kind = "fixed", address = "127.0.0.1:5433" }
             "backend = { kind = \"fixed\", address = \"127.0.0.1:5433\" }\n\
              credentials = { kind = \"kubernetes_secret\" }",
         );
-        let err = load(&fixed).unwrap_err().to_string();
-        assert!(err.contains("credentials.secret"), "{err}");
+        refused(&fixed, "credentials.secret");
         load(&fixed.replace(
             "kind = \"kubernetes_secret\" }",
             "kind = \"kubernetes_secret\", secret = \"alpha-app\" }",
@@ -342,8 +364,7 @@ backend = { kind = "fixed", address = "127.0.0.1:5433" }
             "backend = { kind = \"fixed\", address = \"127.0.0.1:5433\" }",
             "backend = { kind = \"local\" }\nidle_timeout = \"30s\"",
         );
-        let err = load(&text).unwrap_err().to_string();
-        assert!(err.contains("[local]"), "{err}");
+        refused(&text, "[local]");
         let c = load(&format!(
             "{text}[local]\ndata_dir = \"data\"\npassword = \"pw\"\n"
         ))
@@ -355,16 +376,11 @@ backend = { kind = "fixed", address = "127.0.0.1:5433" }
 
     #[test]
     fn unknown_keys_are_named() {
-        let err = load(&EXAMPLE.replace("admin =", "admn ="))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("admn"), "{err}");
-        let err = load(&format!(
-            "{EXAMPLE}\n[limits]\nstartup_timeout = \"soon\"\n"
-        ))
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("startup_timeout"), "{err}");
+        refused(&EXAMPLE.replace("admin =", "admn ="), "admn");
+        refused(
+            &format!("{EXAMPLE}\n[limits]\nstartup_timeout = \"soon\"\n"),
+            "startup_timeout",
+        );
     }
 
     #[test]
@@ -380,12 +396,10 @@ backend = { kind = "fixed", address = "127.0.0.1:5433" }
         assert_eq!(c.revival.pinned, PinnedPolicy::Terminate);
         assert_eq!(c.revival.key_ring().unwrap().sealing_id(), "new");
         assert!(!format!("{c:?}").contains(key), "no key in Debug");
-        let err = load(&format!(
-            "{EXAMPLE}[[revival.keys]]\nid = \"short\"\nsecret = \"AAEC\"\n"
-        ))
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("revival.keys[0]"), "{err}");
+        refused(
+            &format!("{EXAMPLE}[[revival.keys]]\nid = \"short\"\nsecret = \"AAEC\"\n"),
+            "revival.keys[0]",
+        );
     }
 
     #[test]
@@ -400,48 +414,45 @@ backend = { kind = "fixed", address = "127.0.0.1:5433" }
         assert_eq!((p.min_warm, p.release), (3, PoolRelease::Delete));
         assert!(p.template.is_absolute());
         assert_eq!(p.lease_duration, Duration::from_secs(15));
-        let err = load(&pool).unwrap_err().to_string();
-        assert!(err.contains("tenant[0].backend.class"), "{err}");
-        let err = load(&format!("{pool}{}", class.replace("small", "Small")))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("pool_class[0].name"), "{err}");
-        let err = load(&format!("{pool}{class}replenish_interval = \"10s\"\n"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("replenish_interval"), "{err}");
-        let err = load(&format!(
-            "{}{class}",
-            pool.replace("\"alpha\"", "\"alpha_\"")
-        ))
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("label value"), "{err}");
+        refused(&pool, "tenant[0].backend.class");
+        refused(
+            &format!("{pool}{}", class.replace("small", "Small")),
+            "pool_class[0].name",
+        );
+        refused(
+            &format!("{pool}{class}replenish_interval = \"10s\"\n"),
+            "replenish_interval",
+        );
+        refused(
+            &format!("{}{class}", pool.replace("\"alpha\"", "\"alpha_\"")),
+            "label value",
+        );
     }
 
     #[test]
     fn plaintext_needs_opt_in() {
         let text = EXAMPLE.replace("[tls]\ncert = \"cert.pem\"\nkey = \"key.pem\"\n", "");
-        let err = load(&text).unwrap_err().to_string();
-        assert!(err.contains("allow_plaintext"), "{err}");
+        refused(&text, "allow_plaintext");
         let ok = text.replace("[listen]\n", "[listen]\nallow_plaintext = true\n");
         load(&ok).unwrap();
     }
 
     #[test]
     fn bad_values_name_their_key() {
-        let err = load(&EXAMPLE.replace("127.0.0.1:5433", "nowhere"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("tenant[0].backend.address"), "{err}");
-        let err = load(&format!("{EXAMPLE}[[tenant]]\nid = \"alpha\"\nbackend = {{ kind = \"fixed\", address = \"h:1\" }}\n"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("configured twice"), "{err}");
-        let err = load(&EXAMPLE.replace("id = \"alpha\"", "id = \"al.pha\""))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("invalid tenant id"), "{err}");
+        refused(
+            &EXAMPLE.replace("127.0.0.1:5433", "nowhere"),
+            "tenant[0].backend.address",
+        );
+        refused(
+            &format!(
+                "{EXAMPLE}[[tenant]]\nid = \"alpha\"\nbackend = {{ kind = \"fixed\", address = \"h:1\" }}\n"
+            ),
+            "configured twice",
+        );
+        refused(
+            &EXAMPLE.replace("id = \"alpha\"", "id = \"al.pha\""),
+            "invalid tenant id",
+        );
     }
 
     #[test]

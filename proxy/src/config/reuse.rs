@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{ConfigError, invalid};
+use super::{ConfigError, nonzero, positive};
 
 /// `[reuse]`: backend connections of clients that left at a safe point, reset with
 /// `DISCARD ALL` and kept for the next client with the same tenant and startup parameters.
@@ -39,18 +39,13 @@ impl Default for ReuseConfig {
 
 impl ReuseConfig {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        if self.enabled && (self.max_idle_per_key == 0 || self.max_idle_total == 0) {
-            return Err(invalid(
-                "reuse.max_idle_per_key",
-                "max_idle_per_key and max_idle_total must be at least 1 (or set reuse.enabled = false)",
-            ));
+        if self.enabled {
+            let bounds = [self.max_idle_per_key, self.max_idle_total];
+            let why = "max_idle_per_key and max_idle_total must be at least 1 (or set reuse.enabled = false)";
+            positive("reuse.max_idle_per_key", &bounds, why)?;
         }
-        if self.idle_timeout.is_zero() || self.reset_timeout.is_zero() {
-            return Err(invalid(
-                "reuse.idle_timeout",
-                "idle_timeout and reset_timeout must be greater than zero",
-            ));
-        }
-        Ok(())
+        let times = [self.idle_timeout, self.reset_timeout];
+        let why = "idle_timeout and reset_timeout must be greater than zero";
+        nonzero("reuse.idle_timeout", &times, why)
     }
 }

@@ -71,11 +71,9 @@ pub enum PinnedPolicy {
 pub struct RevivalKeyConfig {
     /// Key id, stored in each token (1 to 255 bytes).
     pub id: String,
-    /// The key: 32 bytes, base64.
-    #[serde(default)]
+    /// The key: 32 bytes, base64 (a missing `Option` reads as `None`).
     pub secret: Option<String>,
     /// A file holding the base64 key instead (e.g. a mounted Kubernetes Secret).
-    #[serde(default)]
     pub secret_file: Option<PathBuf>,
 }
 

@@ -6,6 +6,7 @@
 //! backend skips to the next Sync, later statements of a batch fail inside the aborted
 //! transaction and `COMMIT` rolls back, so one round trip serves any request.
 
+use pgwake_protocol::backend::type_oid as oid;
 use pgwake_protocol::frontend;
 use serde_json::{Map, Number, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -43,17 +44,6 @@ pub enum QueryError {
     /// The backend sent something unexpected.
     #[error("backend protocol: {0}")]
     Protocol(String),
-}
-
-/// Type OIDs with a JSON form in non-raw mode.
-mod oid {
-    pub const BOOL: u32 = 16;
-    pub const INT2: u32 = 21;
-    pub const INT4: u32 = 23;
-    pub const FLOAT4: u32 = 700;
-    pub const FLOAT8: u32 = 701;
-    pub const JSON: u32 = 114;
-    pub const JSONB: u32 = 3802;
 }
 
 /// Bounds on one request's results.

@@ -90,19 +90,23 @@ enum PumpError {
 
 /// One direction: a buffer, the bytes in it not yet written, and the framing state.
 struct Pump {
+    /// Counts the bytes this direction moves.
+    counter: IntCounter,
+    /// Bytes read and not yet written are `buf[pos..cap]`.
     buf: Box<[u8]>,
     pos: usize,
     cap: usize,
-    eof: bool,
-    need_flush: bool,
     scanner: FrameScanner,
-    counter: IntCounter,
+    /// The source ended.
+    eof: bool,
+    /// Bytes were written since the last flush.
+    need_flush: bool,
     /// A message to send at the next boundary, after which this direction ends.
     inject: Option<Vec<u8>>,
-    /// A message to send if the source ends at a boundary without an error of its own.
-    on_eof: Option<Vec<u8>>,
     /// Bytes read in the last `poll_copy` (for quiet detection).
     moved: bool,
+    /// A message to send if the source ends at a boundary without an error of its own.
+    on_eof: Option<Vec<u8>>,
     /// Length of held bytes at the start of the buffer after [`PumpError::Held`].
     held: usize,
     /// Withhold a Terminate that ends a chunk at a message boundary and end the direction
