@@ -20,6 +20,10 @@ pub struct Policy {
     /// End a session that cannot move when its tenant goes to sleep (`pinned = "terminate"`),
     /// instead of keeping the tenant awake for it.
     pub end_pinned: bool,
+    /// Quiet time at a safe point after which a movable session parks on its own, handing its
+    /// backend connection to other sessions, even while its tenant is busy
+    /// (`revival.park_session_after`; `None`: only for the tenant's sleep).
+    pub park_after: Option<Duration>,
 }
 
 /// What the policy needs to know of the session's last snapshot.
@@ -87,6 +91,9 @@ pub enum Move {
     BackendEnded,
     /// An operator asked; it is revived at once.
     Migrate,
+    /// It was quiet for the policy's `park_after`; it parks until the client's next message and
+    /// its backend connection serves other sessions meanwhile.
+    SessionIdle,
 }
 
 impl Move {
@@ -96,6 +103,7 @@ impl Move {
             Move::IdleSleep => "idle_sleep",
             Move::BackendEnded => "backend_ended",
             Move::Migrate => "migrate",
+            Move::SessionIdle => "session_idle",
         }
     }
 
@@ -137,6 +145,8 @@ pub struct Mobility {
     run_movable: bool,
     /// A migrate request waits for the snapshot being taken.
     migrate_after_snapshot: bool,
+    /// The tenant's idle timeout as of the last plan.
+    idle_timeout: Duration,
 }
 
 impl Mobility {
@@ -147,6 +157,7 @@ impl Mobility {
             claim_idle: false,
             run_movable: false,
             migrate_after_snapshot: false,
+            idle_timeout: Duration::ZERO,
         }
     }
 
@@ -165,6 +176,7 @@ impl Mobility {
         since_traffic: Duration,
         idle_timeout: Duration,
     ) -> RunPlan {
+        self.idle_timeout = idle_timeout;
         let valid = snapshot.valid && !preloaded;
         let mark_busy = !valid && self.claim_idle;
         if mark_busy {
@@ -178,9 +190,10 @@ impl Mobility {
             // The snapshot is recorded; what remains is the idle clock, which runs from the
             // last traffic. Traffic in the run outdates the snapshot, so after it the relay
             // comes back after `snapshot_after` for a new one.
-            Some(idle_timeout.saturating_sub(since_traffic))
+            let idle = idle_timeout.saturating_sub(since_traffic);
+            Some(self.park_wait(since_traffic).map_or(idle, |p| p.min(idle)))
         } else {
-            None
+            self.park_wait(since_traffic)
         };
         RunPlan {
             mark_busy,
@@ -194,13 +207,23 @@ impl Mobility {
     }
 
     /// What to do about the run's `outcome`; `snapshot` is seen after the run (the client may
-    /// have outdated it during the run, and the session never moves on an outdated snapshot).
-    pub fn decide(&mut self, outcome: Outcome, snapshot: SnapshotView) -> Decision {
+    /// have outdated it during the run, and the session never moves on an outdated snapshot);
+    /// `since_traffic`: how long the session has been quiet now.
+    pub fn decide(
+        &mut self,
+        outcome: Outcome,
+        snapshot: SnapshotView,
+        since_traffic: Duration,
+    ) -> Decision {
         self.migrate_after_snapshot = false;
         let valid = snapshot.valid;
         let still_movable = self.run_movable && valid;
+        let park_due = self.policy.park_after.is_some_and(|p| since_traffic >= p);
         match outcome {
             Outcome::Quiet if !valid => Decision::Snapshot,
+            Outcome::Quiet if still_movable && park_due => Decision::Leave(Move::SessionIdle),
+            // Back early for the park time: the idle clock has not run out.
+            Outcome::Quiet if since_traffic < self.idle_timeout => Decision::Stay,
             Outcome::Quiet if self.waits_for_idle() => {
                 self.claim_idle = true;
                 Decision::MarkIdle
@@ -231,6 +254,12 @@ impl Mobility {
     /// The session is on a new backend connection, with a claim that is not idle.
     pub fn revived(&mut self) {
         self.claim_idle = false;
+    }
+
+    /// How much longer a movable session at a valid snapshot waits before it parks on its own.
+    fn park_wait(&self, since_traffic: Duration) -> Option<Duration> {
+        let park_after = self.policy.park_after.filter(|_| self.run_movable)?;
+        Some(park_after.saturating_sub(since_traffic))
     }
 
     /// At a valid snapshot, the idle clock is what the session waits for: it can park, or it
@@ -276,6 +305,7 @@ mod tests {
         Policy {
             snapshot_after: SNAP,
             end_pinned,
+            park_after: None,
         }
     }
 
@@ -287,8 +317,44 @@ mod tests {
     fn idle(view: SnapshotView, end_pinned: bool) -> Mobility {
         let mut m = Mobility::new(policy(end_pinned));
         m.plan(view, false, IDLE, IDLE);
-        assert_eq!(m.decide(Outcome::Quiet, view), Decision::MarkIdle);
+        assert_eq!(m.decide(Outcome::Quiet, view, IDLE), Decision::MarkIdle);
         m
+    }
+
+    #[test]
+    fn a_movable_session_quiet_for_park_after_parks_on_its_own() {
+        let park = secs(5);
+        let mut m = Mobility::new(Policy {
+            park_after: Some(park),
+            ..policy(false)
+        });
+        // At a valid snapshot the run comes back at whichever is first: park or idle.
+        let p = m.plan(MOVABLE, false, secs(3), IDLE);
+        assert_eq!(p.quiet_first, Some(secs(2)));
+        assert_eq!(m.decide(Outcome::Quiet, MOVABLE, secs(4)), Decision::Stay);
+        m.plan(MOVABLE, false, secs(5), IDLE);
+        assert_eq!(
+            m.decide(Outcome::Quiet, MOVABLE, park),
+            Decision::Leave(Move::SessionIdle)
+        );
+        // A pinned session never parks on its own.
+        let mut pinned = Mobility::new(Policy {
+            park_after: Some(park),
+            ..policy(false)
+        });
+        pinned.plan(PINNED, false, secs(5), IDLE);
+        assert_ne!(
+            pinned.decide(Outcome::Quiet, PINNED, IDLE),
+            Decision::Leave(Move::SessionIdle)
+        );
+        // Nor without a snapshot: one is taken first.
+        let mut fresh = Mobility::new(Policy {
+            park_after: Some(park),
+            ..policy(false)
+        });
+        fresh.plan(NONE, false, secs(5), IDLE);
+        assert_eq!(fresh.decide(Outcome::Quiet, NONE, IDLE), Decision::Snapshot);
+        assert!(Move::SessionIdle.parks() && !Move::SessionIdle.for_sleep());
     }
 
     #[test]
@@ -322,7 +388,7 @@ mod tests {
     fn quiet_without_a_valid_snapshot_takes_one_then_relays_on() {
         let mut m = Mobility::new(policy(false));
         m.plan(NONE, false, SNAP, IDLE);
-        assert_eq!(m.decide(Outcome::Quiet, NONE), Decision::Snapshot);
+        assert_eq!(m.decide(Outcome::Quiet, NONE, IDLE), Decision::Snapshot);
         assert_eq!(m.snapshot_taken(MOVABLE), Decision::Stay);
         assert!(!m.claim_idle());
     }
@@ -331,7 +397,7 @@ mod tests {
     fn a_snapshot_the_client_outdated_during_the_run_is_taken_again() {
         let mut m = Mobility::new(policy(false));
         m.plan(MOVABLE, false, SNAP, IDLE);
-        assert_eq!(m.decide(Outcome::Quiet, OUTDATED), Decision::Snapshot);
+        assert_eq!(m.decide(Outcome::Quiet, OUTDATED, IDLE), Decision::Snapshot);
     }
 
     #[test]
@@ -358,7 +424,7 @@ mod tests {
         assert_eq!(p.quiet_first, None);
         assert_eq!(p.quiet_after, Some(SNAP));
         // Quiet again (after traffic that did not outdate the snapshot): nothing more to do.
-        assert_eq!(m.decide(Outcome::Quiet, MOVABLE), Decision::Stay);
+        assert_eq!(m.decide(Outcome::Quiet, MOVABLE, IDLE), Decision::Stay);
     }
 
     #[test]
@@ -385,7 +451,7 @@ mod tests {
         let p = m.plan(PINNED, false, IDLE, IDLE);
         assert_eq!(p.quiet_first, None);
         assert!(!p.hold_backend_end);
-        assert_eq!(m.decide(Outcome::Quiet, PINNED), Decision::Stay);
+        assert_eq!(m.decide(Outcome::Quiet, PINNED, IDLE), Decision::Stay);
         assert!(!m.claim_idle());
     }
 
@@ -395,14 +461,14 @@ mod tests {
         let p = m.plan(PINNED, false, secs(4), IDLE);
         assert_eq!(p.quiet_first, Some(secs(6)));
         assert!(!p.hold_backend_end);
-        assert_eq!(m.decide(Outcome::Quiet, PINNED), Decision::MarkIdle);
+        assert_eq!(m.decide(Outcome::Quiet, PINNED, IDLE), Decision::MarkIdle);
     }
 
     #[test]
     fn park_request_at_a_valid_movable_snapshot_parks_for_sleep() {
         let mut m = idle(MOVABLE, false);
         m.plan(MOVABLE, false, IDLE, IDLE);
-        let d = m.decide(Outcome::ParkRequested, MOVABLE);
+        let d = m.decide(Outcome::ParkRequested, MOVABLE, IDLE);
         assert_eq!(d, Decision::Leave(Move::IdleSleep));
     }
 
@@ -411,7 +477,10 @@ mod tests {
         for end_pinned in [false, true] {
             let mut m = idle(MOVABLE, end_pinned);
             m.plan(MOVABLE, false, IDLE, IDLE);
-            assert_eq!(m.decide(Outcome::ParkRequested, OUTDATED), Decision::Stay);
+            assert_eq!(
+                m.decide(Outcome::ParkRequested, OUTDATED, IDLE),
+                Decision::Stay
+            );
         }
     }
 
@@ -421,7 +490,7 @@ mod tests {
         let p = m.plan(PINNED, false, IDLE, IDLE);
         assert!(p.listen_park && !p.hold_backend_end);
         assert_eq!(
-            m.decide(Outcome::ParkRequested, PINNED),
+            m.decide(Outcome::ParkRequested, PINNED, IDLE),
             Decision::EndPinned
         );
     }
@@ -432,17 +501,23 @@ mod tests {
         // the run, nothing held the backend's end, so the session does not move.
         let mut m = idle(MOVABLE, false);
         m.plan(MOVABLE, true, IDLE, IDLE);
-        assert_eq!(m.decide(Outcome::ParkRequested, MOVABLE), Decision::Stay);
+        assert_eq!(
+            m.decide(Outcome::ParkRequested, MOVABLE, IDLE),
+            Decision::Stay
+        );
     }
 
     #[test]
     fn migrate_at_a_valid_snapshot_moves_if_movable() {
         let mut m = Mobility::new(policy(false));
         m.plan(MOVABLE, false, Duration::ZERO, IDLE);
-        let d = m.decide(Outcome::MigrateRequested, MOVABLE);
+        let d = m.decide(Outcome::MigrateRequested, MOVABLE, IDLE);
         assert_eq!(d, Decision::Leave(Move::Migrate));
         m.plan(PINNED, false, Duration::ZERO, IDLE);
-        assert_eq!(m.decide(Outcome::MigrateRequested, PINNED), Decision::Stay);
+        assert_eq!(
+            m.decide(Outcome::MigrateRequested, PINNED, IDLE),
+            Decision::Stay
+        );
     }
 
     #[test]
@@ -450,14 +525,14 @@ mod tests {
         let mut m = Mobility::new(policy(false));
         m.plan(NONE, false, Duration::ZERO, IDLE);
         assert_eq!(
-            m.decide(Outcome::MigrateRequested, NONE),
+            m.decide(Outcome::MigrateRequested, NONE, IDLE),
             Decision::Snapshot
         );
         let d = m.snapshot_taken(MOVABLE);
         assert_eq!(d, Decision::Leave(Move::Migrate));
         m.plan(OUTDATED, false, Duration::ZERO, IDLE);
         assert_eq!(
-            m.decide(Outcome::MigrateRequested, OUTDATED),
+            m.decide(Outcome::MigrateRequested, OUTDATED, IDLE),
             Decision::Snapshot
         );
         assert_eq!(m.snapshot_taken(PINNED), Decision::Stay);
@@ -469,16 +544,16 @@ mod tests {
     fn backend_shutdown_moves_a_movable_session_and_ends_the_rest() {
         let mut m = Mobility::new(policy(false));
         m.plan(MOVABLE, false, Duration::ZERO, IDLE);
-        let d = m.decide(Outcome::BackendShutDown, MOVABLE);
+        let d = m.decide(Outcome::BackendShutDown, MOVABLE, IDLE);
         assert_eq!(d, Decision::Leave(Move::BackendEnded));
         m.plan(MOVABLE, false, Duration::ZERO, IDLE);
         assert_eq!(
-            m.decide(Outcome::BackendShutDown, OUTDATED),
+            m.decide(Outcome::BackendShutDown, OUTDATED, IDLE),
             Decision::EndLost
         );
         m.plan(PINNED, true, Duration::ZERO, IDLE);
         assert_eq!(
-            m.decide(Outcome::BackendShutDown, PINNED),
+            m.decide(Outcome::BackendShutDown, PINNED, IDLE),
             Decision::EndLost
         );
     }
@@ -500,6 +575,7 @@ mod tests {
         assert!(Move::IdleSleep.parks() && Move::BackendEnded.parks() && !Move::Migrate.parks());
         assert!(Move::IdleSleep.for_sleep() && !Move::BackendEnded.for_sleep());
         assert!(!Move::Migrate.for_sleep());
+        assert_eq!(Move::SessionIdle.label(), "session_idle");
     }
 
     /// How a session left alone (no traffic) ended up, and when (time since its last traffic).
@@ -534,7 +610,7 @@ mod tests {
                 // No bytes move, so the relay's quiet timer is never armed.
                 return Settled::Stays;
             };
-            let mut decision = m.decide(outcome, view);
+            let mut decision = m.decide(outcome, view, since);
             if decision == Decision::Snapshot {
                 since += cost;
                 view = SnapshotView {
@@ -598,7 +674,7 @@ mod tests {
         ) {
             let snapshot_after_eff = snapshot_after.min(idle_timeout);
             let cost = snapshot_after_eff.mul_f64(cost_part);
-            let m = Mobility::new(Policy { snapshot_after, end_pinned });
+            let m = Mobility::new(Policy { snapshot_after, end_pinned, park_after: None });
             let settled = leave_alone(m, NONE, Duration::ZERO, idle_timeout, true, cost);
             let Settled::Parked(at) = settled else {
                 return Err(TestCaseError::fail(format!("{settled:?}")));
@@ -616,7 +692,7 @@ mod tests {
             extra_ms in 0u64..600_000,
         ) {
             let quiet = idle_timeout + Duration::from_millis(extra_ms);
-            let m = Mobility::new(Policy { snapshot_after, end_pinned });
+            let m = Mobility::new(Policy { snapshot_after, end_pinned, park_after: None });
             let settled = leave_alone(m, MOVABLE, quiet, idle_timeout, true, Duration::ZERO);
             prop_assert_eq!(settled, Settled::Parked(quiet));
         }
@@ -632,7 +708,7 @@ mod tests {
         ) {
             let snapshot_after_eff = snapshot_after.min(idle_timeout);
             let cost = snapshot_after_eff.mul_f64(cost_part);
-            let m = Mobility::new(Policy { snapshot_after, end_pinned });
+            let m = Mobility::new(Policy { snapshot_after, end_pinned, park_after: None });
             let settled = leave_alone(m, NONE, Duration::ZERO, idle_timeout, false, cost);
             if end_pinned {
                 let Settled::EndedPinned(at) = settled else {
@@ -654,8 +730,10 @@ mod tests {
             (snapshot_after, idle_timeout) in timers(),
             end_pinned in any::<bool>(),
             runs in prop::collection::vec(run(), 1..40),
+            park_ms in prop::option::of(1u64..600_000),
         ) {
-            let mut m = Mobility::new(Policy { snapshot_after, end_pinned });
+            let park_after = park_ms.map(Duration::from_millis);
+            let mut m = Mobility::new(Policy { snapshot_after, end_pinned, park_after });
             let mut view = NONE;
             for r in runs {
                 let before = view;
@@ -684,7 +762,8 @@ mod tests {
                 }
                 let outcome = *r.end.get(&ends);
                 let idle_at_decision = m.claim_idle();
-                let mut decision = m.decide(outcome, view);
+                let at = since + plan.quiet_first.unwrap_or_default();
+                let mut decision = m.decide(outcome, view, at);
                 if decision == Decision::Snapshot {
                     prop_assert!(!view.valid);
                     view = SnapshotView { valid: true, movable: r.movable };
@@ -694,7 +773,9 @@ mod tests {
                     prop_assert!(stays_or_migrates);
                 }
                 match decision {
-                    Decision::Leave(Move::IdleSleep) | Decision::Leave(Move::BackendEnded) => {
+                    Decision::Leave(
+                        Move::IdleSleep | Move::BackendEnded | Move::SessionIdle,
+                    ) => {
                         prop_assert!(plan.hold_backend_end && view.valid && view.movable);
                         return Ok(());
                     }

@@ -47,7 +47,7 @@ pub const ERROR_KINDS: &[&str] = &[
 /// Outcomes of `pgwake_auth_attempts_total`, each started at zero.
 const AUTH_OUTCOMES: &[&str] = &["ok", "failed", "throttled", "error"];
 /// Reasons a session leaves its backend (`pgwake_parks_total`, `pgwake_revivals_total`).
-const PARK_REASONS: &[&str] = &["idle_sleep", "backend_ended", "migrate"];
+const PARK_REASONS: &[&str] = &["idle_sleep", "backend_ended", "migrate", "session_idle"];
 /// Outcomes of wakes and revivals.
 const OUTCOMES: &[&str] = &["ok", "error"];
 /// Outcomes of `pgwake_backend_reuse_total`.
@@ -253,13 +253,13 @@ impl Metrics {
             parks: r.counter_vec(
                 "pgwake_parks_total",
                 "Sessions that left their backend connection, by reason (idle_sleep, \
-                 backend_ended, migrate).",
+                 backend_ended, migrate, session_idle).",
                 &["reason"],
             ),
             revivals: r.counter_vec(
                 "pgwake_revivals_total",
                 "Sessions logged back in to a backend, by why they had left (idle_sleep, \
-                 backend_ended, migrate) and outcome (ok, error).",
+                 backend_ended, migrate, session_idle) and outcome (ok, error).",
                 &["reason", "outcome"],
             ),
             revival_duration: r.histogram(

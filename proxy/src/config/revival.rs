@@ -25,6 +25,12 @@ pub struct RevivalConfig {
     /// prepared statements, pins) with one query, so a restart of its backend can move it.
     #[serde(with = "humantime_serde")]
     pub snapshot_after: Duration,
+    /// Quiet time at a safe point after which a movable session parks on its own, even while
+    /// its tenant is busy: its backend connection is reset and kept for other sessions of the
+    /// same user and startup parameters (with `[reuse]`), or closed; the session is revived on
+    /// its next message. Off when unset.
+    #[serde(with = "humantime_serde")]
+    pub park_session_after: Option<Duration>,
     /// What an idle but pinned session (open transaction, temp table, advisory lock, LISTEN,
     /// held cursor) does to an idle tenant: keep it awake, or be ended with FATAL.
     pub pinned: PinnedPolicy,
@@ -46,6 +52,7 @@ impl Default for RevivalConfig {
             keys: Vec::new(),
             token_ttl: Duration::from_secs(24 * 3600),
             snapshot_after: Duration::from_secs(1),
+            park_session_after: None,
             pinned: PinnedPolicy::KeepAwake,
             revive_timeout: Duration::from_secs(30),
             max_statements: 1000,
@@ -126,12 +133,14 @@ impl RevivalConfig {
 impl RevivalConfig {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         if self.snapshot_after.is_zero()
+            || self.park_session_after.is_some_and(|p| p.is_zero())
             || self.revive_timeout.is_zero()
             || self.token_ttl.is_zero()
         {
             return Err(invalid(
                 "revival.snapshot_after",
-                "snapshot_after, revive_timeout and token_ttl must be greater than zero",
+                "snapshot_after, park_session_after, revive_timeout and token_ttl must be greater \
+                 than zero",
             ));
         }
         self.key_ring().map(|_| ())

@@ -136,6 +136,7 @@ async fn drive(
         mobility: Mobility::new(Policy {
             snapshot_after: rv.config.snapshot_after,
             end_pinned: rv.config.pinned == PinnedPolicy::Terminate,
+            park_after: rv.config.park_session_after,
         }),
     });
     let mut s = Live::new(gw, current, cancel, returnable, max_statements);
@@ -218,16 +219,18 @@ impl<'g> Live<'g> {
         snapshot_view(self.snap.as_ref(), &self.tracker)
     }
 
+    /// How long the session has been quiet (since its login, before any traffic).
+    fn since_traffic(&self) -> Duration {
+        let last = self.tracker.last_activity().unwrap_or(self.logged_in);
+        last.elapsed()
+    }
+
     /// What the next relay run watches for.
     fn plan(&mut self, mover: Option<&mut Mover<'_>>) -> RunPlan {
         let Some(m) = mover else {
             return RunPlan::RELAY_ONLY;
         };
-        let since_traffic = self
-            .tracker
-            .last_activity()
-            .unwrap_or(self.logged_in)
-            .elapsed();
+        let since_traffic = self.since_traffic();
         m.mobility.plan(
             self.view(),
             !self.preload.is_empty(),
@@ -332,7 +335,8 @@ impl<'g> Live<'g> {
         m: &mut Mover<'_>,
         outcome: Outcome,
     ) -> Result<Option<Move>, Ended> {
-        let mut decision = m.mobility.decide(outcome, self.view());
+        let since_traffic = self.since_traffic();
+        let mut decision = m.mobility.decide(outcome, self.view(), since_traffic);
         loop {
             match decision {
                 Decision::Snapshot => {
@@ -388,28 +392,35 @@ impl<'g> Live<'g> {
         how: Move,
     ) -> Result<Live<'g>, Ended> {
         let gw = self.gw;
-        let _ = timeout(Duration::from_millis(200), async {
-            let _ = self.current.stream.write_all(&TERMINATE).await;
-            let _ = self.current.stream.shutdown().await;
-        })
-        .await;
+        let Attached {
+            stream,
+            claim,
+            endpoint,
+        } = self.current;
+        if how == Move::SessionIdle {
+            // At rest and movable: the connection can serve another session.
+            let back = self.returnable.take();
+            gw.connector.give_back(stream, endpoint, back, true).await;
+        } else {
+            crate::upstream::close(stream).await;
+        }
         gw.metrics.parked(how.label());
         let Some(snapshot) = self.snap.as_ref() else {
             return Err(Err(("internal", "parked without a snapshot".into())));
         };
         if how.parks() {
-            self.preload = park(gw, client, self.current.claim, how, snapshot).await?;
+            self.preload = park(gw, client, claim, how, snapshot).await?;
         } else {
-            drop(self.current.claim);
+            drop(claim);
         }
         let started = Instant::now();
         match revive::revive(gw, m.rv, &mut m.who, snapshot, self.cancel).await {
-            Ok(new) => {
+            Ok((new, returnable)) => {
                 let took = started.elapsed();
                 gw.metrics.revived(how.label(), Some(took));
                 info!(reason = how.label(), ms = took.as_secs_f64() * 1000.0, backend = %new.endpoint, "session revived");
                 self.current = new;
-                self.returnable = None;
+                self.returnable = returnable.filter(|_| gw.connector.reuses());
                 m.mobility.revived();
                 self.park_rx = self.current.claim.park_requests();
                 self.migrate_rx = self.current.claim.migrate_requests();

@@ -18,11 +18,11 @@ use tracing::debug;
 use super::snapshot::{Snapshot, StateError, restore};
 use super::{Attached, Sessions};
 use crate::auth::{Credential, LoginMaterial};
-use crate::cancel::{CancelRegistration, CancelTarget};
+use crate::cancel::CancelRegistration;
 use crate::config::{BackendTls, RevivalConfig};
 use crate::error::SessionError;
 use crate::stream::Stream;
-use crate::upstream::OpenError;
+use crate::upstream::{OpenError, Returnable};
 
 /// Pause between attempts while a backend restarts (connection refused, `57P03`).
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
@@ -137,7 +137,7 @@ pub(super) async fn revive(
     who: &mut Revivable,
     snap: &Snapshot,
     cancel: Option<&CancelRegistration>,
-) -> Result<Attached, ReviveError> {
+) -> Result<(Attached, Option<Returnable>), ReviveError> {
     let limit = rv.config.revive_timeout;
     let deadline = Instant::now() + limit;
     let mut claims = rv
@@ -151,9 +151,9 @@ pub(super) async fn revive(
             .map_err(ReviveError::Wake)?;
         let endpoint = admission.endpoint.clone();
         match attempt(gw, (&endpoint, who.tls), &claims, &material, snap, deadline).await {
-            Ok((stream, target)) => {
+            Ok((stream, returnable)) => {
                 if let Some(reg) = cancel {
-                    gw.cancels.retarget(reg.pid, target);
+                    gw.cancels.retarget(reg.pid, returnable.target.clone());
                 }
                 // A fresh expiry: the token now proves a login that just worked.
                 let now = SystemTime::now();
@@ -168,11 +168,12 @@ pub(super) async fn revive(
                     ttl,
                 );
                 who.token = rv.keys.seal(&fresh);
-                return Ok(Attached {
+                let attached = Attached {
                     stream,
                     claim: admission.claim,
                     endpoint,
-                });
+                };
+                return Ok((attached, Some(returnable)));
             }
             Err(e) if e.retryable() && Instant::now() + RETRY_PAUSE < deadline => {
                 debug!(error = %e, "backend not ready for the revival yet; retrying");
@@ -184,6 +185,8 @@ pub(super) async fn revive(
     }
 }
 
+/// One try at a backend connection with the session's state: a kept connection for the same
+/// tenant and startup parameters when there is one, else a fresh login.
 async fn attempt(
     gw: &Sessions,
     (endpoint, tls): (&Endpoint, BackendTls),
@@ -191,18 +194,30 @@ async fn attempt(
     material: &LoginMaterial,
     snap: &Snapshot,
     deadline: Instant,
-) -> Result<(Stream, CancelTarget), ReviveError> {
+) -> Result<(Stream, Returnable), ReviveError> {
+    let tenant = TenantId::parse(&claims.tenant).map_err(|_| RevivalError::Malformed)?;
+    let max = gw.connector.max_message();
+    if let Some((mut stream, returnable)) =
+        gw.connector.take_kept(&tenant, &claims.params, endpoint)
+    {
+        match restore(&mut stream, snap, max, deadline).await {
+            Ok(()) => return Ok((stream, returnable)),
+            // The kept connection failed under the restore: a fresh login may not.
+            Err(e) => debug!(error = %e, "restoring on a kept connection failed"),
+        }
+    }
     let who = (claims.user.as_str(), material);
     let opened = gw
         .connector
         .detached((endpoint, tls), &claims.params, who, deadline)
         .await;
-    let (mut stream, target) = opened.map_err(|e| match e {
+    let mut detached = opened.map_err(|e| match e {
         OpenError::Session(e) => ReviveError::Connect(e),
         OpenError::Refused(body) => ReviveError::Login(frontend::error_fields(&body)),
     })?;
-    restore(&mut stream, snap, gw.connector.max_message(), deadline)
+    restore(&mut detached.stream, snap, max, deadline)
         .await
         .map_err(ReviveError::Restore)?;
-    Ok((stream, target))
+    let returnable = gw.connector.returnable(&tenant, &claims.params, &detached);
+    Ok((detached.stream, returnable))
 }

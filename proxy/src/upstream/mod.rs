@@ -20,7 +20,7 @@ use tracing::debug;
 
 pub use connect::BackendLink;
 pub use pool::{BackendConn, PoolError, PoolKey, PoolSettings, PoolStats, Pooled};
-pub use reuse::Returnable;
+pub use reuse::{Returnable, close};
 
 use self::login::{LoggedIn, ToClient, log_in};
 use self::on_behalf::OnBehalf;
@@ -102,6 +102,16 @@ pub struct ClientLogin<'a> {
     /// The user and what the gateway's check of the password left; `None` under passthrough,
     /// where the client logs in to the backend itself.
     pub checked: Option<(&'a str, &'a LoginMaterial)>,
+}
+
+/// A backend connection logged in with no client attached.
+pub struct Detached {
+    /// The connection.
+    pub stream: Stream,
+    /// The backend's cancel key.
+    pub target: CancelTarget,
+    /// The ParameterStatus messages of its login.
+    pub parameters: bytes::Bytes,
 }
 
 /// A backend connection whose login reached the client.
@@ -268,14 +278,15 @@ impl Connector {
     }
 
     /// A backend connection logged in as `user` with no client attached (a revival), by
-    /// `deadline` and within the connect and login timeouts; with the backend's cancel key.
+    /// `deadline` and within the connect and login timeouts; with the backend's cancel key and
+    /// the ParameterStatus messages of its login.
     pub async fn detached(
         &self,
         (endpoint, tls): (&Endpoint, BackendTls),
         params: &[(String, String)],
         (user, material): (&str, &LoginMaterial),
         deadline: Instant,
-    ) -> Result<(Stream, CancelTarget), OpenError> {
+    ) -> Result<Detached, OpenError> {
         let connect_by = deadline.min(Instant::now() + self.connect_timeout);
         let mut stream = connect::connect(&self.link, endpoint, tls, connect_by).await?;
         let auth = OnBehalf::new(user, material, self.max_backend_iterations);
@@ -295,7 +306,39 @@ impl Connector {
         let target = done
             .target
             .ok_or_else(|| SessionError::BackendProtocol("no BackendKeyData".into()))?;
-        Ok((stream, target))
+        Ok(Detached {
+            stream,
+            target,
+            parameters: done.parameters.unwrap_or_default().into(),
+        })
+    }
+
+    /// A kept connection for a session of `tenant` with these startup parameters at `endpoint`
+    /// (reset and idle), and what it takes to hand it on again.
+    pub fn take_kept(
+        &self,
+        tenant: &TenantId,
+        params: &[(String, String)],
+        endpoint: &Endpoint,
+    ) -> Option<(Stream, Returnable)> {
+        let reuse = self.reuse.as_ref()?;
+        let taken = reuse.take(&ReuseKey::new(tenant, params), endpoint, &self.metrics)?;
+        Some((taken.stream, taken.returnable))
+    }
+
+    /// What a session that logged in on `detached` needs to hand the connection on: the key of
+    /// its tenant and startup parameters, the login's parameters and cancel key.
+    pub fn returnable(
+        &self,
+        tenant: &TenantId,
+        params: &[(String, String)],
+        detached: &Detached,
+    ) -> Returnable {
+        Returnable {
+            key: ReuseKey::new(tenant, params),
+            parameters: detached.parameters.clone(),
+            target: detached.target.clone(),
+        }
     }
 
     /// A pooled connection for `key` at `endpoint` (`/sql`), opened and logged in as the key's
@@ -314,11 +357,11 @@ impl Connector {
         let open = || async {
             let deadline = Instant::now() + self.connect_timeout + self.login_timeout;
             let who = (key.user.as_str(), material);
-            let (stream, target) = self
+            let d = self
                 .detached((endpoint, tls), &params, who, deadline)
                 .await?;
-            let cancel = self.cancels.register(target);
-            Ok(BackendConn::new(stream, endpoint.clone(), cancel))
+            let cancel = self.cancels.register(d.target);
+            Ok(BackendConn::new(d.stream, endpoint.clone(), cancel))
         };
         loop {
             let conn = self.http_pool.get(key, open).await?;
