@@ -324,36 +324,26 @@ mod tests {
     #[test]
     fn a_movable_session_quiet_for_park_after_parks_on_its_own() {
         let park = secs(5);
-        let mut m = Mobility::new(Policy {
-            park_after: Some(park),
-            ..policy(false)
-        });
+        let parking = || {
+            Mobility::new(Policy {
+                park_after: Some(park),
+                ..policy(false)
+            })
+        };
+        let mut m = parking();
         // At a valid snapshot the run comes back at whichever is first: park or idle.
         let p = m.plan(MOVABLE, false, secs(3), IDLE);
         assert_eq!(p.quiet_first, Some(secs(2)));
         assert_eq!(m.decide(Outcome::Quiet, MOVABLE, secs(4)), Decision::Stay);
         m.plan(MOVABLE, false, secs(5), IDLE);
-        assert_eq!(
-            m.decide(Outcome::Quiet, MOVABLE, park),
-            Decision::Leave(Move::SessionIdle)
-        );
-        // A pinned session never parks on its own.
-        let mut pinned = Mobility::new(Policy {
-            park_after: Some(park),
-            ..policy(false)
-        });
-        pinned.plan(PINNED, false, secs(5), IDLE);
-        assert_ne!(
-            pinned.decide(Outcome::Quiet, PINNED, IDLE),
-            Decision::Leave(Move::SessionIdle)
-        );
-        // Nor without a snapshot: one is taken first.
-        let mut fresh = Mobility::new(Policy {
-            park_after: Some(park),
-            ..policy(false)
-        });
-        fresh.plan(NONE, false, secs(5), IDLE);
-        assert_eq!(fresh.decide(Outcome::Quiet, NONE, IDLE), Decision::Snapshot);
+        let parks = Decision::Leave(Move::SessionIdle);
+        assert_eq!(m.decide(Outcome::Quiet, MOVABLE, park), parks);
+        // A pinned session never parks on its own; without a snapshot one is taken first.
+        for (view, then) in [(PINNED, Decision::Stay), (NONE, Decision::Snapshot)] {
+            let mut m = parking();
+            m.plan(view, false, secs(5), IDLE);
+            assert_eq!(m.decide(Outcome::Quiet, view, IDLE), then, "{view:?}");
+        }
         assert!(Move::SessionIdle.parks() && !Move::SessionIdle.for_sleep());
     }
 

@@ -111,6 +111,13 @@ pub enum SessionError {
     /// Ended while still logging in, to make room for newer connections.
     #[error("ended while logging in to make room for newer connections")]
     Evicted,
+    /// The tenant is at its `max_backend_connections` and `limits.max_backend_waiters`
+    /// sessions wait already.
+    #[error("too many sessions waiting for a backend connection of tenant {0}")]
+    BackendsBusy(TenantId),
+    /// No backend connection of the capped tenant became free within the wait.
+    #[error("no backend connection of tenant {0} became free within {1:?}")]
+    BackendWait(TenantId, std::time::Duration),
 }
 
 impl SessionError {
@@ -149,6 +156,8 @@ impl SessionError {
             SessionError::AuthTimeout => "auth_timeout",
             SessionError::Evicted => "login_evicted",
             SessionError::BackendNotReady(_) => "backend_not_ready",
+            SessionError::BackendsBusy(_) => "backend_queue_full",
+            SessionError::BackendWait(..) => "backend_wait_timeout",
         }
     }
 
@@ -244,6 +253,20 @@ impl SessionError {
             | SessionError::BackendProtocol(_)
             | SessionError::LoginTimeout
             | SessionError::BackendNotReady(_) => self.backend_message(),
+            SessionError::BackendsBusy(t) => ErrorMessage::fatal(
+                TOO_MANY_CONNECTIONS,
+                format!("too many sessions are waiting for a connection to the database of tenant \"{t}\""),
+            )
+            .with_hint("retry in a moment, or raise the tenant's max_backend_connections"),
+            SessionError::BackendWait(t, waited) => ErrorMessage::fatal(
+                TOO_MANY_CONNECTIONS,
+                format!(
+                    "no connection to the database of tenant \"{t}\" became free within {} s \
+                     (limits.backend_wait_timeout)",
+                    waited.as_secs_f64()
+                ),
+            )
+            .with_hint("its max_backend_connections are all in use by busy sessions"),
             SessionError::ClientProtocol(what) => {
                 ErrorMessage::fatal(PROTOCOL_VIOLATION, what.clone())
             }

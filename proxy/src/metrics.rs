@@ -21,7 +21,9 @@ pub const ERROR_KINDS: &[&str] = &[
     "backend_login",
     "backend_not_ready",
     "backend_protocol",
+    "backend_queue_full",
     "backend_unreachable",
+    "backend_wait_timeout",
     "client_io",
     "client_protocol",
     "gateway_full",
@@ -132,6 +134,7 @@ pub struct Metrics {
     reuse_returns: IntCounterVec,
     /// Backend connections kept idle for reuse by the next client.
     pub reuse_idle: IntGauge,
+    backend_waits: IntCounterVec,
 }
 
 /// Creates metrics and registers each with the gateway's registry. Names and help texts are
@@ -274,6 +277,7 @@ impl Metrics {
             reuse: pooling.reuse,
             reuse_returns: pooling.reuse_returns,
             reuse_idle: pooling.reuse_idle,
+            backend_waits: pooling.backend_waits,
             registry: r.0,
         };
         metrics.start_known_series();
@@ -365,6 +369,15 @@ impl Metrics {
         self.reuse.with_label_values(&[outcome]).inc();
     }
 
+    /// Counts how a session that had to wait for a backend connection of a capped tenant got
+    /// one (`kept`, `slot`) or gave up (`timeout`, `queue_full`); sessions that did not wait are
+    /// not counted.
+    pub fn backend_wait(&self, waited: bool, outcome: &'static str) {
+        if waited {
+            self.backend_waits.with_label_values(&[outcome]).inc();
+        }
+    }
+
     /// Counts what became of a departed client's backend connection.
     pub fn reuse_return(&self, outcome: &'static str) {
         self.reuse_returns.with_label_values(&[outcome]).inc();
@@ -445,6 +458,7 @@ struct Pooling {
     reuse: IntCounterVec,
     reuse_returns: IntCounterVec,
     reuse_idle: IntGauge,
+    backend_waits: IntCounterVec,
 }
 
 impl Pooling {
@@ -479,6 +493,13 @@ impl Pooling {
             reuse_idle: r.gauge(
                 "pgwake_backend_reuse_idle_connections",
                 "Backend connections kept idle for reuse by the next client.",
+            ),
+            backend_waits: r.counter_vec(
+                "pgwake_backend_waits_total",
+                "Sessions that waited for a backend connection of a tenant at its \
+                 max_backend_connections, by outcome: kept (took a kept connection), slot (a \
+                 fresh login), timeout, queue_full.",
+                &["outcome"],
             ),
         }
     }

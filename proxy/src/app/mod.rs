@@ -232,5 +232,12 @@ fn connector_settings(config: &Config) -> Result<ConnectorSettings, BuildError> 
             idle_timeout: http.pool_idle_timeout,
             acquire_timeout: http.pool_acquire_timeout,
         },
+        caps: config
+            .tenants
+            .iter()
+            .filter_map(|t| Some((t.id.clone(), t.max_backend_connections?)))
+            .collect(),
+        max_backend_waiters: limits.max_backend_waiters,
+        backend_wait_timeout: limits.backend_wait_timeout,
     })
 }

@@ -39,6 +39,13 @@ pub struct Limits {
     pub shutdown_grace: Duration,
     /// Relay buffer per direction per connection.
     pub relay_buffer: ByteSize,
+    /// How long a session waits for a backend connection of a tenant at its
+    /// `max_backend_connections`; then FATAL 53300.
+    #[serde(with = "humantime_serde")]
+    pub backend_wait_timeout: Duration,
+    /// Sessions that may wait for a backend connection of one such tenant at once; more get
+    /// FATAL 53300 at once.
+    pub max_backend_waiters: usize,
 }
 
 impl Default for Limits {
@@ -54,6 +61,8 @@ impl Default for Limits {
             login_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(30),
             relay_buffer: ByteSize::kib(16),
+            backend_wait_timeout: Duration::from_secs(30),
+            max_backend_waiters: 10_000,
         }
     }
 }
@@ -65,6 +74,7 @@ impl Limits {
             ("limits.connect_timeout", self.connect_timeout),
             ("limits.login_timeout", self.login_timeout),
             ("limits.auth_timeout", self.auth_timeout),
+            ("limits.backend_wait_timeout", self.backend_wait_timeout),
         ] {
             if v.is_zero() {
                 return Err(invalid(key, "must be greater than zero"));

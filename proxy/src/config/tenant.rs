@@ -92,6 +92,10 @@ pub struct TenantConfig {
     /// get FATAL 53300.
     #[serde(default)]
     pub max_client_connections: Option<usize>,
+    /// Connections the gateway may hold to this tenant's database at once, in use and kept
+    /// (none: no cap); sessions past it wait for one (`limits.backend_wait_timeout`).
+    #[serde(default)]
+    pub max_backend_connections: Option<usize>,
 }
 
 impl TenantConfig {
@@ -164,14 +168,19 @@ pub(super) fn validate_all<'a>(
         }
         t.validate_backend(i, has_local, classes)?;
         t.validate_credentials(i, has_local)?;
-        if t.max_client_connections == Some(0) {
-            return Err(invalid(
-                "tenant.max_client_connections",
-                format!(
-                    "tenant {} allows no connection: set at least 1, or remove the key",
-                    t.id
-                ),
-            ));
+        for (key, cap) in [
+            ("tenant.max_client_connections", t.max_client_connections),
+            ("tenant.max_backend_connections", t.max_backend_connections),
+        ] {
+            if cap == Some(0) {
+                return Err(invalid(
+                    key,
+                    format!(
+                        "tenant {} allows no connection: set at least 1, or remove the key",
+                        t.id
+                    ),
+                ));
+            }
         }
     }
     Ok(seen)

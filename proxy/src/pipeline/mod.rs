@@ -171,6 +171,7 @@ impl Pipeline {
         let up = self.connector.for_client(client, login).await?;
         let attached = Attached {
             stream: up.stream,
+            slot: up.slot,
             claim: awake.claim,
             endpoint: awake.endpoint,
         };

@@ -38,7 +38,7 @@ use crate::cancel::{CancelMap, CancelRegistration, cancel_in_background};
 use crate::config::PinnedPolicy;
 use crate::metrics::Metrics;
 use crate::stream::Stream;
-use crate::upstream::{Connector, Returnable};
+use crate::upstream::{BackendSlot, Connector, Returnable};
 
 /// What sessions share: the way to new backend connections, the wake coordinator (a parked
 /// session's tenant may sleep), revival keys and settings, and the relay's sizes.
@@ -69,6 +69,8 @@ const PARKED_READ: usize = 512;
 pub struct Attached {
     /// The connection.
     pub stream: Stream,
+    /// Its place under the tenant's cap on backend connections.
+    pub slot: BackendSlot,
     /// The session's claim on its tenant.
     pub claim: WakeClaim,
     /// Where it goes.
@@ -287,7 +289,10 @@ impl<'g> Live<'g> {
     /// back for reuse when it is at a safe point, else closes it.
     async fn client_left(self) {
         let Attached {
-            stream, endpoint, ..
+            stream,
+            slot,
+            endpoint,
+            ..
         } = self.current;
         let gw = self.gw;
         // Prepared statements do not matter here (the reset drops them); the rest of the pins
@@ -299,8 +304,9 @@ impl<'g> Live<'g> {
         if !safe {
             debug!(pins = %pins.describe(), "backend connection not kept: not at a safe point");
         }
+        let conn = (stream, slot);
         gw.connector
-            .give_back(stream, endpoint, self.returnable, safe)
+            .give_back(conn, endpoint, self.returnable, safe)
             .await;
     }
 
@@ -394,13 +400,15 @@ impl<'g> Live<'g> {
         let gw = self.gw;
         let Attached {
             stream,
+            slot,
             claim,
             endpoint,
         } = self.current;
         if how == Move::SessionIdle {
             // At rest and movable: the connection can serve another session.
             let back = self.returnable.take();
-            gw.connector.give_back(stream, endpoint, back, true).await;
+            let conn = (stream, slot);
+            gw.connector.give_back(conn, endpoint, back, true).await;
         } else {
             crate::upstream::close(stream).await;
         }

@@ -22,7 +22,7 @@ use crate::cancel::CancelRegistration;
 use crate::config::{BackendTls, RevivalConfig};
 use crate::error::SessionError;
 use crate::stream::Stream;
-use crate::upstream::{OpenError, Returnable};
+use crate::upstream::{BackendSlot, OpenError, Returnable, Slot};
 
 /// Pause between attempts while a backend restarts (connection refused, `57P03`).
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
@@ -151,7 +151,7 @@ pub(super) async fn revive(
             .map_err(ReviveError::Wake)?;
         let endpoint = admission.endpoint.clone();
         match attempt(gw, (&endpoint, who.tls), &claims, &material, snap, deadline).await {
-            Ok((stream, returnable)) => {
+            Ok((stream, returnable, slot)) => {
                 if let Some(reg) = cancel {
                     gw.cancels.retarget(reg.pid, returnable.target.clone());
                 }
@@ -170,6 +170,7 @@ pub(super) async fn revive(
                 who.token = rv.keys.seal(&fresh);
                 let attached = Attached {
                     stream,
+                    slot,
                     claim: admission.claim,
                     endpoint,
                 };
@@ -186,7 +187,7 @@ pub(super) async fn revive(
 }
 
 /// One try at a backend connection with the session's state: a kept connection for the same
-/// tenant and startup parameters when there is one, else a fresh login.
+/// tenant and startup parameters when there is one, else a fresh login under the tenant's cap.
 async fn attempt(
     gw: &Sessions,
     (endpoint, tls): (&Endpoint, BackendTls),
@@ -194,18 +195,25 @@ async fn attempt(
     material: &LoginMaterial,
     snap: &Snapshot,
     deadline: Instant,
-) -> Result<(Stream, Returnable), ReviveError> {
+) -> Result<(Stream, Returnable, BackendSlot), ReviveError> {
     let tenant = TenantId::parse(&claims.tenant).map_err(|_| RevivalError::Malformed)?;
     let max = gw.connector.max_message();
-    if let Some((mut stream, returnable)) =
-        gw.connector.take_kept(&tenant, &claims.params, endpoint)
-    {
-        match restore(&mut stream, snap, max, deadline).await {
-            Ok(()) => return Ok((stream, returnable)),
+    let slot = gw
+        .connector
+        .slot_for(&tenant, &claims.params, endpoint, deadline)
+        .await
+        .map_err(ReviveError::Connect)?;
+    let slot = match slot {
+        Slot::Kept(mut kept) => match restore(&mut kept.stream, snap, max, deadline).await {
+            Ok(()) => return Ok((kept.stream, kept.returnable, kept.slot)),
             // The kept connection failed under the restore: a fresh login may not.
-            Err(e) => debug!(error = %e, "restoring on a kept connection failed"),
-        }
-    }
+            Err(e) => {
+                debug!(error = %e, "restoring on a kept connection failed");
+                kept.slot
+            }
+        },
+        Slot::Fresh(slot) => slot,
+    };
     let who = (claims.user.as_str(), material);
     let opened = gw
         .connector
@@ -219,5 +227,5 @@ async fn attempt(
         .await
         .map_err(ReviveError::Restore)?;
     let returnable = gw.connector.returnable(&tenant, &claims.params, &detached);
-    Ok((detached.stream, returnable))
+    Ok((detached.stream, returnable, slot))
 }

@@ -3,6 +3,7 @@
 //! gateway authenticated, or detached for revivals and `/sql`), registers cancel keys and keeps
 //! connections for reuse; every path that needs a backend goes through it.
 
+mod cap;
 pub mod connect;
 mod login;
 mod on_behalf;
@@ -18,10 +19,12 @@ use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 use tracing::debug;
 
+pub use cap::BackendSlot;
 pub use connect::BackendLink;
 pub use pool::{BackendConn, PoolError, PoolKey, PoolSettings, PoolStats, Pooled};
 pub use reuse::{Returnable, close};
 
+use self::cap::Caps;
 use self::login::{LoggedIn, ToClient, log_in};
 use self::on_behalf::OnBehalf;
 use self::pool::Pool;
@@ -74,6 +77,12 @@ pub struct ConnectorSettings {
     pub reuse: ReuseConfig,
     /// Bounds of the pool `/sql` runs on.
     pub http_pool: PoolSettings,
+    /// Tenants with a cap on their backend connections (`max_backend_connections`).
+    pub caps: Vec<(TenantId, usize)>,
+    /// Sessions that may wait for a backend connection of one capped tenant at once.
+    pub max_backend_waiters: usize,
+    /// How long a session waits for one.
+    pub backend_wait_timeout: Duration,
 }
 
 /// Opens, logs in, keeps and hands out backend connections.
@@ -87,6 +96,7 @@ pub struct Connector {
     metrics: Arc<Metrics>,
     reuse: Option<Arc<Reuse>>,
     http_pool: Arc<Pool<PoolKey, BackendConn>>,
+    caps: Caps,
 }
 
 /// A client session's login: who, where, and with what.
@@ -124,6 +134,17 @@ pub struct Upstream {
     pub returnable: Option<Returnable>,
     /// Whether it was a kept connection rather than a fresh login.
     pub reused: bool,
+    /// Its place under the tenant's cap.
+    pub slot: BackendSlot,
+}
+
+/// A way to a backend connection under the tenant's cap: a kept connection, or room for a
+/// fresh login.
+pub enum Slot {
+    /// A kept connection (reset and idle) with its slot.
+    Kept(reuse::Taken),
+    /// A slot for a fresh login.
+    Fresh(BackendSlot),
 }
 
 impl Connector {
@@ -132,6 +153,7 @@ impl Connector {
         Connector {
             reuse: Reuse::new(&s.reuse),
             http_pool: Pool::new(s.http_pool),
+            caps: Caps::new(s.caps, s.max_backend_waiters, s.backend_wait_timeout),
             link: s.link,
             connect_timeout: s.connect_timeout,
             login_timeout: s.login_timeout,
@@ -176,15 +198,25 @@ impl Connector {
         // the connection in itself, as the same user with the same startup parameters.
         let reuse = self.reuse.as_ref().filter(|_| login.checked.is_some());
         let key = reuse.map(|_| ReuseKey::new(login.tenant, login.params));
-        if let (Some(reuse), Some(key)) = (reuse, &key)
-            && let Some(taken) = reuse.take(key, login.endpoint, &self.metrics)
-        {
-            return self.greet_on_kept(client, taken).await;
-        }
+        let deadline = Instant::now() + self.caps.wait;
+        let waited = self.slot(login.tenant, key.as_ref(), login.endpoint, deadline);
+        let slot = tokio::select! {
+            s = waited => s?,
+            _ = client.hung_up() => {
+                return Err(SessionError::ClientIo(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionAborted,
+                    "the client closed the connection while waiting for a backend connection",
+                )));
+            }
+        };
+        let slot = match slot {
+            Slot::Kept(taken) => return self.greet_on_kept(client, taken).await,
+            Slot::Fresh(slot) => slot,
+        };
         let hold_until = Instant::now() + self.not_ready_wait;
         loop {
             match self.log_in_fresh(client, &login, key.is_some()).await {
-                Ok(done) => return Ok(self.upstream(done, key)),
+                Ok(done) => return Ok(self.upstream(done, key, slot)),
                 Err(SessionError::BackendNotReady(why)) if Instant::now() < hold_until => {
                     debug!(reason = %why, "backend not ready; holding the client");
                     tokio::select! {
@@ -235,7 +267,12 @@ impl Connector {
     }
 
     /// A fresh login's connection, returnable when `key` says it may be kept.
-    fn upstream(&self, (stream, done): (Stream, LoggedIn), key: Option<ReuseKey>) -> Upstream {
+    fn upstream(
+        &self,
+        (stream, done): (Stream, LoggedIn),
+        key: Option<ReuseKey>,
+        slot: BackendSlot,
+    ) -> Upstream {
         let returnable = match (key, done.parameters, done.target) {
             (Some(key), Some(parameters), Some(target)) => Some(Returnable {
                 key,
@@ -249,6 +286,7 @@ impl Connector {
             cancel: done.cancel,
             returnable,
             reused: false,
+            slot,
         }
     }
 
@@ -274,7 +312,63 @@ impl Connector {
             cancel: Some(cancel),
             returnable: Some(taken.returnable),
             reused: true,
+            slot: taken.slot,
         })
+    }
+
+    /// A kept connection for `key` at `endpoint`, else a slot under `tenant`'s cap for a fresh
+    /// login: a free one, one a kept connection of another key gives up, or one a session hands
+    /// back before `deadline`. FATAL `53300` when too many sessions wait already or none comes.
+    pub async fn slot(
+        &self,
+        tenant: &TenantId,
+        key: Option<&ReuseKey>,
+        endpoint: &Endpoint,
+        deadline: Instant,
+    ) -> Result<Slot, SessionError> {
+        let mut waiting = None;
+        loop {
+            if let (Some(reuse), Some(key)) = (&self.reuse, key)
+                && let Some(taken) = reuse.take(key, endpoint, &self.metrics)
+            {
+                self.metrics.backend_wait(waiting.is_some(), "kept");
+                return Ok(Slot::Kept(taken));
+            }
+            let Some(cap) = self.caps.get(tenant) else {
+                return Ok(Slot::Fresh(None));
+            };
+            if let Some(slot) = cap.try_slot() {
+                self.metrics.backend_wait(waiting.is_some(), "slot");
+                return Ok(Slot::Fresh(Some(slot)));
+            }
+            if let Some(reuse) = &self.reuse
+                && reuse.close_one_of(tenant, &self.metrics).await
+            {
+                continue;
+            }
+            if waiting.is_none() {
+                let place = cap.join(self.caps.max_waiters);
+                if place.is_none() {
+                    self.metrics.backend_wait(true, "queue_full");
+                    return Err(SessionError::BackendsBusy(tenant.clone()));
+                }
+                waiting = place;
+            }
+            tokio::select! {
+                slot = cap.slots.clone().acquire_owned() => {
+                    if let Ok(slot) = slot {
+                        self.metrics.backend_wait(true, "slot");
+                        return Ok(Slot::Fresh(Some(slot)));
+                    }
+                }
+                _ = cap.kept.notified() => {}
+                _ = tokio::time::sleep_until(deadline) => {
+                    self.metrics.backend_wait(true, "timeout");
+                    let waited = self.caps.wait;
+                    return Err(SessionError::BackendWait(tenant.clone(), waited));
+                }
+            }
+        }
     }
 
     /// A backend connection logged in as `user` with no client attached (a revival), by
@@ -313,17 +407,19 @@ impl Connector {
         })
     }
 
-    /// A kept connection for a session of `tenant` with these startup parameters at `endpoint`
-    /// (reset and idle), and what it takes to hand it on again.
-    pub fn take_kept(
+    /// [`Connector::slot`] for a session of `tenant` with these startup parameters (a revival):
+    /// a kept connection of the same key, or room for a fresh login, by `deadline` at the
+    /// latest.
+    pub async fn slot_for(
         &self,
         tenant: &TenantId,
         params: &[(String, String)],
         endpoint: &Endpoint,
-    ) -> Option<(Stream, Returnable)> {
-        let reuse = self.reuse.as_ref()?;
-        let taken = reuse.take(&ReuseKey::new(tenant, params), endpoint, &self.metrics)?;
-        Some((taken.stream, taken.returnable))
+        deadline: Instant,
+    ) -> Result<Slot, SessionError> {
+        let key = self.reuse.as_ref().map(|_| ReuseKey::new(tenant, params));
+        let deadline = deadline.min(Instant::now() + self.caps.wait);
+        self.slot(tenant, key.as_ref(), endpoint, deadline).await
     }
 
     /// What a session that logged in on `detached` needs to hand the connection on: the key of
@@ -386,17 +482,21 @@ impl Connector {
     /// `returnable` and was left at a safe point, else closed.
     pub async fn give_back(
         &self,
-        stream: Stream,
+        (stream, slot): (Stream, BackendSlot),
         endpoint: Endpoint,
         returnable: Option<Returnable>,
         safe: bool,
     ) {
         match (returnable, self.reuse.as_deref()) {
             (Some(back), Some(reuse)) if safe => {
-                let max = self.link.max_message;
-                reuse
-                    .give_back(stream, endpoint, back, max, &self.metrics)
-                    .await;
+                let (max, tenant) = (self.link.max_message, back.key.tenant().clone());
+                let conn = (stream, slot);
+                if reuse
+                    .give_back(conn, endpoint, back, max, &self.metrics)
+                    .await
+                {
+                    self.caps.kept(&tenant);
+                }
             }
             _ => {
                 self.metrics.reuse_return("not_safe");

@@ -216,6 +216,20 @@ impl<K: Hash + Eq + Clone + Send + 'static, C: PoolConnection> Pool<K, C> {
         self.freed.notify_waiters();
     }
 
+    /// Takes the oldest idle connection of a key that `matches` out of the pool, for the caller
+    /// to close (it stops counting against the bounds).
+    pub fn evict_oldest_where(&self, matches: impl Fn(&K) -> bool) -> Option<C> {
+        let mut keys = self.lock();
+        let (_, slots) = keys
+            .iter_mut()
+            .filter(|(k, s)| matches(k) && !s.idle.is_empty())
+            .min_by_key(|(_, s)| s.idle[0].since)?;
+        let idle = slots.idle.remove(0);
+        drop(keys);
+        self.freed.notify_waiters();
+        Some(idle.conn)
+    }
+
     /// Takes a usable idle connection for `key` out of the pool for good (it stops counting
     /// against the bounds), for callers that keep only idle connections here. Also returns how
     /// many stale or expired connections were closed on the way.

@@ -35,6 +35,7 @@ use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
+use super::cap::BackendSlot;
 use super::pool::{Pool, PoolConnection, PoolSettings, silent};
 use crate::cancel::CancelTarget;
 use crate::config::ReuseConfig;
@@ -63,6 +64,13 @@ impl ReuseKey {
     }
 }
 
+impl ReuseKey {
+    /// The key's tenant.
+    pub fn tenant(&self) -> &TenantId {
+        &self.tenant
+    }
+}
+
 /// What a session keeps so it can hand its backend connection back when its client leaves.
 pub struct Returnable {
     /// Who may take the connection next.
@@ -79,6 +87,8 @@ pub struct Taken {
     pub stream: Stream,
     /// Its login's parameters and cancel key, to replay and to return it again.
     pub returnable: Returnable,
+    /// Its place under the tenant's cap.
+    pub slot: BackendSlot,
 }
 
 /// An idle backend connection in the cache.
@@ -87,6 +97,7 @@ struct Kept {
     endpoint: Endpoint,
     parameters: Bytes,
     target: CancelTarget,
+    slot: BackendSlot,
 }
 
 impl PoolConnection for Kept {
@@ -145,22 +156,23 @@ impl Reuse {
                     parameters: kept.parameters,
                     target: kept.target,
                 },
+                slot: kept.slot,
             });
         };
         self.record(metrics);
         taken
     }
 
-    /// Resets a departed client's backend connection and keeps it, or closes it when the reset
-    /// fails or the cache is full.
+    /// Resets a departed client's backend connection and keeps it (true), or closes it when the
+    /// reset fails or the cache is full.
     pub async fn give_back(
         &self,
-        mut stream: Stream,
+        (mut stream, slot): (Stream, BackendSlot),
         endpoint: Endpoint,
         returnable: Returnable,
         max_message: usize,
         metrics: &Metrics,
-    ) {
+    ) -> bool {
         let reset =
             tokio::time::timeout(self.config.reset_timeout, reset(&mut stream, max_message))
                 .await
@@ -173,13 +185,13 @@ impl Reuse {
                 );
                 metrics.reuse_return("not_safe");
                 close(stream).await;
-                return;
+                return false;
             }
             Err(e) => {
                 debug!(error = %e, "backend connection not kept: reset failed");
                 metrics.reuse_return("reset_failed");
                 close(stream).await;
-                return;
+                return false;
             }
         }
         let kept = Kept {
@@ -187,18 +199,33 @@ impl Reuse {
             endpoint,
             parameters: returnable.parameters,
             target: returnable.target,
+            slot,
         };
-        match self.pool.adopt(returnable.key, kept) {
+        let adopted = match self.pool.adopt(returnable.key, kept) {
             Ok(()) => {
                 debug!("backend connection kept for reuse");
                 metrics.reuse_return("kept");
+                true
             }
             Err(kept) => {
                 metrics.reuse_return("full");
                 close(kept.stream).await;
+                false
             }
-        }
+        };
         self.record(metrics);
+        adopted
+    }
+
+    /// Closes the oldest kept connection of `tenant`, whatever its key, so its slot under the
+    /// tenant's cap goes to a session that waits; false when it has none.
+    pub async fn close_one_of(&self, tenant: &TenantId, metrics: &Metrics) -> bool {
+        let Some(kept) = self.pool.evict_oldest_where(|k| k.tenant == *tenant) else {
+            return false;
+        };
+        close(kept.stream).await;
+        self.record(metrics);
+        true
     }
 
     /// Closes kept connections past the idle timeout and publishes the idle gauge, until `stop`
