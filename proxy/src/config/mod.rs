@@ -14,6 +14,7 @@ mod kubernetes;
 mod limits;
 mod listen;
 mod local;
+mod peer;
 mod pool_class;
 mod reuse;
 mod revival;
@@ -28,6 +29,7 @@ pub use kubernetes::KubernetesConfig;
 pub use limits::Limits;
 pub use listen::{AdminConfig, ListenConfig, SniCert, TlsConfig};
 pub use local::LocalConfig;
+pub use peer::PeerConfig;
 pub use pool_class::{PoolClassConfig, PoolRelease};
 pub use reuse::ReuseConfig;
 pub use revival::{PinnedPolicy, RevivalConfig, RevivalKeyConfig};
@@ -50,6 +52,7 @@ const SECTIONS: &[&str] = &[
     "revival",
     "reuse",
     "admin",
+    "peer",
 ];
 
 /// A configuration problem, naming the key and what to do.
@@ -117,6 +120,9 @@ pub struct Config {
     /// Keeping the backend connections of departed clients for the next client.
     #[serde(default)]
     pub reuse: ReuseConfig,
+    /// Forwarding cancel requests between replicas (the `listen.peer` listener).
+    #[serde(default)]
+    pub peer: PeerConfig,
     /// Pools of pre-warmed clusters for `pool` tenants.
     #[serde(default, rename = "pool_class")]
     pub pool_classes: Vec<PoolClassConfig>,
@@ -184,6 +190,9 @@ impl Config {
         if let Some(f) = &mut self.admin.token_file {
             fix(f);
         }
+        if let Some(f) = &mut self.peer.token_file {
+            fix(f);
+        }
         for k in &mut self.revival.keys {
             if let Some(f) = &mut k.secret_file {
                 fix(f);
@@ -215,6 +224,7 @@ impl Config {
         self.wake.validate()?;
         self.revival.validate()?;
         self.reuse.validate()?;
+        self.peer.validate(self.listen.peer)?;
         let classes = pool_class::validate_all(&self.pool_classes)?;
         let tenants = tenant::validate_all(&self.tenants, self.local.is_some(), &classes)?;
         // A discovered tenant can be the default; it is known only once its cluster is listed.
