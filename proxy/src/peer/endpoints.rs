@@ -11,7 +11,7 @@ use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{info, warn};
 
 /// A watched copy of one Service's EndpointSlices.
 pub struct PeerEndpoints {
@@ -33,9 +33,18 @@ impl PeerEndpoints {
         let config =
             watcher::Config::default().labels(&format!("kubernetes.io/service-name={service}"));
         let stream = reflector::reflector(writer, watcher(api, config).default_backoff());
+        let endpoints = PeerEndpoints {
+            store,
+            port_name: port_name.to_owned(),
+        };
+        let watched = PeerEndpoints {
+            store: endpoints.store.clone(),
+            port_name: port_name.to_owned(),
+        };
         let service = service.to_owned();
         tokio::spawn(async move {
             let mut stream = stream.boxed();
+            let mut listed = None;
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => return,
@@ -43,15 +52,18 @@ impl PeerEndpoints {
                         None => return,
                         // The copy keeps the last listing, so forwarding goes on meanwhile.
                         Some(Err(e)) => warn!(%service, error = %e, "endpointslice watch failed; retrying"),
-                        Some(Ok(_)) => {}
+                        Some(Ok(_)) => {
+                            let now = watched.addresses();
+                            if listed.as_ref() != Some(&now) {
+                                info!(%service, replicas = now.len(), "peer replicas listed");
+                                listed = Some(now);
+                            }
+                        }
                     },
                 }
             }
         });
-        PeerEndpoints {
-            store,
-            port_name: port_name.to_owned(),
-        }
+        endpoints
     }
 
     /// Every replica's peer address as last listed (empty until the first listing).

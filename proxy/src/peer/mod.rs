@@ -223,6 +223,8 @@ impl PeerCancels {
         }
         // Answered from this replica's own keys only, never forwarded again: no loops.
         let Some(target) = self.cancels.lookup(&request.key) else {
+            let secret_len = request.key.secret.len();
+            debug!(%peer, secret_len, "forwarded cancel matches no key of this replica");
             return PeerAnswer::UnknownKey;
         };
         self.metrics.cancels_forwarded.inc();
