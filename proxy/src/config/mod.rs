@@ -364,6 +364,37 @@ backend = { kind = "fixed", address = "127.0.0.1:5433" }
     }
 
     #[test]
+    fn peer_forwarding_needs_a_service_a_token_and_a_reachable_address() {
+        let with = |listen: &str, peer: &str| {
+            let text = EXAMPLE.replace(
+                "admin = \"127.0.0.1:9090\"\n",
+                &format!("admin = \"127.0.0.1:9090\"\npeer = \"{listen}\"\n"),
+            );
+            load(&format!("{text}\n[peer]\n{peer}\n")).map_err(|e| e.to_string())
+        };
+        let err = with("0.0.0.0:6433", "token_file = \"t\"").unwrap_err();
+        assert!(err.starts_with("peer.service"), "{err}");
+        let err = with("0.0.0.0:6433", "service = \"pgwake\"").unwrap_err();
+        assert!(err.starts_with("peer.token_file"), "{err}");
+        let both = "service = \"pgwake\"\ntoken_file = \"t\"";
+        let err = with("0.0.0.0:6433", both).unwrap_err();
+        assert!(err.starts_with("peer.advertise"), "{err}");
+        let c = with(
+            "0.0.0.0:6433",
+            &format!("{both}\nadvertise = \"10.0.0.5:6433\""),
+        )
+        .unwrap();
+        assert_eq!(
+            c.peer.advertised(c.listen.peer.unwrap()),
+            Some("10.0.0.5:6433".parse().unwrap())
+        );
+        let c = with("10.0.0.6:6433", both).unwrap();
+        assert_eq!(c.peer.advertised(c.listen.peer.unwrap()), c.listen.peer);
+        let err = with("10.0.0.6:6433", &format!("{both}\nforward_rate = 0.0")).unwrap_err();
+        assert!(err.starts_with("peer.forward_rate"), "{err}");
+    }
+
+    #[test]
     fn unknown_keys_are_named() {
         let err = load(&EXAMPLE.replace("admin =", "admn ="))
             .unwrap_err()
