@@ -4,6 +4,7 @@
 //! request can only reach the backend through this map, and keys cannot be guessed across tenants.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,10 +28,42 @@ pub struct CancelTarget {
     pub secret: Bytes,
 }
 
+/// Bits at the top of a positive process id that name the issuing replica.
+const TAG_BITS: u32 = 10;
+/// Bits below the tag that are random.
+const RANDOM_BITS: u32 = 31 - TAG_BITS;
+
+/// The replica a gateway-issued key came from, as carried in its process id: a hash of the
+/// replica's peer address, so every replica computes any other's tag from the address alone.
+/// Two replicas may share a tag; a key is then forwarded to both, and only its owner holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ReplicaTag(u16);
+
+impl ReplicaTag {
+    /// The tag of the replica reachable at `addr`.
+    pub fn of(addr: SocketAddr) -> ReplicaTag {
+        let digest = ring::digest::digest(&ring::digest::SHA256, addr.to_string().as_bytes());
+        let bytes = digest.as_ref();
+        ReplicaTag(u16::from_be_bytes([bytes[0], bytes[1]]) >> (16 - TAG_BITS))
+    }
+
+    /// The tag a process id carries (meaningful only for a key issued by a tagging replica).
+    pub fn of_pid(pid: i32) -> ReplicaTag {
+        ReplicaTag(((pid as u32 & i32::MAX as u32) >> RANDOM_BITS) as u16)
+    }
+
+    /// A positive process id with this tag above `random`'s low bits.
+    pub fn stamp(self, random: u32) -> i32 {
+        ((u32::from(self.0) << RANDOM_BITS) | (random & ((1 << RANDOM_BITS) - 1))) as i32
+    }
+}
+
 /// Map from gateway-issued keys to backend processes.
 #[derive(Default)]
 pub struct CancelMap {
     inner: Mutex<HashMap<i32, (i32, CancelTarget)>>,
+    /// The tag issued process ids carry; none: fully random ids (a single replica).
+    tag: Option<ReplicaTag>,
 }
 
 /// A registered key; dropping it unregisters the key.
@@ -101,12 +134,28 @@ pub fn cancel_in_background(target: CancelTarget, connect_timeout: Duration) {
 }
 
 impl CancelMap {
+    /// A map whose issued process ids carry `tag`.
+    pub fn tagged(tag: ReplicaTag) -> CancelMap {
+        CancelMap {
+            inner: Mutex::default(),
+            tag: Some(tag),
+        }
+    }
+
+    /// The tag this replica's keys carry, when it tags them.
+    pub fn tag(&self) -> Option<ReplicaTag> {
+        self.tag
+    }
+
     /// Issues a fresh random key for `target`.
     pub fn register(self: &Arc<Self>, target: CancelTarget) -> CancelRegistration {
         let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             // Positive pids, like a real server's, for clients that assume so.
-            let pid = rand::random::<i32>() & i32::MAX;
+            let pid = match self.tag {
+                Some(tag) => tag.stamp(rand::random()),
+                None => rand::random::<i32>() & i32::MAX,
+            };
             if pid == 0 || m.contains_key(&pid) {
                 continue;
             }
@@ -194,5 +243,24 @@ mod tests {
         drop(reg);
         assert!(map.lookup(&key).is_none());
         assert!(map.is_empty());
+    }
+
+    #[test]
+    fn tagged_keys_name_their_replica() {
+        let a = ReplicaTag::of("10.0.0.1:6433".parse().unwrap());
+        let b = ReplicaTag::of("10.0.0.2:6433".parse().unwrap());
+        assert_ne!(a, b);
+        assert_eq!(a, ReplicaTag::of("10.0.0.1:6433".parse().unwrap()));
+        let map = Arc::new(CancelMap::tagged(a));
+        for _ in 0..100 {
+            let reg = map.register(target());
+            assert!(reg.pid > 0);
+            assert_eq!(ReplicaTag::of_pid(reg.pid), a);
+        }
+        for random in [0, 1, u32::MAX] {
+            let pid = b.stamp(random);
+            assert!(pid >= 0);
+            assert_eq!(ReplicaTag::of_pid(pid), b);
+        }
     }
 }

@@ -2,8 +2,8 @@
 //! → `pipeline` (route, admit, authenticate, wake) → `upstream` (connect, log in, reuse, pool)
 //! → `session` (relay, park, revive); `http` is the front for `/sql` and WebSocket clients and
 //! `app` builds and runs it all. `auth`, `cancel`, `capacity`, `config`, `error`, `metrics`,
-//! `stream`, `tls` and `wire` serve every stage. Routing rules live in `pgwake-routing`,
-//! protocol rules in `pgwake-protocol`.
+//! `peer` (cancels across replicas), `stream`, `tls` and `wire` serve every stage. Routing rules
+//! live in `pgwake-routing`, protocol rules in `pgwake-protocol`.
 
 pub mod admin;
 pub mod app;
@@ -15,6 +15,7 @@ pub mod error;
 pub mod front;
 pub mod http;
 pub mod metrics;
+pub mod peer;
 pub mod pipeline;
 pub mod session;
 pub mod stream;

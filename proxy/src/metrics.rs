@@ -57,6 +57,27 @@ const REUSE_OUTCOMES: &[&str] = &["hit", "miss", "stale"];
 /// Outcomes of `pgwake_backend_reuse_returns_total`.
 const REUSE_RETURN_OUTCOMES: &[&str] = &["kept", "not_safe", "reset_failed", "full"];
 
+/// Outcomes of `pgwake_peer_cancels_total`, by side: a replica forwarding a key it did not
+/// issue, and the replica answering it.
+const PEER_CANCEL_OUTCOMES: &[(&str, &[&str])] = &[
+    (
+        "forwarded",
+        &[
+            "cancelled",
+            "unknown_key",
+            "rate_limited",
+            "peer_rate_limited",
+            "refused",
+            "unroutable",
+            "failed",
+        ],
+    ),
+    (
+        "served",
+        &["cancelled", "unknown_key", "rate_limited", "refused"],
+    ),
+];
+
 /// The gateway-wide counters the admin API's `GET /v1/summary` reports (the status page's
 /// totals), read from the metrics below.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -111,6 +132,7 @@ pub struct Metrics {
     pub bytes_backend_to_client: IntCounter,
     /// Cancel requests forwarded to a backend.
     pub cancels_forwarded: IntCounter,
+    peer_cancels: IntCounterVec,
     errors: IntCounterVec,
     /// Seconds from accepting a connection to the client's first ReadyForQuery.
     pub startup_duration: Histogram,
@@ -210,6 +232,12 @@ impl Metrics {
                 "pgwake_cancels_forwarded_total",
                 "Cancel requests matched and forwarded to a backend.",
             ),
+            peer_cancels: r.counter_vec(
+                "pgwake_peer_cancels_total",
+                "Cancel requests for keys another replica issued: forwarded to it (by its \
+                 answer), or served for it (by this replica's answer).",
+                &["side", "outcome"],
+            ),
             bytes_client_to_backend: bytes.with_label_values(&["client_to_backend"]),
             bytes_backend_to_client: bytes.with_label_values(&["backend_to_client"]),
             errors: r.counter_vec(
@@ -305,6 +333,11 @@ impl Metrics {
         for outcome in REUSE_RETURN_OUTCOMES {
             self.reuse_returns.with_label_values(&[outcome]);
         }
+        for (side, outcomes) in PEER_CANCEL_OUTCOMES {
+            for outcome in *outcomes {
+                self.peer_cancels.with_label_values(&[side, outcome]);
+            }
+        }
     }
 
     /// Counts a connection that ended with an error of this kind (one of [`ERROR_KINDS`]).
@@ -331,6 +364,12 @@ impl Metrics {
         self.http_requests
             .with_label_values(&[&status.to_string()])
             .inc();
+    }
+
+    /// Counts a cancel request for another replica's key, by side (`forwarded`, `served`) and
+    /// outcome (see `PEER_CANCEL_OUTCOMES`).
+    pub fn peer_cancel(&self, side: &'static str, outcome: &'static str) {
+        self.peer_cancels.with_label_values(&[side, outcome]).inc();
     }
 
     /// Counts a client authentication attempt by outcome.

@@ -405,6 +405,14 @@ fn deploy_rbac_grants_what_the_gateway_does_and_nothing_more() {
             "{verb} leases"
         );
     }
+    // Cancel forwarding watches the gateway Service's EndpointSlices.
+    let discovery = "discovery.k8s.io";
+    for verb in ["list", "watch"] {
+        assert!(
+            allowed(lab, &token, verb, discovery, "endpointslices", ns),
+            "{verb} endpointslices"
+        );
+    }
     let denied = [
         ("patch", cnpg, "clusters/status", ns),
         ("update", cnpg, "clusters/status", ns),
@@ -413,6 +421,8 @@ fn deploy_rbac_grants_what_the_gateway_does_and_nothing_more() {
         ("create", "", "secrets", ns),
         ("patch", "", "secrets", ns),
         ("delete", lease, "leases", ns),
+        ("create", discovery, "endpointslices", ns),
+        ("patch", discovery, "endpointslices", ns),
         ("get", "", "pods", ns),
         ("get", "", "services", ns),
         ("get", "", "configmaps", ns),

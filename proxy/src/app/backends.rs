@@ -135,6 +135,7 @@ impl KubeBackends {
                 .any(|t| matches!(t.backend, TenantBackend::Cnpg { .. }));
         let needs_kube = has_cnpg
             || !config.pool_classes.is_empty()
+            || config.listen.peer.is_some()
             || config.tenants.iter().any(|t| {
                 matches!(
                     t.credentials,

@@ -19,11 +19,12 @@ pub use run::run;
 use crate::auth::CredentialError;
 use crate::auth::password::PasswordChecker;
 use crate::auth::throttle::{Throttle, ThrottleSettings};
-use crate::cancel::CancelMap;
+use crate::cancel::{CancelMap, ReplicaTag};
 use crate::capacity::Capacity;
 use crate::config::Config;
 use crate::front::{Front, NegotiateSettings};
 use crate::metrics::Metrics;
+use crate::peer::{PeerCancels, PeerEndpoints, PeerSettings, RateSettings};
 use crate::pipeline::{Authenticator, Pipeline, Profiles, Router};
 use crate::session::{RelaySettings, Revival, Sessions};
 use crate::tls::{self, ServerTls};
@@ -52,6 +53,9 @@ pub enum BuildError {
         /// What is wrong.
         problem: String,
     },
+    /// Cancel forwarding between replicas cannot start.
+    #[error("peer: {0}")]
+    Peer(String),
     /// A credential source is unusable.
     #[error("tenant {tenant}: credentials: {source}")]
     Credentials {
@@ -127,7 +131,20 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
         profiles,
         unknown_tenant: config.routing.unknown_tenant,
     };
-    let cancels = Arc::new(CancelMap::default());
+    let advertise = config
+        .listen
+        .peer
+        .and_then(|listen| config.peer.advertised(listen));
+    let cancels = Arc::new(match advertise {
+        Some(addr) => CancelMap::tagged(ReplicaTag::of(addr)),
+        None => CancelMap::default(),
+    });
+    let peers = match advertise {
+        Some(addr) => Some(Arc::new(peer_cancels(
+            config, addr, &kube, &cancels, &metrics, &terminate,
+        )?)),
+        None => None,
+    };
     let connector = Arc::new(Connector::new(
         connector_settings(config)?,
         cancels.clone(),
@@ -160,6 +177,7 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
         connector,
         sessions,
         cancels,
+        peers,
         metrics: metrics.clone(),
         terminate: terminate.clone(),
     });
@@ -209,6 +227,70 @@ fn authenticator(
         timeout: config.limits.auth_timeout,
         metrics: metrics.clone(),
     }
+}
+
+/// Cancel forwarding among the replicas of `[peer] service`, this one advertised at `advertise`.
+fn peer_cancels(
+    config: &Config,
+    advertise: std::net::SocketAddr,
+    kube: &backends::KubeBackends,
+    cancels: &Arc<CancelMap>,
+    metrics: &Arc<Metrics>,
+    terminate: &CancellationToken,
+) -> Result<PeerCancels, BuildError> {
+    let p = &config.peer;
+    let problem = |s: String| BuildError::Peer(s);
+    let (Some(client), Some(service), Some(token_file)) = (&kube.client, &p.service, &p.token_file)
+    else {
+        return Err(problem(
+            "needs the Kubernetes API, peer.service and peer.token_file".into(),
+        ));
+    };
+    let token = std::fs::read(token_file).map_err(|e| {
+        problem(format!(
+            "cannot read token_file {}: {e}",
+            token_file.display()
+        ))
+    })?;
+    let token = token.trim_ascii().to_vec();
+    if token.is_empty() {
+        return Err(problem(format!(
+            "token_file {} is empty",
+            token_file.display()
+        )));
+    }
+    let namespace = p
+        .namespace
+        .clone()
+        .or_else(|| kube.default_ns.clone())
+        .unwrap_or_else(|| client.default_namespace().to_owned());
+    let endpoints = PeerEndpoints::start(
+        client.clone(),
+        &namespace,
+        service,
+        &p.port_name,
+        terminate.clone(),
+    );
+    let limit = |rate, burst| RateSettings {
+        rate,
+        burst,
+        capacity: p.limiter_capacity,
+    };
+    let settings = PeerSettings {
+        advertise,
+        token,
+        forward: limit(p.forward_rate, p.forward_burst),
+        serve: limit(p.serve_rate, p.serve_burst),
+        max_clock_skew: p.max_clock_skew,
+        request_timeout: p.request_timeout,
+        backend_connect_timeout: config.limits.connect_timeout,
+    };
+    Ok(PeerCancels::new(
+        settings,
+        endpoints,
+        cancels.clone(),
+        metrics.clone(),
+    ))
 }
 
 /// How the connector reaches and logs in to backends, keeps connections for reuse and pools

@@ -38,6 +38,14 @@ pub async fn run(
             )
         })?;
     // Bound before the admin listener, so /readyz never answers for a gateway that then fails.
+    let peer_listener = match config.listen.peer {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("listen.peer: cannot listen on {addr}: {e}"))?,
+        ),
+        None => None,
+    };
     let http_listener = match config.listen.http {
         Some(addr) => Some(
             TcpListener::bind(addr)
@@ -71,6 +79,7 @@ pub async fn run(
         postgres = %config.listen.postgres,
         admin = ?config.listen.admin,
         http = ?config.listen.http,
+        peer = ?config.listen.peer,
         tenants = gateway.pipeline().router.directory.len(),
         tls = config.tls.is_some(),
         "pgwake serving"
@@ -80,6 +89,11 @@ pub async fn run(
     }
     let tasks = TaskTracker::new();
     let stop = CancellationToken::new();
+    // Served until the sessions are gone (not just until accepting stops): draining sessions'
+    // clients may still cancel through another replica.
+    if let (Some(l), Some(peers)) = (peer_listener, &gateway.pipeline().peers) {
+        tokio::spawn(peers.clone().serve(l, gateway.front.terminate.clone()));
+    }
     let accept = tokio::spawn(front::serve(
         listener,
         gateway.front.clone(),

@@ -31,6 +31,10 @@ pub struct ListenConfig {
     /// absent. Same certificates as the Postgres listener.
     #[serde(default)]
     pub http: Option<SocketAddr>,
+    /// Internal listener where other replicas forward cancel requests for keys this replica
+    /// issued (see `[peer]`); none: no forwarding in either direction.
+    #[serde(default)]
+    pub peer: Option<SocketAddr>,
 }
 
 /// `[tls]`: the default certificate and more chosen by SNI.

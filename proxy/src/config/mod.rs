@@ -15,6 +15,7 @@ mod kubernetes;
 mod limits;
 mod listen;
 mod local;
+mod peer;
 mod pool_class;
 mod reuse;
 mod revival;
@@ -29,6 +30,7 @@ pub use kubernetes::KubernetesConfig;
 pub use limits::Limits;
 pub use listen::{AdminConfig, ListenConfig, SniCert, TlsConfig};
 pub use local::LocalConfig;
+pub use peer::PeerConfig;
 pub use pool_class::{PoolClassConfig, PoolRelease};
 pub use reuse::ReuseConfig;
 pub use revival::{PinnedPolicy, RevivalConfig, RevivalKeyConfig};
@@ -51,6 +53,7 @@ const SECTIONS: &[&str] = &[
     "revival",
     "reuse",
     "admin",
+    "peer",
 ];
 
 /// A configuration problem, naming the key and what to do.
@@ -134,6 +137,9 @@ pub struct Config {
     /// Keeping the backend connections of departed clients for the next client.
     #[serde(default)]
     pub reuse: ReuseConfig,
+    /// Forwarding cancel requests between replicas (the `listen.peer` listener).
+    #[serde(default)]
+    pub peer: PeerConfig,
     /// Pools of pre-warmed clusters for `pool` tenants.
     #[serde(default, rename = "pool_class")]
     pub pool_classes: Vec<PoolClassConfig>,
@@ -201,6 +207,9 @@ impl Config {
         if let Some(f) = &mut self.admin.token_file {
             fix(f);
         }
+        if let Some(f) = &mut self.peer.token_file {
+            fix(f);
+        }
         for k in &mut self.revival.keys {
             if let Some(f) = &mut k.secret_file {
                 fix(f);
@@ -232,6 +241,7 @@ impl Config {
         self.wake.validate()?;
         self.revival.validate()?;
         self.reuse.validate()?;
+        self.peer.validate(self.listen.peer)?;
         let classes = pool_class::validate_all(&self.pool_classes)?;
         let tenants = tenant::validate_all(&self.tenants, self.local.is_some(), &classes)?;
         // A discovered tenant can be the default; it is known only once its cluster is listed.
@@ -372,6 +382,37 @@ backend = { kind = "fixed", address = "127.0.0.1:5433" }
         assert_eq!(c.tenants[0].idle_timeout, Some(Duration::from_secs(30)));
         assert!(c.local.unwrap().data_dir.is_absolute());
         assert_eq!(c.wake.wake_timeout, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn peer_forwarding_needs_a_service_a_token_and_a_reachable_address() {
+        let with = |listen: &str, peer: &str| {
+            let text = EXAMPLE.replace(
+                "admin = \"127.0.0.1:9090\"\n",
+                &format!("admin = \"127.0.0.1:9090\"\npeer = \"{listen}\"\n"),
+            );
+            load(&format!("{text}\n[peer]\n{peer}\n")).map_err(|e| e.to_string())
+        };
+        let err = with("0.0.0.0:6433", "token_file = \"t\"").unwrap_err();
+        assert!(err.starts_with("peer.service"), "{err}");
+        let err = with("0.0.0.0:6433", "service = \"pgwake\"").unwrap_err();
+        assert!(err.starts_with("peer.token_file"), "{err}");
+        let both = "service = \"pgwake\"\ntoken_file = \"t\"";
+        let err = with("0.0.0.0:6433", both).unwrap_err();
+        assert!(err.starts_with("peer.advertise"), "{err}");
+        let c = with(
+            "0.0.0.0:6433",
+            &format!("{both}\nadvertise = \"10.0.0.5:6433\""),
+        )
+        .unwrap();
+        assert_eq!(
+            c.peer.advertised(c.listen.peer.unwrap()),
+            Some("10.0.0.5:6433".parse().unwrap())
+        );
+        let c = with("10.0.0.6:6433", both).unwrap();
+        assert_eq!(c.peer.advertised(c.listen.peer.unwrap()), c.listen.peer);
+        let err = with("10.0.0.6:6433", &format!("{both}\nforward_rate = 0.0")).unwrap_err();
+        assert!(err.starts_with("peer.forward_rate"), "{err}");
     }
 
     #[test]

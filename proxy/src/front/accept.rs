@@ -139,7 +139,9 @@ async fn handle(tcp: TcpStream, peer: SocketAddr, front: &Front, slot: &mut Clie
         }
     };
     match negotiated {
-        Ok(Negotiated::Cancel { key, stream }) => front.pipeline.cancel_request(&key, stream).await,
+        Ok(Negotiated::Cancel { key, stream }) => {
+            front.pipeline.cancel_request(&key, peer, stream).await
+        }
         Ok(Negotiated::Session { stream, startup }) => {
             let pipeline = &front.pipeline;
             pipeline

@@ -114,7 +114,7 @@ pub fn upgrade(
             };
             match negotiated {
                 Ok(Negotiated::Cancel { key, stream }) => {
-                    gw.pipeline.cancel_request(&key, stream).await
+                    gw.pipeline.cancel_request(&key, peer, stream).await
                 }
                 Ok(Negotiated::Session { stream, startup }) => {
                     let slot = &mut guard.slot;

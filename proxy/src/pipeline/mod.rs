@@ -29,6 +29,7 @@ use crate::cancel::{CancelMap, CancelRegistration, forward_cancel};
 use crate::capacity::ClientSlot;
 use crate::error::{SessionError, fail};
 use crate::metrics::Metrics;
+use crate::peer::PeerCancels;
 use crate::session::{Attached, Revivable, Sessions};
 use crate::stream::Stream;
 use crate::upstream::{ClientLogin, Connector, Returnable};
@@ -49,6 +50,8 @@ pub struct Pipeline {
     pub sessions: Sessions,
     /// Gateway-issued cancel keys.
     pub cancels: Arc<CancelMap>,
+    /// Forwards keys other replicas issued to them; none with a single replica.
+    pub peers: Option<Arc<PeerCancels>>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Fires when sessions must end (grace period over).
@@ -65,10 +68,11 @@ struct Opened {
 }
 
 impl Pipeline {
-    /// Forwards a cancel request to the backend its gateway-issued key maps to, then closes the
-    /// client's connection properly (TLS close_notify: libpq 17 reports a cancel whose TLS
-    /// session just breaks off as failed).
-    pub async fn cancel_request(&self, key: &CancelKey, mut client: Stream) {
+    /// Forwards a cancel request to the backend its gateway-issued key maps to (or, for a key
+    /// another replica issued, to that replica), then closes the client's connection properly
+    /// (TLS close_notify: libpq 17 reports a cancel whose TLS session just breaks off as
+    /// failed).
+    pub async fn cancel_request(&self, key: &CancelKey, peer: SocketAddr, mut client: Stream) {
         match self.cancels.lookup(key) {
             Some(target) => {
                 self.metrics.cancels_forwarded.inc();
@@ -77,7 +81,10 @@ impl Pipeline {
                     warn!(error = %e, backend = %target.endpoint, "cancel not delivered");
                 }
             }
-            None => debug!("cancel request with an unknown key dropped"),
+            None => match &self.peers {
+                Some(peers) => peers.forward(key, peer.ip()).await,
+                None => debug!("cancel request with an unknown key dropped"),
+            },
         }
         let _ = tokio::time::timeout(Duration::from_secs(1), client.shutdown()).await;
     }
