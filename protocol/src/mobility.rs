@@ -40,12 +40,7 @@ pub struct SnapshotView {
 pub struct RunPlan {
     /// Mark the claim busy before the run: it was idle, but the session changed since.
     pub mark_busy: bool,
-    /// Hand the session back once it has been at rest this long after bytes last moved.
-    pub quiet_after: Option<Duration>,
-    /// Hand it back once it has been at rest this long from the start of the run, if no bytes
-    /// move first; counts a quiet spell that began before the run.
-    pub quiet_first: Option<Duration>,
-    /// Hand it back on the idle sleeper's park request.
+    /// Hand the session back on the idle sleeper's park request.
     pub listen_park: bool,
     /// Hand it back on a migrate request.
     pub listen_migrate: bool,
@@ -54,6 +49,11 @@ pub struct RunPlan {
     pub hold_backend_end: bool,
     /// Mark the claim busy as soon as the client sends something.
     pub busy_on_client_activity: bool,
+    /// Hand it back once it has been at rest this long after bytes last moved.
+    pub quiet_after: Option<Duration>,
+    /// Hand it back once it has been at rest this long from the start of the run, if no bytes
+    /// move first; counts a quiet spell that began before the run.
+    pub quiet_first: Option<Duration>,
 }
 
 impl RunPlan {

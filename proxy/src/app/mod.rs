@@ -9,7 +9,9 @@ mod tenants;
 use std::sync::{Arc, RwLock};
 
 use pgwake_routing::backend::{LocalBackend, PoolBackend};
-use pgwake_routing::{ComputeBackend, ResolverConfig, TenantDirectory, TenantResolver};
+use pgwake_routing::{
+    ComputeBackend, ResolverConfig, TenantDirectory, TenantResolver, WakeCoordinator,
+};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
@@ -121,16 +123,7 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
         &mut secrets,
         &terminate,
     );
-    let router = Router {
-        resolver: TenantResolver::new(ResolverConfig {
-            rules: config.routing.rules.clone(),
-            sni_suffix: config.routing.sni_suffix.clone(),
-            default_tenant: config.routing.default_tenant.clone(),
-        }),
-        directory,
-        profiles,
-        unknown_tenant: config.routing.unknown_tenant,
-    };
+    let router = router(config, directory, profiles);
     let advertise = config
         .listen
         .peer
@@ -150,25 +143,14 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
         cancels.clone(),
         metrics.clone(),
     ));
-    let sessions = Sessions {
-        connector: connector.clone(),
-        coordinator: coordinator.clone(),
-        cancels: cancels.clone(),
-        revival: Some(Arc::new(Revival {
-            keys: config
-                .revival
-                .key_ring()
-                .map_err(|e| BuildError::Revival(e.to_string()))?,
-            config: config.revival.clone(),
-        })),
-        relay: RelaySettings {
-            buffer: config.limits.relay_buffer.as_u64() as usize,
-            max_message: config.limits.max_message.as_u64() as u32,
-        },
-        snapshot_timeout: config.limits.login_timeout,
-        terminate: terminate.clone(),
-        metrics: metrics.clone(),
-    };
+    let sessions = sessions(
+        config,
+        &connector,
+        &coordinator,
+        &cancels,
+        &metrics,
+        &terminate,
+    )?;
     let pipeline = Arc::new(Pipeline {
         router,
         auth: authenticator(config, server_tls.clone(), &metrics),
@@ -200,6 +182,51 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
         server_tls,
         local,
         pool: kube.pool,
+    })
+}
+
+/// The tenant rules of `[routing]` over the tenants and their profiles.
+fn router(config: &Config, directory: Arc<TenantDirectory>, profiles: Profiles) -> Router {
+    Router {
+        resolver: TenantResolver::new(ResolverConfig {
+            rules: config.routing.rules.clone(),
+            sni_suffix: config.routing.sni_suffix.clone(),
+            default_tenant: config.routing.default_tenant.clone(),
+        }),
+        directory,
+        profiles,
+        unknown_tenant: config.routing.unknown_tenant,
+    }
+}
+
+/// What sessions share: the connector, the wake coordinator, revival keys and relay sizes.
+fn sessions(
+    config: &Config,
+    connector: &Arc<Connector>,
+    coordinator: &Arc<WakeCoordinator>,
+    cancels: &Arc<CancelMap>,
+    metrics: &Arc<Metrics>,
+    terminate: &CancellationToken,
+) -> Result<Sessions, BuildError> {
+    let keys = config
+        .revival
+        .key_ring()
+        .map_err(|e| BuildError::Revival(e.to_string()))?;
+    Ok(Sessions {
+        connector: connector.clone(),
+        coordinator: coordinator.clone(),
+        cancels: cancels.clone(),
+        revival: Some(Arc::new(Revival {
+            keys,
+            config: config.revival.clone(),
+        })),
+        relay: RelaySettings {
+            buffer: config.limits.relay_buffer.as_u64() as usize,
+            max_message: config.limits.max_message.as_u64() as u32,
+        },
+        snapshot_timeout: config.limits.login_timeout,
+        terminate: terminate.clone(),
+        metrics: metrics.clone(),
     })
 }
 

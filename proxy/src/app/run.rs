@@ -1,6 +1,7 @@
 //! Running the gateway: its listeners, the admin API and background jobs, until shutdown; then
 //! draining sessions and stopping the local servers it started.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -29,31 +30,10 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let terminate = CancellationToken::new();
     let gateway = Arc::new(build(&config, terminate.clone()).await?);
-    let listener = TcpListener::bind(config.listen.postgres)
-        .await
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "listen.postgres: cannot listen on {}: {e}",
-                config.listen.postgres
-            )
-        })?;
+    let listener = bind("listen.postgres", config.listen.postgres).await?;
     // Bound before the admin listener, so /readyz never answers for a gateway that then fails.
-    let peer_listener = match config.listen.peer {
-        Some(addr) => Some(
-            TcpListener::bind(addr)
-                .await
-                .map_err(|e| anyhow::anyhow!("listen.peer: cannot listen on {addr}: {e}"))?,
-        ),
-        None => None,
-    };
-    let http_listener = match config.listen.http {
-        Some(addr) => Some(
-            TcpListener::bind(addr)
-                .await
-                .map_err(|e| anyhow::anyhow!("listen.http: cannot listen on {addr}: {e}"))?,
-        ),
-        None => None,
-    };
+    let peer_listener = bind_some("listen.peer", config.listen.peer).await?;
+    let http_listener = bind_some("listen.http", config.listen.http).await?;
     if let Some(local) = &gateway.local {
         for t in gateway.pipeline().router.directory.all() {
             local.stop_stale(&t.id).await;
@@ -69,10 +49,7 @@ pub async fn run(
     });
     let sleeper_stop = CancellationToken::new();
     let replenisher = start_background_jobs(&gateway, &sleeper_stop);
-    if let Some(addr) = config.listen.admin {
-        let admin_listener = TcpListener::bind(addr)
-            .await
-            .map_err(|e| anyhow::anyhow!("listen.admin: cannot listen on {addr}: {e}"))?;
+    if let Some(admin_listener) = bind_some("listen.admin", config.listen.admin).await? {
         tokio::spawn(admin::serve(admin_listener, admin_state.clone()));
     }
     info!(
@@ -132,6 +109,21 @@ pub async fn run(
     gateway.front.terminate.cancel();
     info!("pgwake stopped");
     Ok(())
+}
+
+/// A listener on `addr` (`key` names it in the error).
+async fn bind(key: &str, addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("{key}: cannot listen on {addr}: {e}"))
+}
+
+/// A listener on `addr` when one is configured.
+async fn bind_some(key: &str, addr: Option<SocketAddr>) -> anyhow::Result<Option<TcpListener>> {
+    match addr {
+        Some(addr) => bind(key, addr).await.map(Some),
+        None => Ok(None),
+    }
 }
 
 /// The admin API's bearer token, from `[admin] token_file`.

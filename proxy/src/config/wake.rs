@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{ConfigError, invalid};
+use super::{ConfigError, invalid, nonzero};
 
 /// `[wake]`: the accept queue, wake retries and idle sleep.
 #[derive(Clone, Debug, Deserialize)]
@@ -56,12 +56,9 @@ impl Default for WakeConfig {
 
 impl WakeConfig {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        if self.wake_timeout.is_zero() || self.idle_check_interval.is_zero() {
-            return Err(invalid(
-                "wake.wake_timeout",
-                "wake_timeout and idle_check_interval must be greater than zero",
-            ));
-        }
+        let times = [self.wake_timeout, self.idle_check_interval];
+        let why = "wake_timeout and idle_check_interval must be greater than zero";
+        nonzero("wake.wake_timeout", &times, why)?;
         if self.max_waiters_per_tenant == 0 || self.max_waiters_total == 0 || self.attempts == 0 {
             return Err(invalid(
                 "wake.max_waiters_per_tenant",

@@ -128,14 +128,14 @@ pub struct Detached {
 pub struct Upstream {
     /// The connection.
     pub stream: Stream,
+    /// Its place under the tenant's cap.
+    pub slot: BackendSlot,
+    /// Whether it was a kept connection rather than a fresh login.
+    pub reused: bool,
     /// The key the client holds for it.
     pub cancel: Option<CancelRegistration>,
     /// Set when the connection may be kept for reuse once the client leaves.
     pub returnable: Option<Returnable>,
-    /// Whether it was a kept connection rather than a fresh login.
-    pub reused: bool,
-    /// Its place under the tenant's cap.
-    pub slot: BackendSlot,
 }
 
 /// A way to a backend connection under the tenant's cap: a kept connection, or room for a
