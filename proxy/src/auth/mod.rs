@@ -6,6 +6,7 @@ pub mod client;
 mod kube_secret;
 mod local;
 pub mod password;
+pub mod shared_throttle;
 mod static_file;
 pub mod throttle;
 
