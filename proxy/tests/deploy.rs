@@ -399,7 +399,7 @@ fn deploy_rbac_grants_what_the_gateway_does_and_nothing_more() {
             "{verb} secrets"
         );
     }
-    for verb in ["get", "create", "update"] {
+    for verb in ["get", "list", "watch", "create", "update", "delete"] {
         assert!(
             allowed(lab, &token, verb, lease, "leases", ns),
             "{verb} leases"
@@ -420,7 +420,8 @@ fn deploy_rbac_grants_what_the_gateway_does_and_nothing_more() {
         ("deletecollection", cnpg, "clusters", ns),
         ("create", "", "secrets", ns),
         ("patch", "", "secrets", ns),
-        ("delete", lease, "leases", ns),
+        ("deletecollection", lease, "leases", ns),
+        ("patch", lease, "leases", ns),
         ("create", discovery, "endpointslices", ns),
         ("patch", discovery, "endpointslices", ns),
         ("get", "", "pods", ns),

@@ -86,6 +86,7 @@ pub(super) fn pool_class(c: &PoolClassConfig, namespace: &str) -> Result<PoolCla
         template: cluster_template(manifest).map_err(|e| problem(e.to_string()))?,
         replenish_interval: c.replenish_interval,
         lease_duration: c.lease_duration,
+        orphan_grace: c.orphan_grace,
     })
 }
 
@@ -134,6 +135,7 @@ impl KubeBackends {
                 .iter()
                 .any(|t| matches!(t.backend, TenantBackend::Cnpg { .. }));
         let needs_kube = has_cnpg
+            || config.auth.throttle_shared
             || !config.pool_classes.is_empty()
             || config.listen.peer.is_some()
             || config.tenants.iter().any(|t| {

@@ -20,6 +20,7 @@ pub use run::run;
 
 use crate::auth::CredentialError;
 use crate::auth::password::PasswordChecker;
+use crate::auth::shared_throttle::{SharedSettings, SharedThrottle};
 use crate::auth::throttle::{Throttle, ThrottleSettings};
 use crate::cancel::{CancelMap, ReplicaTag};
 use crate::capacity::Capacity;
@@ -153,7 +154,7 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
     )?;
     let pipeline = Arc::new(Pipeline {
         router,
-        auth: authenticator(config, server_tls.clone(), &metrics),
+        auth: authenticator(config, server_tls.clone(), &metrics, &kube, &terminate),
         coordinator,
         wake_notice: config.wake.wake_notice,
         connector,
@@ -230,20 +231,41 @@ fn sessions(
     })
 }
 
-/// The password checker of `[auth]`.
+/// The password checker of `[auth]`, its throttle shared through `kube` when configured.
 fn authenticator(
     config: &Config,
     server_tls: Option<Arc<ServerTls>>,
     metrics: &Arc<Metrics>,
+    kube: &backends::KubeBackends,
+    terminate: &CancellationToken,
 ) -> Authenticator {
     let a = &config.auth;
+    let settings = ThrottleSettings {
+        free_failures: a.throttle_free_failures,
+        base: a.throttle_base,
+        max: a.throttle_max,
+        capacity: a.throttle_capacity,
+    };
+    let mut throttle = Throttle::new(settings.clone());
+    if let (true, Some(client)) = (a.throttle_shared, &kube.client) {
+        let namespace = a
+            .throttle_namespace
+            .clone()
+            .or_else(|| kube.default_ns.clone())
+            .unwrap_or_else(|| client.default_namespace().to_owned());
+        throttle = throttle.with_shared(SharedThrottle::start(
+            client.clone(),
+            settings,
+            SharedSettings {
+                namespace,
+                write_timeout: a.throttle_shared_timeout,
+                identity: backends::lease_identity(),
+            },
+            terminate.clone(),
+        ));
+    }
     Authenticator {
-        throttle: Throttle::new(ThrottleSettings {
-            free_failures: a.throttle_free_failures,
-            base: a.throttle_base,
-            max: a.throttle_max,
-            capacity: a.throttle_capacity,
-        }),
+        throttle,
         mock_key: match &a.mock_secret {
             Some(s) => s.as_bytes().to_vec(),
             None => rand::random::<[u8; 32]>().to_vec(),

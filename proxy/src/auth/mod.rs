@@ -6,10 +6,12 @@ pub mod client;
 mod kube_secret;
 mod local;
 pub mod password;
+pub mod shared_throttle;
 mod static_file;
 pub mod throttle;
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use pgwake_protocol::scram::{ScramKeys, ScramSecret};
@@ -133,4 +135,17 @@ pub fn parse_secret(secret: &str) -> Result<Credential, CredentialError> {
     } else {
         Ok(Credential::from_password(secret))
     }
+}
+
+/// Throttle settings.
+#[derive(Clone, Debug)]
+pub struct ThrottleSettings {
+    /// Failed attempts evaluated before attempts are throttled.
+    pub free_failures: u32,
+    /// Wait after the last free failure.
+    pub base: Duration,
+    /// Longest wait.
+    pub max: Duration,
+    /// Most entries of each count remembered; the least recently used are forgotten first.
+    pub capacity: u64,
 }

@@ -8,26 +8,19 @@
 //! refused for `base`, and every further evaluated failure doubles the wait up to `max`. A
 //! success takes back only its own (IP, tenant, user) failures, so logging in as one user does
 //! not clear guesses made for another.
+//!
+//! With a [`SharedThrottle`] attached, the fleet's counts (kept on Kubernetes Leases) block
+//! attempts too; this replica's own counts work as without it.
 
 use std::net::IpAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use moka::sync::Cache;
 use pgwake_routing::TenantId;
 
-/// Throttle settings.
-#[derive(Clone, Debug)]
-pub struct ThrottleSettings {
-    /// Failed attempts evaluated before attempts are throttled.
-    pub free_failures: u32,
-    /// Wait after the last free failure.
-    pub base: Duration,
-    /// Longest wait.
-    pub max: Duration,
-    /// Most entries of each count remembered; the least recently used are forgotten first.
-    pub capacity: u64,
-}
+pub use super::ThrottleSettings;
+use super::shared_throttle::SharedThrottle;
 
 /// Failures counted under one key, and until when further attempts are refused.
 #[derive(Clone, Copy, Debug, Default)]
@@ -47,6 +40,8 @@ pub struct Throttle {
     /// The three caches change together under this lock, so a reservation sees every earlier
     /// one.
     counts: Mutex<Counts>,
+    /// The fleet's counts, when failures are shared across replicas.
+    shared: Option<Arc<SharedThrottle>>,
 }
 
 struct Counts {
@@ -78,6 +73,24 @@ impl Throttle {
         Throttle {
             settings,
             counts: Mutex::new(counts),
+            shared: None,
+        }
+    }
+
+    /// This throttle, also blocking on the fleet's counts and recording outcomes there.
+    pub fn with_shared(mut self, shared: Arc<SharedThrottle>) -> Throttle {
+        self.shared = Some(shared);
+        self
+    }
+
+    fn shared_wait(&self, ip: IpAddr, tenant: &TenantId, user: &str) -> Option<Duration> {
+        self.shared.as_ref()?.blocked_for(ip, tenant, user)
+    }
+
+    /// Tells the fleet's counts how an evaluated attempt ended (a no-op without them).
+    pub async fn share_outcome(&self, ip: IpAddr, tenant: &TenantId, user: &str, failed: bool) {
+        if let Some(shared) = &self.shared {
+            shared.record(ip, tenant, user, failed).await;
         }
     }
 
@@ -92,11 +105,13 @@ impl Throttle {
         let now = Instant::now();
         let address = counts.by_address.get(&(ip, tenant.clone()));
         let account = counts.by_account.get(&(tenant.clone(), user.to_owned()));
-        [address, account]
+        let local = [address, account]
             .into_iter()
             .flatten()
             .filter_map(|r| r.blocked_until?.checked_duration_since(now))
-            .max()
+            .max();
+        drop(counts);
+        local.max(self.shared_wait(ip, tenant, user))
     }
 
     /// Reserves an attempt whose proof just arrived: counts it as a failure now, or refuses it
@@ -111,7 +126,8 @@ impl Throttle {
         let wait = [a, b]
             .iter()
             .filter_map(|r| r.blocked_until?.checked_duration_since(now))
-            .max();
+            .max()
+            .max(self.shared_wait(ip, tenant, user));
         if let Some(wait) = wait {
             return Err(wait);
         }

@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::{ConfigError, invalid};
+
 /// `[auth]`: settings shared by every tenant the gateway authenticates.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -19,6 +21,15 @@ pub struct AuthConfig {
     pub throttle_max: Duration,
     /// Entries the throttle remembers of each count ((client IP, tenant), (tenant, user)).
     pub throttle_capacity: u64,
+    /// Also count failures across replicas, on Kubernetes Leases every replica watches (needs
+    /// the Kubernetes API; see the README's deployment section).
+    pub throttle_shared: bool,
+    /// Namespace of the shared throttle's Leases (default `[kubernetes] namespace`).
+    pub throttle_namespace: Option<String>,
+    /// Longest wait for the Kubernetes API when recording a login outcome for the fleet; after
+    /// it, only this replica's count has it.
+    #[serde(with = "humantime_serde")]
+    pub throttle_shared_timeout: Duration,
     /// Highest SCRAM iteration count the gateway derives keys for when logging in to a backend
     /// with a password: a backend could otherwise make it burn CPU.
     pub max_backend_iterations: u32,
@@ -37,9 +48,24 @@ impl Default for AuthConfig {
             throttle_base: Duration::from_secs(1),
             throttle_max: Duration::from_secs(300),
             throttle_capacity: 100_000,
+            throttle_shared: false,
+            throttle_namespace: None,
+            throttle_shared_timeout: Duration::from_secs(1),
             max_backend_iterations: 100_000,
             auth_query_ttl: Duration::from_secs(60),
             mock_secret: None,
         }
+    }
+}
+
+impl AuthConfig {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        if self.throttle_shared && self.throttle_shared_timeout.is_zero() {
+            return Err(invalid(
+                "auth.throttle_shared_timeout",
+                "must be greater than zero when throttle_shared is on",
+            ));
+        }
+        Ok(())
     }
 }

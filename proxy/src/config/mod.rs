@@ -236,6 +236,7 @@ impl Config {
             ));
         }
         self.limits.validate()?;
+        self.auth.validate()?;
         self.http.validate()?;
         self.routing.validate()?;
         self.wake.validate()?;
@@ -455,6 +456,11 @@ backend = { kind = "fixed", address = "127.0.0.1:5433" }
         assert_eq!((p.min_warm, p.release), (3, PoolRelease::Delete));
         assert!(p.template.is_absolute());
         assert_eq!(p.lease_duration, Duration::from_secs(15));
+        assert_eq!(p.orphan_grace, Duration::from_secs(60));
+        refused(
+            &format!("{pool}{class}orphan_grace = \"0s\"\n"),
+            "pool_class[0].orphan_grace",
+        );
         refused(&pool, "tenant[0].backend.class");
         refused(
             &format!("{pool}{}", class.replace("small", "Small")),

@@ -44,6 +44,10 @@ pub struct PoolClassConfig {
     /// replica takes over replenishing this long after the holder stops renewing.
     #[serde(default = "default_lease_duration", with = "humantime_serde")]
     pub lease_duration: Duration,
+    /// How long a claimed cluster may stay without a binding (its claimant died between claim
+    /// and binding) before the replenisher returns it to the warm pool.
+    #[serde(default = "default_orphan_grace", with = "humantime_serde")]
+    pub orphan_grace: Duration,
 }
 
 fn default_min_warm() -> usize {
@@ -56,6 +60,10 @@ fn default_replenish_interval() -> Duration {
 
 fn default_lease_duration() -> Duration {
     Duration::from_secs(15)
+}
+
+fn default_orphan_grace() -> Duration {
+    Duration::from_secs(60)
 }
 
 /// Longest pool class name: generated cluster names (`<class>-xxxxx`) and their `-rw` Service
@@ -104,6 +112,12 @@ pub(super) fn validate_all(classes: &[PoolClassConfig]) -> Result<HashSet<&str>,
             return Err(invalid(
                 format!("pool_class[{i}].lease_duration"),
                 "must be at least 1s",
+            ));
+        }
+        if c.orphan_grace < Duration::from_secs(1) {
+            return Err(invalid(
+                format!("pool_class[{i}].orphan_grace"),
+                "must be at least 1s, longer than a claim takes to be bound",
             ));
         }
         if c.replenish_interval.is_zero() || c.replenish_interval > c.lease_duration / 3 {

@@ -85,6 +85,7 @@ impl Authenticator {
         )
         .await;
         self.attempt_done(peer, tenant, source, user, &result);
+        self.share_outcome(peer, tenant, user, &result).await;
         result
     }
 
@@ -151,6 +152,7 @@ impl Authenticator {
             .ok_or_else(|| SessionError::AuthFailed(user.to_owned())),
         };
         self.attempt_done(peer, tenant, source, user, &result);
+        self.share_outcome(peer, tenant, user, &result).await;
         result
     }
 
@@ -199,6 +201,25 @@ impl Authenticator {
             return e;
         }
         SessionError::UnknownTenant(tenant.to_string())
+    }
+
+    /// Tells the fleet's throttle counts how an evaluated attempt ended, before the client
+    /// hears it (so its next try, on any replica, finds the failure there).
+    async fn share_outcome<T>(
+        &self,
+        peer: SocketAddr,
+        tenant: &TenantId,
+        user: &str,
+        result: &Result<T, SessionError>,
+    ) {
+        let failed = match result {
+            Ok(_) => false,
+            Err(SessionError::AuthFailed(_)) => true,
+            Err(_) => return,
+        };
+        self.throttle
+            .share_outcome(peer.ip(), tenant, user, failed)
+            .await;
     }
 
     /// Counts an authentication attempt's outcome and tells the throttle and the credential

@@ -14,15 +14,24 @@
 //! recorded in a per-tenant Lease, `pgwake-bind-<class>-<tenant>` (its `holderIdentity` is the
 //! cluster's name), which the API server lets only one writer create (409 for the others) or
 //! rebind (`resourceVersion` precondition). A gateway that claimed a cluster but lost the
-//! binding gives its claim back and routes to the bound cluster. A gateway that dies between
-//! claim and binding leaves a cluster labelled for the tenant but unbound: a `delete` release
-//! removes such clusters too; under `hibernate` they stay claimed until removed by hand.
+//! binding gives its claim back and routes to the bound cluster.
+//!
+//! Once bound, the claimant marks the cluster with the annotation `pgwake.io/bound` (a patch
+//! that again tests the claim labels): that mark is the point of no return. A claim that never
+//! got that far (its gateway was killed between claim and binding) is an orphan: claimed, not
+//! marked, and named by no binding Lease. The replenisher returns orphans to the warm pool once
+//! it has seen them unchanged for the class's `orphan_grace`, with a patch conditional on the
+//! `resourceVersion` it read (so it cannot undo a mark written meanwhile; the claimant's mark
+//! then fails and it binds anew). A gateway shutting down hands back its unfinished claims the
+//! same way. Clusters that carry the mark are never returned, even without a Lease: they may
+//! hold a tenant's data.
 //!
 //! A replenisher per class, run only by the replica holding the Lease `pgwake-pool-<class>`,
 //! creates clusters from the class's template until `min_warm` are warm.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -55,11 +64,15 @@ pub const POOL_LABEL: &str = "pgwake.io/pool";
 /// Label saying whether a pool cluster is `warm` (free) or `claimed`.
 pub const STATE_LABEL: &str = "pgwake.io/state";
 
+/// Annotation set on a claimed cluster once its binding Lease names it (value: the Lease).
+pub const BOUND_ANNOTATION: &str = "pgwake.io/bound";
+
 const WARM: &str = "warm";
 const CLAIMED: &str = "claimed";
 /// Label keys as JSON-pointer path segments (`/` escaped as `~1`).
 const STATE_PATH: &str = "/metadata/labels/pgwake.io~1state";
 const TENANT_PATH: &str = "/metadata/labels/pgwake.io~1tenant";
+const BOUND_PATH: &str = "/metadata/annotations/pgwake.io~1bound";
 /// Rounds one wake makes when bindings keep changing under it (another gateway bound the tenant
 /// first, or the bound cluster vanished), before it gives up (the wake coordinator retries).
 const CLAIM_ROUNDS: usize = 3;
@@ -90,6 +103,9 @@ pub struct PoolClass {
     pub replenish_interval: Duration,
     /// How long the replenisher's Lease stays valid without renewal.
     pub lease_duration: Duration,
+    /// How long a claimed cluster must stay unbound and unmarked before the replenisher returns
+    /// it to the warm pool.
+    pub orphan_grace: Duration,
 }
 
 /// Why a Cluster template cannot be used.
@@ -157,6 +173,11 @@ pub struct PoolBackend {
     bound: Mutex<HashMap<TenantId, String>>,
     /// Per class: wakes the replenisher after a claim or a delete.
     refill: HashMap<String, Notify>,
+    /// Clusters this gateway claimed and has not yet bound and marked: (class, tenant) by
+    /// cluster name, handed back on shutdown.
+    claiming: Mutex<HashMap<String, (String, TenantId)>>,
+    /// Set on shutdown: no new claims are bound.
+    closing: AtomicBool,
 }
 
 /// Name of the Lease that records which cluster of `class` the tenant is bound to. Tenant ids
@@ -255,6 +276,8 @@ impl PoolBackend {
             settings,
             identity,
             bound: Mutex::new(HashMap::new()),
+            claiming: Mutex::new(HashMap::new()),
+            closing: AtomicBool::new(false),
         }
     }
 
@@ -375,6 +398,206 @@ impl PoolBackend {
         }
     }
 
+    fn claims(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, TenantId)>> {
+        self.claiming.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Binds a cluster this gateway just claimed, then marks it bound. `None` when the wake
+    /// must start a new round: another gateway bound the tenant first, or the claim was handed
+    /// back before the mark landed. Every path that does not end marked gives the claim back.
+    async fn settle_claim(
+        &self,
+        api: &Api<DynamicObject>,
+        class: &PoolClass,
+        tenant: &TenantId,
+        lease: Option<Lease>,
+        obj: DynamicObject,
+    ) -> Result<Option<DynamicObject>, BackendError> {
+        let name = obj.name_any();
+        if self.closing.load(Ordering::Acquire) {
+            self.give_back(api, tenant, &name).await;
+            return Err(BackendError::StartFailed(
+                "the gateway is shutting down".into(),
+            ));
+        }
+        match self.bind(class, tenant, lease, &name).await {
+            Ok(true) => {}
+            Ok(false) => {
+                info!(tenant = %tenant, class = %class.name, cluster = %name,
+                    "another gateway bound the tenant first; giving the claimed cluster back");
+                self.give_back(api, tenant, &name).await;
+                return Ok(None);
+            }
+            Err(e) => {
+                self.give_back(api, tenant, &name).await;
+                return Err(e);
+            }
+        }
+        // The claim labels are tested again: a hand-back that got in first makes this fail.
+        let mark = if obj.metadata.annotations.is_some() {
+            json!({ "op": "add", "path": BOUND_PATH, "value": binding_name(&class.name, tenant) })
+        } else {
+            json!({ "op": "add", "path": "/metadata/annotations",
+                    "value": { BOUND_ANNOTATION: binding_name(&class.name, tenant) } })
+        };
+        let patch = json_patch(json!([
+            { "op": "test", "path": STATE_PATH, "value": CLAIMED },
+            { "op": "test", "path": TENANT_PATH, "value": tenant.as_str() },
+            mark,
+        ]))?;
+        match api.patch(&name, &Self::patch_params(), &patch).await {
+            Ok(obj) => Ok(Some(obj)),
+            Err(e) if is_status(&e, &[404, 409, 422]) => {
+                info!(tenant = %tenant, class = %class.name, cluster = %name,
+                    "the claim was handed back before it was marked bound; binding anew");
+                let lease = self
+                    .leases(class)
+                    .get_opt(&binding_name(&class.name, tenant))
+                    .await
+                    .map_err(api_error)?;
+                if let Some(l) = lease.filter(|l| bound_to(l) == Some(name.as_str())) {
+                    self.unbind(class, l).await?;
+                }
+                Ok(None)
+            }
+            Err(e) => {
+                // Its binding Lease keeps the sweep away from it all the same.
+                warn!(tenant = %tenant, class = %class.name, cluster = %name, error = %e,
+                    "could not mark a claimed cluster bound");
+                Ok(Some(obj))
+            }
+        }
+    }
+
+    /// Returns a claimed cluster that was never marked bound to the warm pool, if it is still
+    /// claimed (for `tenant`, when given). The patch is conditional on the `resourceVersion`
+    /// read here, so a mark written meanwhile wins. True when it went back.
+    async fn return_unmarked(
+        &self,
+        api: &Api<DynamicObject>,
+        name: &str,
+        tenant: Option<&str>,
+    ) -> Result<bool, BackendError> {
+        let Some(obj) = api.get_opt(name).await.map_err(api_error)? else {
+            return Ok(false);
+        };
+        let labels = obj.labels();
+        let labelled = labels.get(TENANT_LABEL).map(String::as_str);
+        if obj.metadata.deletion_timestamp.is_some()
+            || labels.get(STATE_LABEL).map(String::as_str) != Some(CLAIMED)
+            || obj.annotations().contains_key(BOUND_ANNOTATION)
+            || tenant.is_some_and(|t| labelled != Some(t))
+        {
+            return Ok(false);
+        }
+        let Some(version) = obj.metadata.resource_version.clone() else {
+            return Ok(false);
+        };
+        let mut ops = vec![
+            json!({ "op": "test", "path": "/metadata/resourceVersion", "value": version }),
+            json!({ "op": "replace", "path": STATE_PATH, "value": WARM }),
+        ];
+        if labelled.is_some() {
+            ops.push(json!({ "op": "remove", "path": TENANT_PATH }));
+        }
+        match api
+            .patch(name, &Self::patch_params(), &json_patch(Value::Array(ops))?)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if is_status(&e, &[404, 409, 422]) => Ok(false),
+            Err(e) => Err(api_error(e)),
+        }
+    }
+
+    /// Returns the class's orphaned claims (see the module docs) to the warm pool. `seen` holds,
+    /// by cluster, the tenant label each unbound claim had when first seen and when that was;
+    /// the grace runs on this process's monotonic clock, so no clocks are compared.
+    async fn sweep_orphans(
+        &self,
+        class: &PoolClass,
+        seen: &mut HashMap<String, (Option<String>, Instant)>,
+    ) -> Result<(), BackendError> {
+        let api = self.api(class);
+        let claimed = api
+            .list(&ListParams::default().labels(&label_selector(&class.name, STATE_LABEL, CLAIMED)))
+            .await
+            .map_err(api_error)?;
+        let bindings = self
+            .leases(class)
+            .list(&ListParams::default().labels(&format!("{POOL_LABEL}={}", class.name)))
+            .await
+            .map_err(api_error)?;
+        let bound: HashSet<&str> = bindings.items.iter().filter_map(bound_to).collect();
+        let now = Instant::now();
+        let mut unbound = HashMap::new();
+        for obj in claimed.items {
+            let name = obj.name_any();
+            if obj.metadata.deletion_timestamp.is_some()
+                || obj.annotations().contains_key(BOUND_ANNOTATION)
+                || bound.contains(name.as_str())
+            {
+                continue;
+            }
+            let tenant = obj.labels().get(TENANT_LABEL).cloned();
+            let since = match seen.remove(&name) {
+                Some((t, since)) if t == tenant => since,
+                _ => now,
+            };
+            if now.duration_since(since) < class.orphan_grace {
+                unbound.insert(name, (tenant, since));
+                continue;
+            }
+            // The list above may be stale: look at the tenant's binding once more.
+            if let Some(id) = tenant.as_deref().and_then(|t| TenantId::parse(t).ok()) {
+                let lease = self
+                    .leases(class)
+                    .get_opt(&binding_name(&class.name, &id))
+                    .await
+                    .map_err(api_error)?;
+                if lease.as_ref().and_then(bound_to) == Some(name.as_str()) {
+                    continue;
+                }
+            }
+            if self.return_unmarked(&api, &name, tenant.as_deref()).await? {
+                info!(class = %class.name, cluster = %name, tenant = ?tenant, grace = ?class.orphan_grace,
+                    "returned an abandoned claim to the warm pool");
+            }
+        }
+        *seen = unbound;
+        Ok(())
+    }
+
+    /// On shutdown: refuses further bindings and returns the claims this gateway has not
+    /// finished to the warm pool.
+    async fn hand_back_claims(&self) {
+        self.closing.store(true, Ordering::Release);
+        let claims: Vec<_> = self
+            .claims()
+            .iter()
+            .map(|(n, c)| (n.clone(), c.clone()))
+            .collect();
+        for (name, (class, tenant)) in claims {
+            let Some(class) = self.classes.get(&class) else {
+                continue;
+            };
+            match self
+                .return_unmarked(&self.api(class), &name, Some(tenant.as_str()))
+                .await
+            {
+                Ok(true) => {
+                    info!(class = %class.name, cluster = %name, tenant = %tenant,
+                        "shutting down: handed an unfinished claim back")
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    warn!(class = %class.name, cluster = %name, tenant = %tenant, error = %e,
+                        "shutting down: could not hand an unfinished claim back")
+                }
+            }
+        }
+    }
+
     /// Records `cluster` as the tenant's in its binding Lease: creates the Lease, or rebinds an
     /// unbound one under its `resourceVersion`. False when another gateway wrote it first.
     async fn bind(
@@ -438,8 +661,9 @@ impl PoolBackend {
         }
     }
 
-    /// Keeps `min_warm` warm clusters in every class while this replica holds the class's
-    /// Lease; runs until `stop` fires, then gives the Leases up.
+    /// Keeps `min_warm` warm clusters in every class and returns abandoned claims while this
+    /// replica holds the class's Lease; runs until `stop` fires, then hands back this gateway's
+    /// unfinished claims and gives the Leases up.
     pub async fn run_replenisher(self: Arc<Self>, stop: CancellationToken) {
         let tasks: Vec<_> = self
             .classes
@@ -454,6 +678,7 @@ impl PoolBackend {
         for t in tasks {
             let _ = t.await;
         }
+        self.hand_back_claims().await;
     }
 
     async fn replenish(&self, class: &PoolClass, stop: CancellationToken) {
@@ -467,14 +692,19 @@ impl PoolBackend {
         let Some(refill) = self.refill.get(&class.name) else {
             return;
         };
+        let mut unbound = HashMap::new();
         loop {
             match lease.try_hold().await {
                 Ok(true) => {
                     if let Err(e) = self.top_up(class).await {
                         warn!(class = %class.name, error = %e, "replenishing the pool failed");
                     }
+                    if let Err(e) = self.sweep_orphans(class, &mut unbound).await {
+                        warn!(class = %class.name, error = %e, "looking for abandoned claims failed");
+                    }
                 }
-                Ok(false) => {}
+                // Another replica sweeps now; its grace starts from its own first sighting.
+                Ok(false) => unbound.clear(),
                 Err(e) => {
                     warn!(class = %class.name, error = %e, "pool lease: the Kubernetes API failed")
                 }
@@ -565,12 +795,11 @@ impl ComputeBackend for PoolBackend {
                 None => {
                     let obj = self.claim(&api, class, tenant).await?;
                     let name = obj.name_any();
-                    if !self.bind(class, tenant, lease, &name).await? {
-                        info!(tenant = %tenant, class = %class.name, cluster = %name,
-                            "another gateway bound the tenant first; giving the claimed cluster back");
-                        self.give_back(&api, tenant, &name).await;
-                        continue;
-                    }
+                    self.claims()
+                        .insert(name.clone(), (class.name.clone(), tenant.clone()));
+                    let settled = self.settle_claim(&api, class, tenant, lease, obj).await;
+                    self.claims().remove(&name);
+                    let Some(obj) = settled? else { continue };
                     info!(tenant = %tenant, class = %class.name, cluster = %name, "claimed pool cluster");
                     (name, Some(obj))
                 }
