@@ -10,11 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
@@ -49,24 +48,9 @@ impl SecretStore {
         stop: CancellationToken,
     ) -> Arc<SecretStore> {
         let api: Api<Secret> = Api::namespaced(client, namespace);
-        let watched = api.clone();
-        let (store, writer) = reflector::store();
         let config = watcher::Config::default().fields(&format!("type={BASIC_AUTH}"));
-        let stream = reflector::reflector(writer, watcher(watched, config).default_backoff());
         let ns = namespace.to_owned();
-        tokio::spawn(async move {
-            let mut stream = stream.boxed();
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    e = stream.next() => match e {
-                        None => return,
-                        Some(Err(e)) => warn!(namespace = %ns, error = %e, "secret watch failed; retrying"),
-                        Some(Ok(_)) => {}
-                    },
-                }
-            }
-        });
+        let store = super::watched_store(api.clone(), config, "secrets", ns, stop);
         Arc::new(SecretStore {
             namespace: namespace.to_owned(),
             api,

@@ -149,3 +149,42 @@ pub struct ThrottleSettings {
     /// Most entries of each count remembered; the least recently used are forgotten first.
     pub capacity: u64,
 }
+
+/// A local copy of the objects `api` lists with `config`, kept current by a watch until `stop`
+/// fires; a failing watch is logged (`what` names it) and retried with back-off, the copy
+/// keeping what it last saw.
+fn watched_store<K>(
+    api: kube::Api<K>,
+    config: kube::runtime::watcher::Config,
+    what: &'static str,
+    namespace: String,
+    stop: tokio_util::sync::CancellationToken,
+) -> kube::runtime::reflector::Store<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    use futures_util::StreamExt;
+    use kube::runtime::{WatchStreamExt, reflector, watcher};
+    let (store, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher(api, config).default_backoff());
+    tokio::spawn(async move {
+        let mut stream = stream.boxed();
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                e = stream.next() => match e {
+                    None => return,
+                    Some(Err(e)) => tracing::warn!(%namespace, error = %e, what, "watch failed; retrying"),
+                    Some(Ok(_)) => {}
+                },
+            }
+        }
+    });
+    store
+}

@@ -21,13 +21,12 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams, Preconditions};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use pgwake_routing::TenantId;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
@@ -146,25 +145,9 @@ impl SharedThrottle {
         stop: CancellationToken,
     ) -> std::sync::Arc<SharedThrottle> {
         let api: Api<Lease> = Api::namespaced(client, &settings.namespace);
-        let (store, writer) = reflector::store();
         let config = watcher::Config::default().labels(THROTTLE_LABEL);
-        let stream = reflector::reflector(writer, watcher(api.clone(), config).default_backoff());
         let ns = settings.namespace.clone();
-        let watch_stop = stop.clone();
-        tokio::spawn(async move {
-            let mut stream = stream.boxed();
-            loop {
-                tokio::select! {
-                    _ = watch_stop.cancelled() => return,
-                    e = stream.next() => match e {
-                        None => return,
-                        Some(Err(e)) => warn!(namespace = %ns, error = %e,
-                            "throttle lease watch failed; retrying (blocks seen so far stay)"),
-                        Some(Ok(_)) => {}
-                    },
-                }
-            }
-        });
+        let store = super::watched_store(api.clone(), config, "throttle leases", ns, stop.clone());
         let shared = std::sync::Arc::new(SharedThrottle {
             api,
             store,
