@@ -174,7 +174,9 @@ async fn tenant_action(state: &AdminState, id: &str, action: &str) -> Response<F
         Err(WakeError::UnknownTenant(_)) => {
             json_error(StatusCode::NOT_FOUND, format!("no tenant {id:?}"))
         }
-        Err(e @ WakeError::Busy(_)) => json_error(StatusCode::CONFLICT, e.to_string()),
+        Err(e @ (WakeError::Busy(_) | WakeError::ActiveElsewhere)) => {
+            json_error(StatusCode::CONFLICT, e.to_string())
+        }
         Err(e @ WakeError::QueueFull { .. }) => {
             json_error(StatusCode::TOO_MANY_REQUESTS, e.to_string())
         }

@@ -378,10 +378,12 @@ fn wake_message(t: &TenantId, e: &WakeError) -> ErrorMessage {
             "the next start is tried in {} s; the gateway log has the reason",
             retry_in.as_secs().max(1)
         )),
-        WakeError::Busy(_) => ErrorMessage::fatal(
-            CANNOT_CONNECT_NOW,
-            format!("the database for tenant \"{t}\" is not available"),
-        ),
+        WakeError::Busy(_) | WakeError::ActiveElsewhere | WakeError::Unconfirmed(_) => {
+            ErrorMessage::fatal(
+                CANNOT_CONNECT_NOW,
+                format!("the database for tenant \"{t}\" is not available"),
+            )
+        }
     }
 }
 

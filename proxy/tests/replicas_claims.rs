@@ -108,6 +108,17 @@ async fn replica_killed_mid_claim_leaves_a_claim_that_returns_to_the_pool() {
         wait_for("A holds the pool lease", Duration::from_secs(20), || {
             (!a.log().contains("acquired lease")).then(|| a.log())
         });
+        // A client reaching the pool before its first warm cluster is made would see the
+        // tenant fail to start (the pool test covers that); this test is about what follows.
+        let warm = format!(
+            "{}?labelSelector=pgwake.io%2Fpool%3Dorph%2Cpgwake.io%2Fstate%3Dwarm",
+            clusters_path(NS)
+        );
+        wait_for("a warm cluster", Duration::from_secs(20), || {
+            let list = lab.get(&warm).unwrap().success_json().unwrap();
+            let n = list["items"].as_array().map_or(0, Vec::len);
+            (n == 0).then(|| a.log())
+        });
         let b = kube_gateway(lab, NS, "", &toml);
         (a, b)
     })

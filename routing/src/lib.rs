@@ -1,6 +1,7 @@
 //! Who a connection is for and where that tenant's database runs: tenant identity, the rules
 //! that find a tenant in a connection's startup, the tenant directory and compute backends.
 
+pub mod activity;
 pub mod backend;
 pub mod directory;
 pub mod discovery;

@@ -17,6 +17,7 @@ use tokio::time::{Instant, sleep, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::activity::{ActivityError, Release, SharedActivity};
 use crate::{BackendError, ComputeState, Endpoint, Tenant, TenantDirectory, TenantId};
 
 /// Finished wakes each tenant remembers for the admin API (`wakes` in its status): enough for a
@@ -149,6 +150,13 @@ pub enum WakeError {
     /// The tenant cannot be put to sleep while clients are connected.
     #[error("tenant has {0} open connection(s)")]
     Busy(usize),
+    /// The tenant cannot be put to sleep while another gateway replica uses it.
+    #[error("another gateway replica has sessions for the tenant")]
+    ActiveElsewhere,
+    /// The tenant is not put to sleep while the Kubernetes API cannot confirm that no other
+    /// gateway replica uses it.
+    #[error("cannot confirm that no other gateway replica uses the tenant: {0}")]
+    Unconfirmed(String),
 }
 
 /// One finished wake, for metrics.
@@ -185,6 +193,23 @@ struct Inner {
     awake_before: Duration,
     /// Start of the running period under way, if any.
     running_since: Option<Instant>,
+    /// This replica's side of the tenant's shared activity record, when it has one.
+    shared: SharedState,
+}
+
+/// What a replica knows of its entry in a tenant's shared activity record
+/// ([`crate::activity`]).
+#[derive(Default)]
+struct SharedState {
+    /// When this replica last wrote its entry; `None` while it has none.
+    renewed_at: Option<Instant>,
+    /// When writing the entry last failed (the API is unreachable): connections do not try
+    /// again for a while, and an awake tenant keeps serving meanwhile.
+    failed_at: Option<Instant>,
+    /// The record's sleep count when this replica last read it.
+    sleeps: Option<u64>,
+    /// Another replica holds the tenant: the idle sleeper reads the record again only then.
+    next_look: Option<Instant>,
 }
 
 impl Inner {
@@ -205,6 +230,9 @@ struct Slot {
     /// Wakes the idle sleeper early, when the last session of the tenant goes idle or parks,
     /// so sleep does not wait for its next periodic look.
     sleeper: Arc<Notify>,
+    /// One reader-writer of the shared activity record per tenant at a time, so the idle
+    /// sleeper's release and a connection's announcement of the same replica never interleave.
+    hold_lock: tokio::sync::Mutex<()>,
 }
 
 impl Slot {
@@ -227,7 +255,9 @@ impl Slot {
                 wakes: VecDeque::with_capacity(WAKE_HISTORY),
                 awake_before: Duration::ZERO,
                 running_since: None,
+                shared: SharedState::default(),
             }),
+            hold_lock: tokio::sync::Mutex::new(()),
             changed: watch::Sender::new(0),
             park: watch::Sender::new(0),
             migrate: watch::Sender::new(0),
@@ -410,7 +440,12 @@ pub struct WakeCoordinator {
     awake_of_removed: Mutex<HashMap<&'static str, Duration>>,
     /// Shared with every slot; see [`Slot::sleeper`].
     sleeper: Arc<Notify>,
+    /// The shared activity records of tenants whose backends several replicas share.
+    activity: Option<Arc<SharedActivity>>,
 }
+
+/// A tenant's shared activity record: this replica's side of it and its namespace.
+type Shared = (Arc<SharedActivity>, String);
 
 impl WakeCoordinator {
     /// A coordinator for the tenants in `directory` (now and later); `on_wake` hears of every
@@ -420,7 +455,19 @@ impl WakeCoordinator {
         settings: WakeSettings,
         on_wake: impl Fn(&WakeEvent) + Send + Sync + 'static,
     ) -> Arc<WakeCoordinator> {
+        Self::new_shared(directory, settings, None, on_wake)
+    }
+
+    /// Like [`WakeCoordinator::new`]; tenants whose backend names an activity namespace sleep
+    /// only when `activity` records no other live replica using them.
+    pub fn new_shared(
+        directory: Arc<TenantDirectory>,
+        settings: WakeSettings,
+        activity: Option<Arc<SharedActivity>>,
+        on_wake: impl Fn(&WakeEvent) + Send + Sync + 'static,
+    ) -> Arc<WakeCoordinator> {
         Arc::new(WakeCoordinator {
+            activity,
             directory,
             slots: RwLock::new(HashMap::new()),
             settings,
@@ -468,14 +515,24 @@ impl WakeCoordinator {
     /// Admits a connection: at once if the tenant is awake, else after the (single) wake.
     pub async fn ensure_awake(&self, tenant: &TenantId) -> Result<Admission, WakeError> {
         let slot = &self.slot(tenant)?;
+        let shared = self.shared(slot);
         let deadline = Instant::now() + self.settings.wake_timeout;
         let mut waiter: Option<Waiter<'_>> = None;
         loop {
             // Subscribing under the lock means no change between the check and the wait is lost.
             let mut changed = slot.changed.subscribe();
-            {
+            let hold = {
                 let mut inner = slot.lock();
+                // A replica enters itself in the shared record before it uses or wakes the
+                // tenant, so no other replica puts it to sleep meanwhile. Checked under the
+                // lock the idle sleeper takes too: it cannot release the tenant between this
+                // check and the admission.
+                let hold = shared.as_ref().is_some_and(|(activity, _)| {
+                    !matches!(inner.phase, Phase::Waking | Phase::Sleeping)
+                        && Self::needs_hold(activity, &inner)
+                });
                 let start = match inner.phase {
+                    Phase::Awake if hold => false,
                     Phase::Awake => {
                         inner.connections += 1;
                         let endpoint = inner
@@ -524,14 +581,167 @@ impl WakeCoordinator {
                         total: &self.waiters_total,
                     });
                 }
-                if start {
+                if start && !hold {
                     self.start_wake(slot, &mut inner);
                 }
+                hold
+            };
+            if let (true, Some((activity, namespace))) = (hold, &shared) {
+                self.hold(slot, activity, namespace, deadline).await?;
+                continue;
             }
             if timeout_at(deadline, changed.changed()).await.is_err() {
                 return Err(WakeError::Timeout(self.settings.wake_timeout));
             }
         }
+    }
+
+    /// The tenant's shared activity record, when replicas share its backend.
+    fn shared(&self, slot: &Slot) -> Option<Shared> {
+        let activity = self.activity.as_ref()?;
+        let namespace = slot.tenant.backend.activity_namespace(&slot.tenant.id)?;
+        Some((activity.clone(), namespace))
+    }
+
+    /// True when this replica must write its entry before it uses the tenant: it has none that
+    /// is fresh (renewals keep it younger than half the TTL), and the API has not just failed.
+    fn needs_hold(activity: &SharedActivity, inner: &Inner) -> bool {
+        let ttl = activity.ttl();
+        let held = inner
+            .shared
+            .renewed_at
+            .is_some_and(|t| t.elapsed() < ttl / 2);
+        let backing_off = inner
+            .shared
+            .failed_at
+            .is_some_and(|t| t.elapsed() < ttl / 3);
+        !held && !backing_off
+    }
+
+    /// True while this replica keeps its entry: the tenant runs for it and it has sessions,
+    /// waiters, or had sessions less than the idle timeout ago.
+    fn wants_hold(slot: &Slot, inner: &Inner) -> bool {
+        matches!(inner.phase, Phase::Awake | Phase::Waking)
+            && (inner.connections > 0
+                || inner.waiters > 0
+                || inner.idle_since.elapsed() < slot.tenant.idle_timeout)
+    }
+
+    /// Enters this replica in the tenant's shared record, waiting (until `deadline`) while
+    /// another replica puts the tenant to sleep. When the API cannot be reached the tenant is
+    /// used anyway: an awake tenant keeps serving.
+    async fn hold(
+        &self,
+        slot: &Arc<Slot>,
+        activity: &SharedActivity,
+        namespace: &str,
+        deadline: Instant,
+    ) -> Result<(), WakeError> {
+        let timed_out = || WakeError::Timeout(self.settings.wake_timeout);
+        let _turn = timeout_at(deadline, slot.hold_lock.lock())
+            .await
+            .map_err(|_| timed_out())?;
+        if !Self::needs_hold(activity, &slot.lock()) {
+            // Another connection of this replica wrote the entry while this one waited.
+            return Ok(());
+        }
+        let id = &slot.tenant.id;
+        let result = activity.hold(namespace, id, Some(deadline)).await;
+        let mut inner = slot.lock();
+        match result {
+            Ok(sleeps) => {
+                inner.shared.renewed_at = Some(Instant::now());
+                inner.shared.failed_at = None;
+                inner.shared.next_look = None;
+                Self::note_sleeps(slot, &mut inner, sleeps);
+                Ok(())
+            }
+            Err(ActivityError::SleepUnderWay) => Err(timed_out()),
+            Err(e) => {
+                warn!(tenant = %id, error = %e, "cannot record this replica's activity; using the tenant anyway");
+                inner.shared.failed_at = Some(Instant::now());
+                Ok(())
+            }
+        }
+    }
+
+    /// Takes in the record's sleep count: a tenant this replica sees awake was put to sleep by
+    /// another replica if the count moved since, and must be woken again.
+    fn note_sleeps(slot: &Slot, inner: &mut Inner, sleeps: u64) {
+        if inner.phase == Phase::Awake && inner.shared.sleeps.is_some_and(|s| s != sleeps) {
+            info!(tenant = %slot.tenant.id, "another replica put the tenant to sleep");
+            inner.endpoint = None;
+            slot.set_phase(inner, Phase::Asleep);
+            slot.notify();
+        }
+        inner.shared.sleeps = Some(sleeps);
+    }
+
+    /// Takes this replica's entry out of the tenant's shared record and puts the tenant to sleep
+    /// when no other live replica uses it. Only for an awake tenant without connections (and,
+    /// unless `forced`, without waiters, idle for its timeout and past the next look); returns
+    /// what the record said, `None` when nothing was asked.
+    async fn sleep_if_unused(
+        &self,
+        slot: &Arc<Slot>,
+        (activity, namespace): &Shared,
+        forced: bool,
+    ) -> Result<Option<Release>, ActivityError> {
+        let _turn = match forced {
+            true => slot.hold_lock.lock().await,
+            false => match slot.hold_lock.try_lock() {
+                Ok(turn) => turn,
+                // A connection is entering this replica: the tenant is in use.
+                Err(_) => return Ok(None),
+            },
+        };
+        let seen = {
+            let mut inner = slot.lock();
+            let unused = inner.phase == Phase::Awake
+                && inner.connections == 0
+                && (forced
+                    || (inner.waiters == 0
+                        && inner.idle_since.elapsed() >= slot.tenant.idle_timeout
+                        && inner.shared.next_look.is_none_or(|t| t <= Instant::now())));
+            if !unused {
+                return Ok(None);
+            }
+            // From here on a new connection writes the entry again first, and so waits for
+            // this turn to end.
+            inner.shared.renewed_at = None;
+            inner.shared.failed_at = None;
+            inner.shared.sleeps
+        };
+        let id = &slot.tenant.id;
+        let result = activity.release(namespace, id, seen).await;
+        let mut inner = slot.lock();
+        match &result {
+            Ok(Release::Sleep { sleeps }) => {
+                inner.shared.sleeps = Some(*sleeps);
+                inner.shared.next_look = None;
+                info!(tenant = %id, idle = ?slot.tenant.idle_timeout, "no replica uses the tenant: putting it to sleep");
+                Self::start_sleep(
+                    slot,
+                    &mut inner,
+                    Some((activity.clone(), namespace.clone())),
+                );
+            }
+            Ok(Release::Held { recheck_in }) => {
+                debug!(tenant = %id, recheck_in = ?recheck_in, "another replica uses the tenant: not sleeping");
+                inner.shared.next_look = Some(Instant::now() + (*recheck_in).min(activity.ttl()));
+            }
+            Ok(Release::Slept) => {
+                info!(tenant = %id, "another replica put the tenant to sleep");
+                inner.endpoint = None;
+                slot.set_phase(&mut inner, Phase::Asleep);
+                slot.notify();
+            }
+            Err(e) => {
+                warn!(tenant = %id, error = %e, "cannot confirm that no other replica uses the tenant: not sleeping");
+                inner.shared.next_look = Some(Instant::now() + activity.ttl() / 3);
+            }
+        }
+        result.map(Some)
     }
 
     /// Starts the tenant's single wake task; the caller holds the slot's lock.
@@ -592,8 +802,9 @@ impl WakeCoordinator {
         });
     }
 
-    /// Starts putting the tenant to sleep; the caller holds the slot's lock.
-    fn start_sleep(slot: &Arc<Slot>, inner: &mut Inner) {
+    /// Starts putting the tenant to sleep; the caller holds the slot's lock. With `shared`, the
+    /// sleeping mark this replica wrote in the record is taken out once the tenant is asleep.
+    fn start_sleep(slot: &Arc<Slot>, inner: &mut Inner, shared: Option<Shared>) {
         slot.set_phase(inner, Phase::Sleeping);
         let slot = slot.clone();
         tokio::spawn(async move {
@@ -610,6 +821,11 @@ impl WakeCoordinator {
             }
             info!(tenant = %id, "tenant asleep");
             slot.notify();
+            if let Some((activity, namespace)) = shared
+                && let Err(e) = activity.sleep_done(&namespace, &id).await
+            {
+                warn!(tenant = %id, error = %e, "cannot take the sleeping mark out; it expires by itself");
+            }
         });
     }
 
@@ -622,18 +838,30 @@ impl WakeCoordinator {
     /// are connected.
     pub async fn sleep(&self, tenant: &TenantId) -> Result<(), WakeError> {
         let slot = &self.slot(tenant)?;
+        let shared = self.shared(slot);
         let deadline = Instant::now() + self.settings.wake_timeout;
         loop {
             let mut changed = slot.changed.subscribe();
-            {
+            let ask_record = {
                 let mut inner = slot.lock();
                 if inner.connections > 0 {
                     return Err(WakeError::Busy(inner.connections));
                 }
                 match inner.phase {
                     Phase::Asleep | Phase::Failed => return Ok(()),
-                    Phase::Awake => Self::start_sleep(slot, &mut inner),
-                    Phase::Waking | Phase::Sleeping => {}
+                    Phase::Awake if shared.is_some() => true,
+                    Phase::Awake => {
+                        Self::start_sleep(slot, &mut inner, None);
+                        false
+                    }
+                    Phase::Waking | Phase::Sleeping => false,
+                }
+            };
+            if let (true, Some(shared)) = (ask_record, &shared) {
+                match self.sleep_if_unused(slot, shared, true).await {
+                    Ok(Some(Release::Held { .. })) => return Err(WakeError::ActiveElsewhere),
+                    Ok(_) => continue,
+                    Err(e) => return Err(WakeError::Unconfirmed(e.to_string())),
                 }
             }
             if timeout_at(deadline, changed.changed()).await.is_err() {
@@ -691,9 +919,67 @@ impl WakeCoordinator {
         self.waiters_total.load(Ordering::Relaxed)
     }
 
-    /// Puts tenants to sleep once they have had no connection for their idle timeout, and
-    /// notices databases that stopped by themselves; runs until `stop` fires.
+    /// Puts tenants to sleep once they have had no connection for their idle timeout (and, for
+    /// tenants with a shared activity record, no other live replica uses them), notices
+    /// databases that stopped by themselves, and renews this replica's entries in shared
+    /// records; runs until `stop` fires.
     pub async fn run_idle_sleeper(self: Arc<Self>, stop: CancellationToken) {
+        let renewals = async {
+            if let Some(activity) = &self.activity {
+                self.renew_entries(activity, &stop).await;
+            }
+        };
+        tokio::join!(self.look_for_idle_tenants(&stop), renewals);
+    }
+
+    /// Rewrites this replica's entries before they get old: every sixth of the TTL it renews
+    /// those written a third of the TTL ago or more (and writes those that failed to), for
+    /// tenants it still uses.
+    async fn renew_entries(&self, activity: &SharedActivity, stop: &CancellationToken) {
+        let ttl = activity.ttl();
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = sleep(ttl / 6) => {}
+            }
+            let slots: Vec<Arc<Slot>> = self.read_slots().values().cloned().collect();
+            for slot in &slots {
+                let id = &slot.tenant.id;
+                let Some(namespace) = slot.tenant.backend.activity_namespace(id) else {
+                    continue;
+                };
+                // A connection or the sleeper is writing this replica's entry right now.
+                let Ok(_turn) = slot.hold_lock.try_lock() else {
+                    continue;
+                };
+                {
+                    let inner = slot.lock();
+                    let due = inner
+                        .shared
+                        .renewed_at
+                        .is_none_or(|t| t.elapsed() >= ttl / 3);
+                    if !due || !Self::wants_hold(slot, &inner) {
+                        continue;
+                    }
+                }
+                let result = activity.hold(&namespace, id, None).await;
+                let mut inner = slot.lock();
+                match result {
+                    Ok(sleeps) => {
+                        inner.shared.renewed_at = Some(Instant::now());
+                        inner.shared.failed_at = None;
+                        Self::note_sleeps(slot, &mut inner, sleeps);
+                    }
+                    Err(e) => {
+                        warn!(tenant = %id, error = %e, "cannot renew this replica's activity record");
+                        inner.shared.failed_at = Some(Instant::now());
+                    }
+                }
+            }
+        }
+    }
+
+    async fn look_for_idle_tenants(&self, stop: &CancellationToken) {
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
@@ -711,30 +997,44 @@ impl WakeCoordinator {
                     slot.tenant.backend.state(&slot.tenant.id).await,
                     Ok(ComputeState::Asleep)
                 );
-                let mut inner = slot.lock();
-                if inner.phase != Phase::Awake {
-                    continue;
-                }
-                if !alive {
-                    warn!(tenant = %slot.tenant.id, "database stopped on its own; the next connection wakes it");
-                    inner.endpoint = None;
-                    slot.set_phase(&mut inner, Phase::Asleep);
-                    drop(inner);
-                    slot.notify();
-                } else if inner.connections == 0
-                    && inner.waiters == 0
-                    && inner.idle_since.elapsed() >= slot.tenant.idle_timeout
-                {
-                    info!(tenant = %slot.tenant.id, idle = ?slot.tenant.idle_timeout, "idle: putting tenant to sleep");
-                    Self::start_sleep(slot, &mut inner);
-                } else if inner.connections > 0
-                    && inner.connections == inner.idle_connections
-                    && inner.waiters == 0
-                {
-                    // Every session is idle at a safe point: ask them to park; once they have,
-                    // the tenant has no connection and sleeps at the next look.
-                    debug!(tenant = %slot.tenant.id, sessions = inner.connections, "idle: parking sessions");
-                    slot.park.send_modify(|g| *g = g.wrapping_add(1));
+                let shared = self.shared(slot);
+                let ask_record = {
+                    let mut inner = slot.lock();
+                    if inner.phase != Phase::Awake {
+                        continue;
+                    }
+                    if !alive {
+                        warn!(tenant = %slot.tenant.id, "database stopped on its own; the next connection wakes it");
+                        inner.endpoint = None;
+                        slot.set_phase(&mut inner, Phase::Asleep);
+                        slot.notify();
+                        false
+                    } else if inner.connections == 0
+                        && inner.waiters == 0
+                        && inner.idle_since.elapsed() >= slot.tenant.idle_timeout
+                    {
+                        if shared.is_none() {
+                            info!(tenant = %slot.tenant.id, idle = ?slot.tenant.idle_timeout, "idle: putting tenant to sleep");
+                            Self::start_sleep(slot, &mut inner, None);
+                        }
+                        shared.is_some()
+                    } else {
+                        if inner.connections > 0
+                            && inner.connections == inner.idle_connections
+                            && inner.waiters == 0
+                        {
+                            // Every session is idle at a safe point: ask them to park; once
+                            // they have, the tenant has no connection and sleeps at the next
+                            // look.
+                            debug!(tenant = %slot.tenant.id, sessions = inner.connections, "idle: parking sessions");
+                            slot.park.send_modify(|g| *g = g.wrapping_add(1));
+                        }
+                        false
+                    }
+                };
+                if let (true, Some(shared)) = (ask_record, &shared) {
+                    // What went wrong is logged; the next look asks again.
+                    let _ = self.sleep_if_unused(slot, shared, false).await;
                 }
             }
         }

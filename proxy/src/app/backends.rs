@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use pgwake_routing::activity::{ActivitySettings, SharedActivity};
 use pgwake_routing::backend::{
     CnpgBackend, CnpgCluster, CnpgSettings, FixedBackend, LocalBackend, LocalSettings, PoolBackend,
     PoolClass, Release, cluster_template,
@@ -123,6 +124,9 @@ pub(super) struct KubeBackends {
     pub(super) default_ns: Option<String>,
     pub(super) cnpg: Option<Arc<CnpgBackend>>,
     pub(super) pool: Option<Arc<PoolBackend>>,
+    /// The shared activity records of cnpg and pool tenants, through which replicas agree on
+    /// when a tenant sleeps.
+    pub(super) activity: Option<Arc<SharedActivity>>,
 }
 
 impl KubeBackends {
@@ -192,7 +196,19 @@ impl KubeBackends {
             }
             _ => None,
         };
+        let activity = match &client {
+            Some(client) if has_cnpg || pool.is_some() => Some(Arc::new(SharedActivity::new(
+                client.clone(),
+                lease_identity(),
+                ActivitySettings {
+                    ttl: k.activity_ttl(),
+                    sleep_timeout: config.wake.wake_timeout,
+                },
+            ))),
+            _ => None,
+        };
         Ok(KubeBackends {
+            activity,
             client,
             default_ns,
             cnpg,
@@ -267,10 +283,11 @@ pub(super) fn tenant_list(
 pub(super) fn wake_coordinator(
     directory: &Arc<TenantDirectory>,
     w: &WakeConfig,
+    activity: Option<Arc<SharedActivity>>,
     metrics: &Arc<Metrics>,
 ) -> Arc<WakeCoordinator> {
     let wake_metrics = metrics.clone();
-    WakeCoordinator::new(
+    WakeCoordinator::new_shared(
         directory.clone(),
         WakeSettings {
             wake_timeout: w.wake_timeout,
@@ -281,6 +298,7 @@ pub(super) fn wake_coordinator(
             failed_retry_delay: w.failed_retry_delay,
             idle_check_interval: w.idle_check_interval,
         },
+        activity,
         move |event| wake_metrics.wake_finished(event),
     )
 }

@@ -112,7 +112,8 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
     for kind in backend_kinds {
         metrics.backend_in_use(kind);
     }
-    let coordinator = backends::wake_coordinator(&directory, &config.wake, &metrics);
+    let coordinator =
+        backends::wake_coordinator(&directory, &config.wake, kube.activity.clone(), &metrics);
     let mut secrets = tenants::SecretStores::new(config.limits.login_timeout, terminate.clone());
     let profiles = tenants::tenant_profiles(config, &coordinator, &kube, &mut secrets)?;
     let profiles: Profiles = Arc::new(RwLock::new(profiles));

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::AuthMode;
+use super::{AuthMode, ConfigError, invalid};
 
 /// `[kubernetes]`: how the gateway reaches the Kubernetes API.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -30,4 +30,32 @@ pub struct KubernetesConfig {
     /// Idle timeout of discovered tenants (default `[wake] idle_timeout`).
     #[serde(default, with = "humantime_serde")]
     pub discover_idle_timeout: Option<Duration>,
+    /// How long a replica's entry in a tenant's shared activity record counts after its last
+    /// renewal (renewed every third of it): a killed replica stops holding its tenants awake
+    /// after this (default [`DEFAULT_ACTIVITY_TTL`]).
+    #[serde(default, with = "humantime_serde")]
+    pub activity_ttl: Option<Duration>,
+}
+
+/// `activity_ttl` when unset: long enough to ride out a slow API call or two, short enough that
+/// a killed replica's tenants sleep soon after.
+pub const DEFAULT_ACTIVITY_TTL: Duration = Duration::from_secs(15);
+/// The shortest `activity_ttl`: renewals and API calls are paced in fractions of it.
+const MIN_ACTIVITY_TTL: Duration = Duration::from_secs(1);
+
+impl KubernetesConfig {
+    /// `activity_ttl`, or its default.
+    pub fn activity_ttl(&self) -> Duration {
+        self.activity_ttl.unwrap_or(DEFAULT_ACTIVITY_TTL)
+    }
+
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        if self.activity_ttl() < MIN_ACTIVITY_TTL {
+            return Err(invalid(
+                "kubernetes.activity_ttl",
+                format!("must be at least {MIN_ACTIVITY_TTL:?}"),
+            ));
+        }
+        Ok(())
+    }
 }

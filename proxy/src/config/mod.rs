@@ -240,6 +240,7 @@ impl Config {
         self.http.validate()?;
         self.routing.validate()?;
         self.wake.validate()?;
+        self.kubernetes.validate()?;
         self.revival.validate()?;
         self.reuse.validate()?;
         self.peer.validate(self.listen.peer)?;
@@ -367,6 +368,20 @@ backend = { kind = "fixed", address = "127.0.0.1:5433" }
         );
         let c = load(&format!("{cnpg}[kubernetes]\ndiscover = true\n")).unwrap();
         assert!(c.kubernetes.discover);
+    }
+
+    #[test]
+    fn activity_ttl_has_a_default_and_a_floor() {
+        let c = load(EXAMPLE).unwrap();
+        assert_eq!(c.kubernetes.activity_ttl(), Duration::from_secs(15));
+        let c = load(&format!("{EXAMPLE}[kubernetes]\nactivity_ttl = \"3s\"\n")).unwrap();
+        assert_eq!(c.kubernetes.activity_ttl(), Duration::from_secs(3));
+        let err = load(&format!(
+            "{EXAMPLE}[kubernetes]\nactivity_ttl = \"200ms\"\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("kubernetes.activity_ttl"), "{err}");
     }
 
     #[test]

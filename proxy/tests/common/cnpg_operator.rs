@@ -21,6 +21,9 @@ pub fn cluster_path(namespace: &str, name: &str) -> String {
 /// The fake operator for one Cluster; stops following it on drop.
 pub struct FakeOperator {
     stop: Arc<AtomicBool>,
+    /// While set, a hibernation request is left pending (Postgres keeps running, no hibernated
+    /// status), as when real pods take long to stop.
+    slow_hibernation: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -34,6 +37,8 @@ impl FakeOperator {
     ) -> FakeOperator {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
+        let slow_hibernation = Arc::new(AtomicBool::new(false));
+        let slow = slow_hibernation.clone();
         let path = cluster_path(namespace, name);
         let thread = std::thread::spawn(move || {
             while !flag.load(Ordering::Relaxed) {
@@ -42,6 +47,10 @@ impl FakeOperator {
                     continue;
                 };
                 let hibernate = obj["metadata"]["annotations"]["cnpg.io/hibernation"] == "on";
+                if hibernate && slow.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
                 let ready = obj["status"]["readyInstances"].as_i64().unwrap_or(0) >= 1;
                 let mut pg = pg.lock().unwrap();
                 let status = if hibernate && (pg.is_running() || ready) {
@@ -71,8 +80,14 @@ impl FakeOperator {
         });
         FakeOperator {
             stop,
+            slow_hibernation,
             thread: Some(thread),
         }
+    }
+
+    /// Leaves hibernation requests pending while `slow` is set; see `slow_hibernation`.
+    pub fn set_slow_hibernation(&self, slow: bool) {
+        self.slow_hibernation.store(slow, Ordering::Relaxed);
     }
 }
 

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use pgwake_testkit::{PgOptions, TestCert, TestPostgres, free_port, pg_bin_dir};
 
 pub mod cnpg_operator;
+pub mod replicas;
 
 pub const SNI_SUFFIX: &str = "db.localtest";
 

@@ -307,6 +307,10 @@ impl ComputeBackend for CnpgBackend {
             ComputeState::Asleep
         })
     }
+
+    fn activity_namespace(&self, tenant: &TenantId) -> Option<String> {
+        self.cluster_of(tenant).map(|c| c.namespace)
+    }
 }
 
 #[cfg(test)]

@@ -100,6 +100,12 @@ pub trait ComputeBackend: Send + Sync {
     async fn sleep(&self, tenant: &TenantId) -> Result<(), BackendError>;
     /// The tenant's current state.
     async fn state(&self, tenant: &TenantId) -> Result<ComputeState, BackendError>;
+    /// Namespace of the tenant's shared activity record ([`crate::activity`]), for backends
+    /// whose databases several gateway replicas share; `None` (the default): this gateway alone
+    /// decides when the tenant sleeps.
+    fn activity_namespace(&self, _tenant: &TenantId) -> Option<String> {
+        None
+    }
 }
 
 #[cfg(test)]

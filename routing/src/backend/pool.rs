@@ -906,6 +906,10 @@ impl ComputeBackend for PoolBackend {
             },
         )
     }
+
+    fn activity_namespace(&self, tenant: &TenantId) -> Option<String> {
+        self.class_of(tenant).ok().map(|c| c.namespace.clone())
+    }
 }
 
 #[cfg(test)]
