@@ -10,7 +10,6 @@ use std::sync::{Arc, RwLock};
 
 use pgwake_routing::backend::{LocalBackend, PoolBackend};
 use pgwake_routing::{ComputeBackend, ResolverConfig, TenantDirectory, TenantResolver};
-use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 pub use backends::local_settings;
@@ -22,11 +21,11 @@ use crate::auth::throttle::{Throttle, ThrottleSettings};
 use crate::cancel::CancelMap;
 use crate::capacity::Capacity;
 use crate::config::Config;
-use crate::front::{Front, NegotiateSettings};
+use crate::front::{Front, NegotiateSettings, ProxyProtocol};
 use crate::metrics::Metrics;
 use crate::pipeline::{Authenticator, Pipeline, Profiles, Router};
 use crate::session::{RelaySettings, Revival, Sessions};
-use crate::tls::{self, ServerTls};
+use crate::tls::{self, ServerCertificates};
 use crate::upstream::{BackendLink, Connector, ConnectorSettings, PoolSettings};
 
 /// Why the gateway could not be built from a valid configuration.
@@ -67,8 +66,8 @@ pub enum BuildError {
 pub struct Gateway {
     /// Accepting and negotiating, then the pipeline.
     pub front: Arc<Front>,
-    /// The gateway's TLS identity, for the HTTP listener.
-    pub server_tls: Option<Arc<ServerTls>>,
+    /// The gateway's certificates, for the HTTP listener and their reloading.
+    pub certificates: Option<Arc<ServerCertificates>>,
     /// The local backend, when any tenant uses it (stopped with the gateway).
     pub local: Option<Arc<LocalBackend>>,
     /// The pool backend, when any pool class is configured (its replenisher runs with the
@@ -86,8 +85,8 @@ impl Gateway {
 /// Builds the gateway; fails on unusable certificates, a local backend that cannot run here, or
 /// an unreachable Kubernetes configuration.
 pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gateway, BuildError> {
-    let server_tls = match &config.tls {
-        Some(t) => Some(Arc::new(tls::server_config(t)?)),
+    let certificates = match &config.tls {
+        Some(t) => Some(Arc::new(ServerCertificates::load(t)?)),
         None => None,
     };
     let local = backends::local_backend(config)?;
@@ -154,7 +153,7 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
     };
     let pipeline = Arc::new(Pipeline {
         router,
-        auth: authenticator(config, server_tls.clone(), &metrics),
+        auth: authenticator(config, &metrics),
         coordinator,
         wake_notice: config.wake.wake_notice,
         connector,
@@ -165,11 +164,13 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
     });
     let front = Front {
         negotiate: NegotiateSettings {
-            tls: server_tls
-                .as_ref()
-                .map(|t| TlsAcceptor::from(t.config.clone())),
+            tls: certificates.clone(),
             allow_plaintext: config.listen.allow_plaintext,
             max_startup_message: config.limits.max_startup_message.as_u64() as usize,
+        },
+        proxy_protocol: ProxyProtocol {
+            trusted: config.listen.proxy_protocol_from.clone(),
+            max_header: config.listen.proxy_protocol_max_header.as_u64() as usize,
         },
         startup_timeout: config.limits.startup_timeout,
         capacity: Capacity::new(run::capacity_settings(&config.limits)),
@@ -179,18 +180,14 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
     };
     Ok(Gateway {
         front: Arc::new(front),
-        server_tls,
+        certificates,
         local,
         pool: kube.pool,
     })
 }
 
 /// The password checker of `[auth]`.
-fn authenticator(
-    config: &Config,
-    server_tls: Option<Arc<ServerTls>>,
-    metrics: &Arc<Metrics>,
-) -> Authenticator {
+fn authenticator(config: &Config, metrics: &Arc<Metrics>) -> Authenticator {
     let a = &config.auth;
     Authenticator {
         throttle: Throttle::new(ThrottleSettings {
@@ -204,7 +201,6 @@ fn authenticator(
             None => rand::random::<[u8; 32]>().to_vec(),
         },
         passwords: PasswordChecker::new(),
-        server_tls,
         max_client_message: config.limits.max_startup_message.as_u64() as usize,
         timeout: config.limits.auth_timeout,
         metrics: metrics.clone(),

@@ -61,6 +61,16 @@ pub async fn run(
     });
     let sleeper_stop = CancellationToken::new();
     let replenisher = start_background_jobs(&gateway, &sleeper_stop);
+    if let (Some(certs), Some(tls)) = (&gateway.certificates, &config.tls) {
+        let metrics = gateway.front.metrics.clone();
+        tokio::spawn(
+            certs
+                .clone()
+                .watch(tls.watch_interval, sleeper_stop.clone(), move || {
+                    metrics.error("tls_reload")
+                }),
+        );
+    }
     if let Some(addr) = config.listen.admin {
         let admin_listener = TcpListener::bind(addr)
             .await
@@ -90,7 +100,7 @@ pub async fn run(
     let http_accept = http_listener.map(|l| {
         let state = Arc::new(http::HttpState::new(
             gateway.front.clone(),
-            gateway.server_tls.as_deref(),
+            gateway.certificates.clone(),
             config.http.clone(),
             config.listen.allow_plaintext,
         ));

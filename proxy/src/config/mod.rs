@@ -209,6 +209,10 @@ impl Config {
                  and key, or allow plaintext explicitly",
             ));
         }
+        self.listen.validate()?;
+        if let Some(tls) = &self.tls {
+            tls.validate()?;
+        }
         self.limits.validate()?;
         self.http.validate()?;
         self.routing.validate()?;
@@ -442,6 +446,37 @@ backend = { kind = "fixed", address = "127.0.0.1:5433" }
             .unwrap_err()
             .to_string();
         assert!(err.contains("invalid tenant id"), "{err}");
+    }
+
+    #[test]
+    fn proxy_protocol_and_certificate_watch() {
+        let c = load(EXAMPLE).unwrap();
+        assert!(c.listen.proxy_protocol_from.is_empty());
+        assert_eq!(c.listen.proxy_protocol_max_header, ByteSize::kib(4));
+        assert_eq!(c.tls.unwrap().watch_interval, Duration::from_secs(10));
+        let with = EXAMPLE.replace(
+            "admin = \"127.0.0.1:9090\"",
+            "admin = \"127.0.0.1:9090\"\nproxy_protocol_from = [\"10.0.0.0/8\", \"fd00::/8\"]",
+        );
+        assert_eq!(load(&with).unwrap().listen.proxy_protocol_from.len(), 2);
+        let err = load(&with.replace("10.0.0.0/8", "10.0.0.0/99"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("proxy_protocol_from"), "{err}");
+        let err = load(&with.replace(
+            "proxy_protocol_from",
+            "proxy_protocol_max_header = \"100B\"\nproxy_protocol_from",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("listen.proxy_protocol_max_header"), "{err}");
+        let err = load(&EXAMPLE.replace(
+            "key = \"key.pem\"",
+            "key = \"key.pem\"\nwatch_interval = \"0s\"",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("tls.watch_interval"), "{err}");
     }
 
     #[test]
