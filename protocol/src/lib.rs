@@ -11,6 +11,7 @@ pub mod frontend;
 pub mod login;
 pub mod mobility;
 pub mod peer;
+pub mod proxy_header;
 pub mod revival;
 pub mod scram;
 pub mod sqlstate;

@@ -13,7 +13,13 @@ pub enum Stream {
     /// Plain TCP.
     Plain(TcpStream),
     /// TLS terminated by the gateway (client side).
-    ServerTls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    ServerTls {
+        /// The encrypted stream.
+        io: Box<tokio_rustls::server::TlsStream<TcpStream>>,
+        /// `tls-server-end-point` data of the certificate its handshake served, for
+        /// SCRAM-SHA-256-PLUS (taken then: the certificates may be reloaded since).
+        channel_binding: Option<Vec<u8>>,
+    },
     /// TLS started by the gateway (backend side).
     ClientTls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
     /// The Postgres byte stream inside another protocol (WebSocket binary frames).
@@ -38,7 +44,7 @@ impl Stream {
     /// was addressed to).
     pub fn sni(&self) -> Option<&str> {
         match self {
-            Stream::ServerTls(s) => s.get_ref().1.server_name(),
+            Stream::ServerTls { io, .. } => io.get_ref().1.server_name(),
             Stream::Tunnel { server_name, .. } => server_name.as_deref(),
             _ => None,
         }
@@ -63,7 +69,7 @@ impl Stream {
         // Only the socket is borrowed: a tunnel's stream is not Sync.
         let tcp = match self {
             Stream::Plain(s) => Some(s),
-            Stream::ServerTls(s) => Some(s.get_ref().0),
+            Stream::ServerTls { io, .. } => Some(io.get_ref().0),
             Stream::ClientTls(_) | Stream::Tunnel { .. } => None,
         };
         async move {
@@ -75,6 +81,16 @@ impl Stream {
                 Ok(0) | Err(_) => {}
                 Ok(_) => std::future::pending().await,
             }
+        }
+    }
+
+    /// Channel-binding data of the certificate a TLS client connection was served.
+    pub fn channel_binding(&self) -> Option<&[u8]> {
+        match self {
+            Stream::ServerTls {
+                channel_binding, ..
+            } => channel_binding.as_deref(),
+            _ => None,
         }
     }
 
@@ -92,8 +108,8 @@ macro_rules! on_inner {
                 let $s = Pin::new(inner);
                 $call
             }
-            Stream::ServerTls(inner) => {
-                let $s = Pin::new(inner.as_mut());
+            Stream::ServerTls { io, .. } => {
+                let $s = Pin::new(io.as_mut());
                 $call
             }
             Stream::ClientTls(inner) => {

@@ -1,11 +1,13 @@
 //! TLS for both links: the server side that clients see (certificates chosen by SNI, ALPN
-//! `postgresql`) and the client side the gateway uses towards backends.
+//! `postgresql`, read again when their files change or on SIGHUP) and the client side the
+//! gateway uses towards backends.
 
 use std::fmt;
 use std::fs::File;
 use std::io::BufReader;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
@@ -13,6 +15,9 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
 
 use crate::config::{BackendConfig, TlsConfig};
 
@@ -71,11 +76,11 @@ fn certified_key(
     key: &Path,
 ) -> Result<Arc<CertifiedKey>, TlsError> {
     let chain = load_certs(cert)?;
-    let key = provider
-        .key_provider
-        .load_private_key(load_key(key)?)
-        .map_err(|e| file_error(key, e))?;
-    Ok(Arc::new(CertifiedKey::new(chain, key)))
+    // Also checks that the key belongs to the certificate: a rotation caught between writing
+    // the certificate and the key must not serve a pair that fails every handshake.
+    let certified = CertifiedKey::from_der(chain, load_key(key)?, provider)
+        .map_err(|e| file_error(key, format!("{e} (with certificate {})", cert.display())))?;
+    Ok(Arc::new(certified))
 }
 
 /// Picks a certificate by SNI: exact names, then `*.` wildcards, then the default.
@@ -110,16 +115,19 @@ impl ResolvesServerCert for SniResolver {
     }
 }
 
-/// The gateway's TLS identity towards clients: the rustls configuration and the certificate
-/// choice behind it, which SCRAM-SHA-256-PLUS binds to.
+/// One generation of the gateway's TLS identity towards clients: the rustls configurations of
+/// both listeners and the certificate choice behind them, which SCRAM-SHA-256-PLUS binds to.
 pub struct ServerTls {
-    /// Configuration for the TLS acceptor.
+    /// Configuration for the Postgres listener (ALPN `postgresql`).
     pub config: Arc<ServerConfig>,
+    /// Configuration for the HTTP listener (ALPN `h2`, `http/1.1`).
+    pub http_config: Arc<ServerConfig>,
     resolver: Arc<SniResolver>,
 }
 
 impl ServerTls {
-    /// `tls-server-end-point` channel-binding data of the certificate served for this SNI.
+    /// `tls-server-end-point` channel-binding data of the certificate this generation serves
+    /// for this SNI.
     pub fn channel_binding(&self, sni: Option<&str>) -> Option<Vec<u8>> {
         let key = self.resolver.pick(sni);
         let leaf = key.cert.first()?;
@@ -127,8 +135,8 @@ impl ServerTls {
     }
 }
 
-/// The server-side TLS configuration for client connections.
-pub fn server_config(tls: &TlsConfig) -> Result<ServerTls, TlsError> {
+/// The server-side TLS configuration for client connections, read from the files of `tls`.
+fn server_config(tls: &TlsConfig) -> Result<ServerTls, TlsError> {
     let provider = provider();
     let default = certified_key(&provider, &tls.cert, &tls.key)?;
     let mut by_name = Vec::new();
@@ -144,10 +152,132 @@ pub fn server_config(tls: &TlsConfig) -> Result<ServerTls, TlsError> {
         .with_no_client_auth()
         .with_cert_resolver(resolver.clone());
     config.alpn_protocols = vec![ALPN_POSTGRESQL.to_vec()];
+    let mut http_config = config.clone();
+    http_config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(ServerTls {
         config: Arc::new(config),
+        http_config: Arc::new(http_config),
         resolver,
     })
+}
+
+/// The gateway's certificates as they are now: read at start-up, and read again when their
+/// files change (cert-manager rotating a Secret) or on SIGHUP. Each handshake takes the
+/// generation current when it starts; open sessions keep theirs.
+pub struct ServerCertificates {
+    files: TlsConfig,
+    current: RwLock<Arc<ServerTls>>,
+    /// Digest of the files' contents at the last attempt, so a change is tried (and a bad
+    /// file reported) once.
+    seen: Mutex<Vec<u8>>,
+}
+
+impl ServerCertificates {
+    /// Reads the certificates of `files`; fails when any is unusable.
+    pub fn load(files: &TlsConfig) -> Result<ServerCertificates, TlsError> {
+        let seen = files_digest(files);
+        let first = server_config(files)?;
+        Ok(ServerCertificates {
+            files: files.clone(),
+            current: RwLock::new(Arc::new(first)),
+            seen: Mutex::new(seen),
+        })
+    }
+
+    /// The generation new handshakes use.
+    pub fn current(&self) -> Arc<ServerTls> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Reads the files again when their contents changed since the last attempt (or always,
+    /// when `force`); a failure keeps the current generation and is logged with its reason.
+    pub fn reload(&self, reason: &'static str, force: bool) -> Reload {
+        let digest = files_digest(&self.files);
+        {
+            let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+            if !force && *seen == digest {
+                return Reload::Unchanged;
+            }
+            *seen = digest;
+        }
+        match server_config(&self.files) {
+            Ok(next) => {
+                *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next);
+                info!(reason, "TLS certificates reloaded: new handshakes use them");
+                Reload::Loaded
+            }
+            Err(e) => {
+                warn!(reason, error = %e, "TLS certificates not reloaded: keeping the previous ones");
+                Reload::Failed
+            }
+        }
+    }
+
+    /// Polls the files every `interval` and reloads on SIGHUP, until `stop` fires; `on_failure`
+    /// is called for each reload that kept the previous certificates. The SIGHUP handler is in
+    /// place when this returns, before the future first runs.
+    pub fn watch(
+        self: Arc<Self>,
+        interval: Duration,
+        stop: CancellationToken,
+        on_failure: impl Fn() + Send + 'static,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let mut hangup = match signal(SignalKind::hangup()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                warn!(error = %e, "no SIGHUP handler: certificates reload only when their files change");
+                None
+            }
+        };
+        async move {
+            let mut tick = tokio::time::interval(interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                let (reason, force) = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tick.tick() => ("files_changed", false),
+                    Some(()) = async { hangup.as_mut()?.recv().await } => ("sighup", true),
+                };
+                // File reads and key parsing block; keep them off the runtime's workers.
+                let certs = self.clone();
+                let outcome =
+                    tokio::task::spawn_blocking(move || certs.reload(reason, force)).await;
+                if matches!(outcome, Ok(Reload::Failed)) {
+                    on_failure();
+                }
+            }
+        }
+    }
+}
+
+/// What a reload did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reload {
+    /// The files had not changed.
+    Unchanged,
+    /// New handshakes use the new certificates.
+    Loaded,
+    /// The new files were unusable; the previous certificates stay.
+    Failed,
+}
+
+/// SHA-256 over every certificate and key file's contents (or its read error), in order.
+fn files_digest(files: &TlsConfig) -> Vec<u8> {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    let paths = [(&files.cert, &files.key)]
+        .into_iter()
+        .chain(files.certs.iter().map(|c| (&c.cert, &c.key)));
+    for (cert, key) in paths {
+        for path in [cert, key] {
+            let bytes = std::fs::read(path).unwrap_or_else(|e| e.to_string().into_bytes());
+            ctx.update(&(bytes.len() as u64).to_be_bytes());
+            ctx.update(&bytes);
+        }
+    }
+    ctx.finish().as_ref().to_vec()
 }
 
 /// The client-side TLS configuration for backend connections.

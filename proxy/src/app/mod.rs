@@ -12,7 +12,6 @@ use pgwake_routing::backend::{LocalBackend, PoolBackend};
 use pgwake_routing::{
     ComputeBackend, ResolverConfig, TenantDirectory, TenantResolver, WakeCoordinator,
 };
-use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 pub use backends::local_settings;
@@ -25,12 +24,12 @@ use crate::auth::throttle::{Throttle, ThrottleSettings};
 use crate::cancel::{CancelMap, ReplicaTag};
 use crate::capacity::Capacity;
 use crate::config::Config;
-use crate::front::{Front, NegotiateSettings};
+use crate::front::{Front, NegotiateSettings, ProxyProtocol};
 use crate::metrics::Metrics;
 use crate::peer::{PeerCancels, PeerEndpoints, PeerSettings, RateSettings};
 use crate::pipeline::{Authenticator, Pipeline, Profiles, Router};
 use crate::session::{RelaySettings, Revival, Sessions};
-use crate::tls::{self, ServerTls};
+use crate::tls::{self, ServerCertificates};
 use crate::upstream::{BackendLink, Connector, ConnectorSettings, PoolSettings};
 
 /// Why the gateway could not be built from a valid configuration.
@@ -74,8 +73,8 @@ pub enum BuildError {
 pub struct Gateway {
     /// Accepting and negotiating, then the pipeline.
     pub front: Arc<Front>,
-    /// The gateway's TLS identity, for the HTTP listener.
-    pub server_tls: Option<Arc<ServerTls>>,
+    /// The gateway's certificates, for the HTTP listener and their reloading.
+    pub certificates: Option<Arc<ServerCertificates>>,
     /// The local backend, when any tenant uses it (stopped with the gateway).
     pub local: Option<Arc<LocalBackend>>,
     /// The pool backend, when any pool class is configured (its replenisher runs with the
@@ -93,8 +92,8 @@ impl Gateway {
 /// Builds the gateway; fails on unusable certificates, a local backend that cannot run here, or
 /// an unreachable Kubernetes configuration.
 pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gateway, BuildError> {
-    let server_tls = match &config.tls {
-        Some(t) => Some(Arc::new(tls::server_config(t)?)),
+    let certificates = match &config.tls {
+        Some(t) => Some(Arc::new(ServerCertificates::load(t)?)),
         None => None,
     };
     let local = backends::local_backend(config)?;
@@ -155,7 +154,7 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
     )?;
     let pipeline = Arc::new(Pipeline {
         router,
-        auth: authenticator(config, server_tls.clone(), &metrics, &kube, &terminate),
+        auth: authenticator(config, &metrics, &kube, &terminate),
         coordinator,
         wake_notice: config.wake.wake_notice,
         connector,
@@ -167,11 +166,13 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
     });
     let front = Front {
         negotiate: NegotiateSettings {
-            tls: server_tls
-                .as_ref()
-                .map(|t| TlsAcceptor::from(t.config.clone())),
+            tls: certificates.clone(),
             allow_plaintext: config.listen.allow_plaintext,
             max_startup_message: config.limits.max_startup_message.as_u64() as usize,
+        },
+        proxy_protocol: ProxyProtocol {
+            trusted: config.listen.proxy_protocol_from.clone(),
+            max_header: config.listen.proxy_protocol_max_header.as_u64() as usize,
         },
         startup_timeout: config.limits.startup_timeout,
         capacity: Capacity::new(run::capacity_settings(&config.limits)),
@@ -181,7 +182,7 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
     };
     Ok(Gateway {
         front: Arc::new(front),
-        server_tls,
+        certificates,
         local,
         pool: kube.pool,
     })
@@ -235,7 +236,6 @@ fn sessions(
 /// The password checker of `[auth]`, its throttle shared through `kube` when configured.
 fn authenticator(
     config: &Config,
-    server_tls: Option<Arc<ServerTls>>,
     metrics: &Arc<Metrics>,
     kube: &backends::KubeBackends,
     terminate: &CancellationToken,
@@ -272,7 +272,6 @@ fn authenticator(
             None => rand::random::<[u8; 32]>().to_vec(),
         },
         passwords: PasswordChecker::new(),
-        server_tls,
         max_client_message: config.limits.max_startup_message.as_u64() as usize,
         timeout: config.limits.auth_timeout,
         metrics: metrics.clone(),

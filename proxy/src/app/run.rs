@@ -49,6 +49,16 @@ pub async fn run(
     });
     let sleeper_stop = CancellationToken::new();
     let replenisher = start_background_jobs(&gateway, &sleeper_stop);
+    if let (Some(certs), Some(tls)) = (&gateway.certificates, &config.tls) {
+        let metrics = gateway.front.metrics.clone();
+        tokio::spawn(
+            certs
+                .clone()
+                .watch(tls.watch_interval, sleeper_stop.clone(), move || {
+                    metrics.error("tls_reload")
+                }),
+        );
+    }
     if let Some(admin_listener) = bind_some("listen.admin", config.listen.admin).await? {
         tokio::spawn(admin::serve(admin_listener, admin_state.clone()));
     }
@@ -81,7 +91,7 @@ pub async fn run(
     let http_accept = http_listener.map(|l| {
         let state = Arc::new(http::HttpState::new(
             gateway.front.clone(),
-            gateway.server_tls.as_deref(),
+            gateway.certificates.clone(),
             config.http.clone(),
             config.listen.allow_plaintext,
         ));

@@ -3,8 +3,17 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
+use bytesize::ByteSize;
+use ipnet::IpNet;
 use serde::Deserialize;
+
+use super::{ConfigError, invalid};
+
+/// Smallest `listen.proxy_protocol_max_header`: a v1 line (107 bytes) or a v2 header with Unix
+/// socket addresses (232 bytes) must fit.
+const MIN_PROXY_HEADER: u64 = 256;
 
 /// `[admin]`: who may use the admin API's tenant endpoints.
 #[derive(Debug, Default, Deserialize)]
@@ -15,30 +24,56 @@ pub struct AdminConfig {
     pub token_file: Option<PathBuf>,
 }
 
-/// `[listen]`: where the gateway accepts connections.
+/// `[listen]`: where the gateway accepts connections (a missing `Option` reads as `None`).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListenConfig {
     /// Postgres protocol listener.
     pub postgres: SocketAddr,
     /// Admin HTTP listener (`/metrics`, `/healthz`, `/readyz`); none when absent.
-    #[serde(default)]
     pub admin: Option<SocketAddr>,
     /// Accept clients that do not use TLS. Off by default: passwords would cross in clear.
     #[serde(default)]
     pub allow_plaintext: bool,
     /// HTTP listener for `POST /sql` and WebSocket tunnels (serverless drivers); none when
     /// absent. Same certificates as the Postgres listener.
-    #[serde(default)]
     pub http: Option<SocketAddr>,
+    /// Load balancers whose connections open with a PROXY protocol header (v1 or v2) naming
+    /// the real client; from these networks the header is required, from others refused.
+    /// Empty: no load balancer is trusted.
+    #[serde(default)]
+    pub proxy_protocol_from: Vec<IpNet>,
+    /// Longest PROXY header accepted (a v2 header with its extensions).
+    #[serde(default = "default_proxy_header")]
+    pub proxy_protocol_max_header: ByteSize,
     /// Internal listener where other replicas forward cancel requests for keys this replica
     /// issued (see `[peer]`); none: no forwarding in either direction.
-    #[serde(default)]
     pub peer: Option<SocketAddr>,
 }
 
-/// `[tls]`: the default certificate and more chosen by SNI.
-#[derive(Debug, Deserialize)]
+fn default_proxy_header() -> ByteSize {
+    ByteSize::kib(4)
+}
+
+impl ListenConfig {
+    /// Checks the PROXY protocol bound.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let max = self.proxy_protocol_max_header.as_u64();
+        if !(MIN_PROXY_HEADER..=65_551).contains(&max) {
+            return Err(invalid(
+                "listen.proxy_protocol_max_header",
+                format!(
+                    "must be between {MIN_PROXY_HEADER} B and 65551 B (the largest v2 header), \
+                     not {max} B"
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `[tls]`: the default certificate and more chosen by SNI, read again when the files change.
+#[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TlsConfig {
     /// PEM certificate chain.
@@ -48,10 +83,31 @@ pub struct TlsConfig {
     /// Further certificates, each used for the server names it lists.
     #[serde(default)]
     pub certs: Vec<SniCert>,
+    /// How often the certificate and key files are checked for new contents (a rotation);
+    /// SIGHUP reloads them at once.
+    #[serde(default = "default_watch_interval", with = "humantime_serde")]
+    pub watch_interval: Duration,
+}
+
+fn default_watch_interval() -> Duration {
+    Duration::from_secs(10)
+}
+
+impl TlsConfig {
+    /// Checks the watch interval.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.watch_interval.is_zero() {
+            return Err(invalid(
+                "tls.watch_interval",
+                "must be more than 0s (e.g. \"10s\")",
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// `[[tls.certs]]`: a certificate for some server names.
-#[derive(Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SniCert {
     /// PEM certificate chain.

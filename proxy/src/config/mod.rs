@@ -235,6 +235,10 @@ impl Config {
                  and key, or allow plaintext explicitly",
             ));
         }
+        self.listen.validate()?;
+        if let Some(tls) = &self.tls {
+            tls.validate()?;
+        }
         self.limits.validate()?;
         self.auth.validate()?;
         self.http.validate()?;
@@ -376,12 +380,10 @@ backend = { kind = "fixed", address = "127.0.0.1:5433" }
         assert_eq!(c.kubernetes.activity_ttl(), Duration::from_secs(15));
         let c = load(&format!("{EXAMPLE}[kubernetes]\nactivity_ttl = \"3s\"\n")).unwrap();
         assert_eq!(c.kubernetes.activity_ttl(), Duration::from_secs(3));
-        let err = load(&format!(
-            "{EXAMPLE}[kubernetes]\nactivity_ttl = \"200ms\"\n"
-        ))
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("kubernetes.activity_ttl"), "{err}");
+        refused(
+            &format!("{EXAMPLE}[kubernetes]\nactivity_ttl = \"200ms\"\n"),
+            "kubernetes.activity_ttl",
+        );
     }
 
     #[test]
@@ -514,6 +516,37 @@ backend = { kind = "fixed", address = "127.0.0.1:5433" }
         refused(
             &EXAMPLE.replace("id = \"alpha\"", "id = \"al.pha\""),
             "invalid tenant id",
+        );
+    }
+
+    #[test]
+    fn proxy_protocol_and_certificate_watch() {
+        let c = load(EXAMPLE).unwrap();
+        assert!(c.listen.proxy_protocol_from.is_empty());
+        assert_eq!(c.listen.proxy_protocol_max_header, ByteSize::kib(4));
+        assert_eq!(c.tls.unwrap().watch_interval, Duration::from_secs(10));
+        let with = EXAMPLE.replace(
+            "admin = \"127.0.0.1:9090\"",
+            "admin = \"127.0.0.1:9090\"\nproxy_protocol_from = [\"10.0.0.0/8\", \"fd00::/8\"]",
+        );
+        assert_eq!(load(&with).unwrap().listen.proxy_protocol_from.len(), 2);
+        refused(
+            &with.replace("10.0.0.0/8", "10.0.0.0/99"),
+            "proxy_protocol_from",
+        );
+        refused(
+            &with.replace(
+                "proxy_protocol_from",
+                "proxy_protocol_max_header = \"100B\"\nproxy_protocol_from",
+            ),
+            "listen.proxy_protocol_max_header",
+        );
+        refused(
+            &EXAMPLE.replace(
+                "key = \"key.pem\"",
+                "key = \"key.pem\"\nwatch_interval = \"0s\"",
+            ),
+            "tls.watch_interval",
         );
     }
 

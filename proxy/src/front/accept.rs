@@ -1,6 +1,7 @@
-//! The accept loop of the Postgres listener: each connection is counted against the caps,
-//! negotiated within the startup timeout, then handed to the pipeline (a session) or answered
-//! as a cancel request.
+//! The accept loop of the Postgres listener: each connection is counted against the caps, its
+//! client named (by a trusted load balancer's PROXY header, or the socket), negotiated within
+//! the startup timeout, then handed to the pipeline (a session) or answered as a cancel
+//! request.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -10,9 +11,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::field::Empty;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::negotiate::{NegotiateSettings, Negotiated, negotiate};
+use super::proxy_protocol::ProxyProtocol;
 use crate::capacity::{Capacity, ClientSlot};
 use crate::error::fail;
 use crate::metrics::Metrics;
@@ -25,18 +28,39 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 
 /// What the Postgres listener's connections share before the pipeline takes them.
 pub struct Front {
+    /// Where negotiated connections go.
+    pub pipeline: Arc<Pipeline>,
     /// TLS, plaintext policy and startup size.
     pub negotiate: NegotiateSettings,
-    /// Time from accept to a complete startup message.
+    /// Load balancers trusted to name the client (both listeners).
+    pub proxy_protocol: ProxyProtocol,
+    /// Time from accept to a complete startup message (PROXY header included).
     pub startup_timeout: Duration,
     /// Open client connections against their caps.
     pub capacity: Arc<Capacity>,
-    /// Where negotiated connections go.
-    pub pipeline: Arc<Pipeline>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Fires when sessions must end (grace period over).
     pub terminate: CancellationToken,
+}
+
+impl Front {
+    /// The client's address: the one a trusted load balancer's PROXY header names, else the
+    /// socket's; `None` when the connection ends first (`interrupted`, or a refused header,
+    /// counted).
+    pub async fn client_address(
+        &self,
+        tcp: &mut TcpStream,
+        socket_peer: SocketAddr,
+        deadline: Instant,
+        interrupted: impl Future<Output = ()>,
+    ) -> Option<SocketAddr> {
+        let named = tokio::select! {
+            a = self.proxy_protocol.client_address(tcp, socket_peer, deadline) => a,
+            _ = interrupted => return None,
+        };
+        named.map_err(|e| self.metrics.error(e.kind())).ok()
+    }
 }
 
 /// A client connection's place in the counts (metrics and caps) for its whole life.
@@ -115,21 +139,47 @@ pub async fn serve(
     while let Some((tcp, peer)) = accept_next(&listener, &stop, "postgres").await {
         let front = front.clone();
         let mut guard = ActiveGuard::new(&front.capacity, &front.metrics);
-        let span = info_span!("conn", %peer, tenant = tracing::field::Empty);
-        tasks.spawn(
-            async move {
-                handle(tcp, peer, &front, &mut guard.slot).await;
-            }
-            .instrument(span),
-        );
+        tasks.spawn(async move {
+            handle(tcp, peer, &front, &mut guard.slot).await;
+        });
     }
     info!("listener stopped accepting");
 }
 
-async fn handle(tcp: TcpStream, peer: SocketAddr, front: &Front, slot: &mut ClientSlot) {
+async fn handle(mut tcp: TcpStream, socket_peer: SocketAddr, front: &Front, slot: &mut ClientSlot) {
     let accepted_at = Instant::now();
     let _ = tcp.set_nodelay(true);
     let deadline = accepted_at + front.startup_timeout;
+    let interrupted = async {
+        tokio::select! {
+            _ = front.terminate.cancelled() => {}
+            _ = slot.evicted() => {}
+        }
+    };
+    let Some(peer) = front
+        .client_address(&mut tcp, socket_peer, deadline, interrupted)
+        .await
+    else {
+        return;
+    };
+    let span = info_span!("conn", %peer, tenant = Empty, via = Empty);
+    if peer != socket_peer {
+        span.record("via", tracing::field::display(socket_peer));
+    }
+    session(tcp, peer, front, slot, accepted_at, deadline)
+        .instrument(span)
+        .await
+}
+
+/// Negotiation, then the session or cancel request, of a connection from client `peer`.
+async fn session(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    front: &Front,
+    slot: &mut ClientSlot,
+    accepted_at: Instant,
+    deadline: Instant,
+) {
     let negotiated = tokio::select! {
         n = negotiate(tcp, &front.negotiate, deadline) => n,
         _ = front.terminate.cancelled() => return,

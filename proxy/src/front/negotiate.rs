@@ -1,6 +1,8 @@
 //! The first bytes of a client connection: TLS (by SSLRequest or direct), GSS refusal, cancel
 //! requests, and the startup message, all within one deadline and one size limit.
 
+use std::sync::Arc;
+
 use pgwake_protocol::startup::{initial_length, parse_initial};
 use pgwake_protocol::{CancelKey, InitialMessage, StartupMessage};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -10,15 +12,15 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::error::SessionError;
 use crate::stream::Stream;
-use crate::tls::ALPN_POSTGRESQL;
+use crate::tls::{ALPN_POSTGRESQL, ServerCertificates};
 
 /// First byte of a TLS handshake record; never the first byte of a valid startup length.
 const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 
 /// What negotiation needs to know.
 pub struct NegotiateSettings {
-    /// Server TLS, when configured.
-    pub tls: Option<TlsAcceptor>,
+    /// Server certificates, when configured (each handshake takes the current ones).
+    pub tls: Option<Arc<ServerCertificates>>,
     /// Accept a startup message without TLS.
     pub allow_plaintext: bool,
     /// Largest initial message.
@@ -63,12 +65,16 @@ pub async fn negotiate(
             return Err((None, SessionError::ClientIo(eof)));
         }
         Ok(Ok(_)) if first[0] == TLS_HANDSHAKE_RECORD => {
-            let Some(acceptor) = &settings.tls else {
+            let Some(certs) = &settings.tls else {
                 return Err((None, SessionError::Handshake(no_tls())));
             };
-            let s = accept_tls(acceptor, tcp, deadline).await?;
-            let alpn_ok = s.get_ref().1.alpn_protocol() == Some(ALPN_POSTGRESQL);
-            let s = Stream::ServerTls(Box::new(s));
+            let s = accept_tls(certs, tcp, deadline).await?;
+            let alpn_ok = match &s {
+                Stream::ServerTls { io, .. } => {
+                    io.get_ref().1.alpn_protocol() == Some(ALPN_POSTGRESQL)
+                }
+                _ => false,
+            };
             if !alpn_ok {
                 return Err((Some(s), SessionError::MissingAlpn));
             }
@@ -88,7 +94,7 @@ pub async fn negotiate(
                 let Stream::Plain(tcp) = stream else {
                     return Err((Some(stream), SessionError::UnexpectedRequest("SSLRequest")));
                 };
-                let Some(acceptor) = &settings.tls else {
+                let Some(certs) = &settings.tls else {
                     let mut s = Stream::Plain(tcp);
                     if let Err(e) = s.write_all(b"N").await {
                         return Err((None, SessionError::ClientIo(e)));
@@ -100,7 +106,7 @@ pub async fn negotiate(
                 if let Err(e) = tcp.write_all(b"S").await {
                     return Err((None, SessionError::ClientIo(e)));
                 }
-                stream = Stream::ServerTls(Box::new(accept_tls(acceptor, tcp, deadline).await?));
+                stream = accept_tls(certs, tcp, deadline).await?;
             }
             InitialMessage::GssEncRequest => {
                 if gss_answered || stream.is_tls() {
@@ -170,13 +176,23 @@ fn no_tls() -> std::io::Error {
     std::io::Error::other("direct TLS attempted but no certificate is configured")
 }
 
+/// The TLS handshake with the certificates current now; the stream keeps the channel-binding
+/// data of the certificate it was served.
 async fn accept_tls(
-    acceptor: &TlsAcceptor,
+    certs: &ServerCertificates,
     tcp: TcpStream,
     deadline: Instant,
-) -> Result<tokio_rustls::server::TlsStream<TcpStream>, Failed> {
+) -> Result<Stream, Failed> {
+    let generation = certs.current();
+    let acceptor = TlsAcceptor::from(generation.config.clone());
     match timeout_at(deadline, acceptor.accept(tcp)).await {
-        Ok(Ok(s)) => Ok(s),
+        Ok(Ok(io)) => {
+            let channel_binding = generation.channel_binding(io.get_ref().1.server_name());
+            Ok(Stream::ServerTls {
+                io: Box::new(io),
+                channel_binding,
+            })
+        }
         Ok(Err(e)) => Err((None, SessionError::Handshake(e))),
         Err(_) => Err((None, SessionError::StartupTimeout)),
     }

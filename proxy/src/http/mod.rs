@@ -31,7 +31,7 @@ use tracing::{Instrument, debug, info, info_span};
 
 use crate::config::HttpConfig;
 use crate::front::{Front, accept_next};
-use crate::tls::ServerTls;
+use crate::tls::ServerCertificates;
 
 /// First byte of a TLS handshake record.
 const TLS_HANDSHAKE_RECORD: u8 = 0x16;
@@ -42,8 +42,8 @@ pub struct HttpState {
     pub front: Arc<Front>,
     /// Limits of `/sql`.
     pub config: HttpConfig,
-    /// TLS with ALPN `h2` and `http/1.1`, when certificates are configured.
-    pub tls: Option<TlsAcceptor>,
+    /// The gateway's certificates (served with ALPN `h2` and `http/1.1`), when configured.
+    pub tls: Option<Arc<ServerCertificates>>,
     /// Accept connections without TLS.
     pub allow_plaintext: bool,
 }
@@ -53,15 +53,10 @@ impl HttpState {
     /// certificates.
     pub fn new(
         front: Arc<Front>,
-        server_tls: Option<&ServerTls>,
+        tls: Option<Arc<ServerCertificates>>,
         config: HttpConfig,
         allow_plaintext: bool,
     ) -> HttpState {
-        let tls = server_tls.map(|t| {
-            let mut c = (*t.config).clone();
-            c.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-            TlsAcceptor::from(Arc::new(c))
-        });
         HttpState {
             front,
             config,
@@ -118,23 +113,45 @@ pub async fn serve(
         let state = state.clone();
         let conn_tasks = tasks.clone();
         let stop = stop.clone();
-        tasks.spawn(
-            async move { connection(tcp, peer, state, conn_tasks, stop).await }
-                .instrument(info_span!("http", %peer)),
-        );
+        tasks.spawn(async move { connection(tcp, peer, state, conn_tasks, stop).await });
     }
     reaper.abort();
     info!("http listener stopped accepting");
 }
 
+/// Names the connection's client (a trusted load balancer's PROXY header, or the socket), then
+/// serves it in a span carrying that address.
 async fn connection(
+    mut tcp: TcpStream,
+    socket_peer: SocketAddr,
+    state: Arc<HttpState>,
+    tasks: TaskTracker,
+    stop: CancellationToken,
+) {
+    let _ = tcp.set_nodelay(true);
+    let front = &state.front;
+    let header_deadline = tokio::time::Instant::now() + front.startup_timeout;
+    let interrupted = stop.cancelled();
+    let named = front.client_address(&mut tcp, socket_peer, header_deadline, interrupted);
+    let Some(peer) = named.await else {
+        return;
+    };
+    let span = info_span!("http", %peer, via = tracing::field::Empty);
+    if peer != socket_peer {
+        span.record("via", tracing::field::display(socket_peer));
+    }
+    serve_connection(tcp, peer, state, tasks, stop)
+        .instrument(span)
+        .await
+}
+
+async fn serve_connection(
     tcp: TcpStream,
     peer: SocketAddr,
     state: Arc<HttpState>,
     tasks: TaskTracker,
     stop: CancellationToken,
 ) {
-    let _ = tcp.set_nodelay(true);
     let gw = state.front.clone();
     let deadline = gw.startup_timeout;
     // Like the Postgres listener: TLS when the first byte starts a handshake, plaintext only
@@ -145,7 +162,9 @@ async fn connection(
         _ => return,
     };
     let (io, tls): (Box<dyn crate::stream::TunnelIo>, bool) = match (&state.tls, is_tls) {
-        (Some(acceptor), true) => {
+        (Some(certs), true) => {
+            // The certificates current now; a reload later does not touch this connection.
+            let acceptor = TlsAcceptor::from(certs.current().http_config.clone());
             match tokio::time::timeout(deadline, acceptor.accept(tcp)).await {
                 Ok(Ok(s)) => (Box::new(s), true),
                 Ok(Err(e)) => {

@@ -17,7 +17,6 @@ use crate::config::UnknownTenant;
 use crate::error::SessionError;
 use crate::metrics::Metrics;
 use crate::stream::Stream;
-use crate::tls::ServerTls;
 use crate::wire::read_password_message;
 
 /// Checks clients' passwords.
@@ -28,8 +27,6 @@ pub struct Authenticator {
     pub mock_key: Vec<u8>,
     /// Cleartext password checks (HTTP and WebSocket logins, passwords naming their tenant).
     pub passwords: PasswordChecker,
-    /// The gateway's TLS identity (for channel binding).
-    pub server_tls: Option<Arc<ServerTls>>,
     /// Largest message accepted from a client during a login.
     pub max_client_message: usize,
     /// Time for a client to finish authenticating.
@@ -65,10 +62,8 @@ impl Authenticator {
             self.metrics.auth_attempt("error");
             SessionError::AuthUnavailable(e.to_string())
         })?;
-        let channel_binding = match (&self.server_tls, client.is_tls()) {
-            (Some(tls), true) => tls.channel_binding(client.sni()),
-            _ => None,
-        };
+        // The certificate this client's handshake was served, even if a reload came since.
+        let channel_binding = client.channel_binding().map(<[u8]>::to_vec);
         let reserve = || {
             self.throttle
                 .reserve(peer.ip(), tenant, user)

@@ -388,12 +388,12 @@ pub struct BackendConn {
     pub stream: BufReader<Stream>,
     /// Where it is connected.
     pub endpoint: Endpoint,
+    /// The backend's cancel key, registered so a later client session can be given a key for it.
+    pub cancel: Option<CancelRegistration>,
     /// Transaction status from the last ReadyForQuery (`I`, `T` or `E`).
     pub status: u8,
     /// Session state from an earlier user may remain: reset before the next use.
     pub needs_reset: bool,
-    /// The backend's cancel key, registered so a later client session can be given a key for it.
-    pub cancel: Option<CancelRegistration>,
 }
 
 impl BackendConn {
