@@ -334,12 +334,18 @@ impl Connector {
                 self.metrics.backend_wait(waiting.is_some(), "kept");
                 return Ok(Slot::Kept(taken));
             }
+            let fresh = |slot| {
+                if key.is_some() && self.reuse.is_some() {
+                    self.metrics.reuse("miss");
+                }
+                Ok(Slot::Fresh(slot))
+            };
             let Some(cap) = self.caps.get(tenant) else {
-                return Ok(Slot::Fresh(None));
+                return fresh(None);
             };
             if let Some(slot) = cap.try_slot() {
                 self.metrics.backend_wait(waiting.is_some(), "slot");
-                return Ok(Slot::Fresh(Some(slot)));
+                return fresh(Some(slot));
             }
             if let Some(reuse) = &self.reuse
                 && reuse.close_one_of(tenant, &self.metrics).await
@@ -358,7 +364,7 @@ impl Connector {
                 slot = cap.slots.clone().acquire_owned() => {
                     if let Ok(slot) = slot {
                         self.metrics.backend_wait(true, "slot");
-                        return Ok(Slot::Fresh(Some(slot)));
+                        return fresh(Some(slot));
                     }
                 }
                 _ = cap.kept.notified() => {}

@@ -139,8 +139,8 @@ impl Reuse {
             for _ in 0..stale {
                 metrics.reuse("stale");
             }
+            // A miss is counted by the caller, once it logs in anew (it may wait and look again).
             let Some(kept) = found else {
-                metrics.reuse("miss");
                 break None;
             };
             if kept.endpoint != *endpoint {
