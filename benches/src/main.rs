@@ -3,7 +3,8 @@
 //! connection queued for a wake.
 //!
 //! `cargo run -p pgwake-bench --release -- all [--quick] [--write] [--reps N]`, or `wake` /
-//! `queued` alone; `http` compares SQL over HTTP with direct queries.
+//! `queued` alone; `http` compares SQL over HTTP with direct queries; `multiplex` runs many
+//! sessions on few backend connections beside PgBouncer's transaction and session modes.
 //!
 //! The harness sets everything up in temporary directories, lets pgbench or its own clients
 //! generate the load, reads the proxies' CPU and memory from /proc, and prints a Markdown report.
