@@ -3,7 +3,8 @@
 //! connection queued for a wake.
 //!
 //! `cargo run -p pgwake-bench --release -- all [--quick] [--write] [--reps N]`, or `wake` /
-//! `queued` alone; `http` compares SQL over HTTP with direct queries.
+//! `queued` alone; `http` compares SQL over HTTP with direct queries; `multiplex` runs many
+//! sessions on few backend connections beside PgBouncer's transaction and session modes.
 //!
 //! The harness sets everything up in temporary directories, lets pgbench or its own clients
 //! generate the load, reads the proxies' CPU and memory from /proc, and prints a Markdown report.
@@ -15,6 +16,7 @@ mod fidelity;
 mod gateway;
 mod http;
 mod kube_wake;
+mod multiplex;
 mod pgbench;
 mod process;
 mod queued;
@@ -37,8 +39,9 @@ use crate::kube_wake::KubeOptions;
 use crate::process::{ProcSample, clock_ticks_per_second, command_output};
 use crate::queued::QueuedOptions;
 use crate::report::{
-    CHURN_SECTION, FIDELITY_SECTION, Facts, HTTP_SECTION, KUBE_SECTION, Measurement,
-    PGBENCH_SECTION, QUEUED_SECTION, REVIVE_SECTION, ReportInput, Results, Section, WAKE_SECTION,
+    CHURN_SECTION, FIDELITY_SECTION, Facts, HTTP_SECTION, KUBE_SECTION, MULTIPLEX_SECTION,
+    Measurement, PGBENCH_SECTION, QUEUED_SECTION, REVIVE_SECTION, ReportInput, Results, Section,
+    WAKE_SECTION,
 };
 use crate::revive::ReviveOptions;
 use crate::scenarios::{Durations, Metric, Scenario};
@@ -80,6 +83,32 @@ enum Cmd {
     /// asyncpg) hold pools of idle connections and query every 10 minutes; awake time per idle
     /// tenant-hour beside the ideal (time-scaled).
     Fidelity(FidelityArgs),
+    /// Many sessions, few backends: sessions with their own settings and prepared statements
+    /// through pgwake (parking on their own, a cap on backend connections) beside PgBouncer in
+    /// transaction and session mode with the same pool size; throughput, latency, backend
+    /// connections and failed semantic checks.
+    Multiplex(MultiplexArgs),
+}
+
+#[derive(Args)]
+struct MultiplexArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Sessions per target (default 200, or 50 with --quick).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=5000))]
+    clients: Option<u32>,
+    /// Seconds of the query phase (default 30, or 10 with --quick).
+    #[arg(long, value_name = "S", value_parser = clap::value_parser!(u64).range(1..))]
+    seconds: Option<u64>,
+    /// Check rounds (three queries each) per session in that time.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: u32,
+    /// Backend connections for every target: pgwake's cap and PgBouncer's pool size.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=250))]
+    cap: u32,
+    /// Seconds a client waits for a login or a query before counting it failed.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    timeout: u64,
 }
 
 #[derive(Args)]
@@ -373,6 +402,27 @@ fn main() -> Result<()> {
                 .or_else(|| args.baseline.as_ref().map(|p| p.display().to_string()));
             let section = fidelity::render(&local_facts(), args.scale, name.as_deref(), &outcome);
             (args.common, vec![(FIDELITY_SECTION, section)])
+        }
+        Cmd::Multiplex(args) => {
+            let binary = locate(&args.common);
+            let quick = args.common.quick;
+            let opts = multiplex::MultiplexOptions {
+                clients: args.clients.unwrap_or(if quick { 50 } else { 200 }),
+                run: Duration::from_secs(args.seconds.unwrap_or(if quick { 10 } else { 30 })),
+                rounds: args.rounds,
+                cap: args.cap,
+                timeout: Duration::from_secs(args.timeout),
+            };
+            let outcome = binary
+                .as_deref()
+                .map_err(|e| anyhow!("{e}"))
+                .and_then(|b| multiplex::run(b, opts))
+                .map_err(|e| format!("{e:#}"));
+            if let Err(e) = &outcome {
+                progress(format_args!("multiplex failed: {e}"));
+            }
+            let section = multiplex::render(&command_line(), opts, &outcome);
+            (args.common, vec![(MULTIPLEX_SECTION, section)])
         }
         Cmd::Kube(args) => {
             let binary = locate(&args.common);

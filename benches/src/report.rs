@@ -65,6 +65,12 @@ pub const CHURN_SECTION: Section = Section {
     end: "<!-- harness:churn:end -->",
 };
 
+/// Many sessions, few backends, beside PgBouncer's pooling modes (`multiplex`).
+pub const MULTIPLEX_SECTION: Section = Section {
+    begin: "<!-- harness:multiplex:begin -->",
+    end: "<!-- harness:multiplex:end -->",
+};
+
 /// What one pgbench run against one target measured.
 #[derive(Clone, Debug)]
 pub struct Measurement {

@@ -112,6 +112,29 @@ pub struct Environment {
     tls_files: (PathBuf, PathBuf),
 }
 
+/// How a PgBouncer pools server connections.
+#[derive(Clone, Copy, Debug)]
+pub struct BouncerPool {
+    /// `pool_mode`: `session` or `transaction`.
+    pub mode: &'static str,
+    /// `default_pool_size`: server connections per database and user.
+    pub size: u32,
+    /// `max_client_conn`.
+    pub max_clients: u32,
+    /// `max_prepared_statements` (PgBouncer 1.21 and later), when set.
+    pub max_prepared_statements: Option<u32>,
+}
+
+impl BouncerPool {
+    /// The pool of the environment's own PgBouncer: session mode, room for pgbench's clients.
+    const DEFAULT: BouncerPool = BouncerPool {
+        mode: "session",
+        size: 40,
+        max_clients: 200,
+        max_prepared_statements: None,
+    };
+}
+
 /// A pgwake instance started beside the environment's own.
 #[derive(Clone, Debug)]
 pub struct Variant {
@@ -198,6 +221,8 @@ impl Environment {
                 match start_pgbouncer(
                     &program,
                     env.dir.path(),
+                    "pgbouncer",
+                    BouncerPool::DEFAULT,
                     auth,
                     &direct,
                     &cert_path,
@@ -276,12 +301,7 @@ impl Environment {
         name: &str,
         extra: &str,
     ) -> Result<Variant> {
-        let direct = self
-            .targets
-            .iter()
-            .find(|t| t.kind == TargetKind::Direct)
-            .map(|t| t.endpoint.clone())
-            .ok_or_else(|| anyhow!("no direct target"))?;
+        let direct = self.direct()?;
         let credentials = self.dir.path().join("pgwake-users.txt");
         let (guard, port, admin) = start_pgwake_named(
             binary,
@@ -303,6 +323,52 @@ impl Environment {
         };
         self.variants.push(guard);
         Ok(variant)
+    }
+
+    /// Starts one more PgBouncer in front of the same Postgres, named `name` (its config and log
+    /// files), pooling as `pool`, with the environment's auth.
+    pub fn start_pgbouncer_variant(
+        &mut self,
+        name: &str,
+        pool: BouncerPool,
+        auth: Auth,
+    ) -> Result<Target> {
+        let program = find_pgbouncer()
+            .ok_or_else(|| anyhow!("PgBouncer is not installed: apt-get install -y pgbouncer"))?;
+        let direct = self.direct()?;
+        let (guard, port) = start_pgbouncer(
+            &program,
+            self.dir.path(),
+            name,
+            pool,
+            auth,
+            &direct,
+            &self.tls_files.0,
+            &self.tls_files.1,
+        )?;
+        let target = Target {
+            kind: TargetKind::PgBouncer,
+            endpoint: Endpoint { port, ..direct },
+            proxy_pid: Some(guard.pid()),
+        };
+        self.variants.push(guard);
+        Ok(target)
+    }
+
+    /// Stops a variant started by [`Environment::start_pgwake_variant`] or
+    /// [`Environment::start_pgbouncer_variant`], so its server connections close before the
+    /// next one is measured.
+    pub fn stop_variant(&mut self, pid: u32) {
+        self.variants.retain(|g| g.pid() != pid);
+    }
+
+    /// Postgres itself, as clients reach it.
+    fn direct(&self) -> Result<Endpoint> {
+        self.targets
+            .iter()
+            .find(|t| t.kind == TargetKind::Direct)
+            .map(|t| t.endpoint.clone())
+            .ok_or_else(|| anyhow!("no direct target"))
     }
 
     /// Takes a target out of the measured set, e.g. when its warm-up run fails.
@@ -351,11 +417,15 @@ fn find_pgbouncer() -> Option<PathBuf> {
     })
 }
 
-/// Writes PgBouncer's config and auth file and starts it in the foreground (as the postgres
-/// account when we are root, since PgBouncer refuses to run as root). Returns it and its port.
+/// Writes PgBouncer's config (`name`.ini) and auth file and starts it in the foreground (as the
+/// postgres account when we are root, since PgBouncer refuses to run as root). Returns it and its
+/// port.
+#[allow(clippy::too_many_arguments)]
 fn start_pgbouncer(
     program: &Path,
     dir: &Path,
+    name: &str,
+    pool: BouncerPool,
     auth: Auth,
     backend: &Endpoint,
     cert: &Path,
@@ -370,8 +440,8 @@ fn start_pgbouncer(
         format!("\"{}\" \"{}\"\n", backend.user, backend.password),
     )?;
     give_to_postgres(&auth_file)?;
-    let ini = dir.join("pgbouncer.ini");
-    let log = dir.join("pgbouncer.log");
+    let ini = dir.join(format!("{name}.ini"));
+    let log = dir.join(format!("{name}.log"));
     fs::write(
         &ini,
         format!(
@@ -384,17 +454,25 @@ fn start_pgbouncer(
              unix_socket_dir =\n\
              auth_type = {auth}\n\
              auth_file = {auth_file}\n\
-             pool_mode = session\n\
-             max_client_conn = 200\n\
-             default_pool_size = 40\n\
+             pool_mode = {mode}\n\
+             max_client_conn = {max_clients}\n\
+             default_pool_size = {size}\n\
              client_tls_sslmode = allow\n\
              client_tls_cert_file = {cert}\n\
              client_tls_key_file = {key}\n\
              logfile = {log}\n\
              ; Per-connection log lines would put disk writes in the churn scenarios' path.\n\
              log_connections = 0\n\
-             log_disconnections = 0\n",
+             log_disconnections = 0\n\
+             {prepared}",
             backend_port = backend.port,
+            mode = pool.mode,
+            max_clients = pool.max_clients,
+            size = pool.size,
+            prepared = pool
+                .max_prepared_statements
+                .map(|n| format!("max_prepared_statements = {n}\n"))
+                .unwrap_or_default(),
             auth_file = auth_file.display(),
             cert = cert.display(),
             key = key.display(),
