@@ -48,6 +48,8 @@ pub const ERROR_KINDS: &[&str] = &[
     "wake_timeout",
 ];
 
+/// Outcomes of `pgwake_backend_waits_total`, each started at zero.
+const BACKEND_WAIT_OUTCOMES: &[&str] = &["kept", "slot", "timeout", "queue_full"];
 /// Outcomes of `pgwake_auth_attempts_total`, each started at zero.
 const AUTH_OUTCOMES: &[&str] = &["ok", "failed", "throttled", "error"];
 /// Reasons a session leaves its backend (`pgwake_parks_total`, `pgwake_revivals_total`).
@@ -339,6 +341,9 @@ impl Metrics {
             for outcome in *outcomes {
                 self.peer_cancels.with_label_values(&[side, outcome]);
             }
+        }
+        for outcome in BACKEND_WAIT_OUTCOMES {
+            self.backend_waits.with_label_values(&[outcome]);
         }
     }
 

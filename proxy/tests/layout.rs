@@ -2,6 +2,9 @@
 //! folder, shared modules never reach into a stage of the journey, and a stage reaches a later
 //! one only through what the later one's `mod.rs` exports (its handles), never into its files.
 //!
+//! Also that no function in `proxy/src` is over 100 lines and the pipeline's `open_session` is at
+//! most 60.
+//!
 //! Read from the source text (`use crate::…`, `crate::…::` paths, `super::…` inside a folder),
 //! so it needs no tool beyond the test itself.
 
@@ -24,7 +27,10 @@ struct Source {
     module: String,
     /// File within its folder (`admit`, or `mod` for the folder's own file).
     file: String,
+    /// The code, without comments and tests.
     text: String,
+    /// The whole file.
+    raw: String,
 }
 
 fn sources() -> Vec<Source> {
@@ -50,11 +56,11 @@ fn source(root: &Path, path: &PathBuf) -> Source {
         .iter()
         .map(|p| p.to_string_lossy().trim_end_matches(".rs").to_owned())
         .collect();
-    let text = std::fs::read_to_string(path).expect("readable source");
+    let raw = std::fs::read_to_string(path).expect("readable source");
     // Tests inside a file may use anything; only the code counts.
-    let code = match text.find("#[cfg(test)]\nmod tests") {
-        Some(at) => text[..at].to_owned(),
-        None => text,
+    let code = match raw.find("#[cfg(test)]\nmod tests") {
+        Some(at) => raw[..at].to_owned(),
+        None => raw.clone(),
     };
     let code: String = code
         .lines()
@@ -69,6 +75,7 @@ fn source(root: &Path, path: &PathBuf) -> Source {
             "mod".into()
         },
         text: code,
+        raw,
     }
 }
 
@@ -242,4 +249,58 @@ fn modules_form_no_circles_and_stages_meet_through_handles() {
         );
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// How a function's first line starts, after its indentation.
+const FN_STARTS: &[&str] = &[
+    "fn ",
+    "async fn ",
+    "pub fn ",
+    "pub async fn ",
+    "pub(crate) fn ",
+    "pub(crate) async fn ",
+    "pub(super) fn ",
+    "pub(super) async fn ",
+];
+
+/// Functions of `text` as (name, lines), from their `fn` line to the closing brace at the same
+/// indentation (the sources are formatted by rustfmt).
+fn functions(text: &str) -> Vec<(String, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let trimmed = line.trim_start();
+        let indent = &line[..line.len() - trimmed.len()];
+        let decl = FN_STARTS.iter().find_map(|p| trimmed.strip_prefix(p));
+        let Some(rest) = decl else { continue };
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        let close = format!("{indent}}}");
+        if let Some(end) = lines[i + 1..].iter().position(|l| *l == close) {
+            out.push((name, end + 2));
+        }
+    }
+    out
+}
+
+#[test]
+fn functions_stay_short_and_open_session_shorter() {
+    let mut long = Vec::new();
+    let mut open_session = None;
+    for s in sources() {
+        let text = s.raw;
+        for (name, lines) in functions(&text) {
+            if lines > 100 {
+                long.push(format!("{}/{}: {name} is {lines} lines", s.module, s.file));
+            }
+            if name == "open_session" {
+                open_session = Some(lines);
+            }
+        }
+    }
+    println!("open_session: {open_session:?} lines");
+    assert!(long.is_empty(), "{}", long.join("\n"));
+    assert!(open_session.is_some_and(|n| n <= 60), "{open_session:?}");
 }
