@@ -183,6 +183,12 @@ async fn replica_killed_mid_claim_leaves_a_claim_that_returns_to_the_pool() {
             "abandoned claims returned {:?} after A was killed",
             started.elapsed()
         );
+        // B logs each return after its patch lands: the second line may trail the labels.
+        let returned = "returned an abandoned claim to the warm pool";
+        wait_for("B logged both returns", Duration::from_secs(5), || {
+            let log = b.log();
+            (log.matches(returned).count() < 2).then_some(log)
+        });
         let log = b.log();
         assert!(log.contains("took over lease"), "{log}");
         assert_eq!(
