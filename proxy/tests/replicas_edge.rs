@@ -220,8 +220,14 @@ async fn post_sql(from: &str, port: u16, header: &[u8]) -> u16 {
          Content-Length: {}\r\n\r\n",
         body.len()
     );
-    s.write_all(head.as_bytes()).await.unwrap();
-    s.write_all(body).await.unwrap();
+    // A gateway that refuses the connection may close it (and reset it) before all is written.
+    let sent = async {
+        s.write_all(head.as_bytes()).await?;
+        s.write_all(body).await
+    };
+    if sent.await.is_err() {
+        return 0;
+    }
     let reply = String::from_utf8_lossy(&read_to_close(s).await).into_owned();
     reply
         .split_whitespace()
