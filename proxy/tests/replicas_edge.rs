@@ -7,7 +7,6 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{Gateway, SNI_SUFFIX, backend};
@@ -277,23 +276,10 @@ async fn tls_session(
     gw: &Gateway,
     trusted: &[&TestCert],
 ) -> tokio_rustls::client::TlsStream<TcpStream> {
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for c in trusted {
-        roots
-            .add(CertificateDer::from_pem_slice(c.cert_pem.as_bytes()).unwrap())
-            .unwrap();
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    cfg.alpn_protocols = vec![b"postgresql".to_vec()];
+    let pems: Vec<&str> = trusted.iter().map(|c| c.cert_pem.as_str()).collect();
     let tcp = TcpStream::connect(("127.0.0.1", gw.port)).await.unwrap();
     let name = ServerName::try_from(format!("alpha.{SNI_SUFFIX}")).unwrap();
-    tokio_rustls::TlsConnector::from(Arc::new(cfg))
+    common::tls_connector_trusting(&pems)
         .connect(name, tcp)
         .await
         .unwrap()

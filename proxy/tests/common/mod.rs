@@ -375,23 +375,26 @@ rules = {rules}
 
     /// A tokio-rustls connector trusting the gateway's certificate, speaking ALPN postgresql.
     pub fn tls_connector(&self) -> tokio_rustls::TlsConnector {
-        let mut roots = rustls::RootCertStore::empty();
-        let der = rustls_pemfile_der(&self.cert.cert_pem);
-        roots.add(der).unwrap();
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        cfg.alpn_protocols = vec![b"postgresql".to_vec()];
-        tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        tls_connector_trusting(&[&self.cert.cert_pem])
     }
 }
 
-fn rustls_pemfile_der(pem: &str) -> rustls::pki_types::CertificateDer<'static> {
+/// A tokio-rustls connector trusting each of these PEM certificates, speaking ALPN postgresql.
+pub fn tls_connector_trusting(pems: &[&str]) -> tokio_rustls::TlsConnector {
     use rustls::pki_types::pem::PemObject;
-    rustls::pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).unwrap()
+    let mut roots = rustls::RootCertStore::empty();
+    for pem in pems {
+        let der = rustls::pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).unwrap();
+        roots.add(der).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"postgresql".to_vec()];
+    tokio_rustls::TlsConnector::from(Arc::new(cfg))
 }
 
 impl Drop for Gateway {
