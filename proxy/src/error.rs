@@ -161,6 +161,14 @@ impl SessionError {
         }
     }
 
+    /// The client hung up while it was held (`while`: for what, in the log).
+    pub fn client_left(while_: &'static str) -> SessionError {
+        SessionError::ClientIo(std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            format!("the client closed the connection while {while_}"),
+        ))
+    }
+
     /// The message for a connection ended by a time limit or a connection cap.
     fn limit_message(&self) -> ErrorMessage {
         use crate::capacity::Full;

@@ -31,9 +31,6 @@ pub async fn wake(
         a = coordinator.ensure_awake(tenant) => {
             a.map_err(|e| SessionError::Wake(tenant.clone(), e))
         }
-        _ = client.hung_up() => Err(SessionError::ClientIo(std::io::Error::new(
-            std::io::ErrorKind::ConnectionAborted,
-            "the client closed the connection while its database was waking",
-        ))),
+        _ = client.hung_up() => Err(SessionError::client_left("its database was waking")),
     }
 }

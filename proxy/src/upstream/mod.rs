@@ -203,10 +203,7 @@ impl Connector {
         let slot = tokio::select! {
             s = waited => s?,
             _ = client.hung_up() => {
-                return Err(SessionError::ClientIo(std::io::Error::new(
-                    std::io::ErrorKind::ConnectionAborted,
-                    "the client closed the connection while waiting for a backend connection",
-                )));
+                return Err(SessionError::client_left("waiting for a backend connection"));
             }
         };
         let slot = match slot {
@@ -222,11 +219,7 @@ impl Connector {
                     tokio::select! {
                         _ = tokio::time::sleep(NOT_READY_PAUSE) => {}
                         _ = client.hung_up() => {
-                            return Err(SessionError::ClientIo(std::io::Error::new(
-                                std::io::ErrorKind::ConnectionAborted,
-                                "the client closed the connection while its database was \
-                                 recovering",
-                            )));
+                            return Err(SessionError::client_left("its database was recovering"));
                         }
                     }
                 }
