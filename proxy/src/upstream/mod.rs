@@ -319,21 +319,27 @@ impl Connector {
         endpoint: &Endpoint,
         deadline: Instant,
     ) -> Result<Slot, SessionError> {
+        let fresh = |slot| {
+            if key.is_some() && self.reuse.is_some() {
+                self.metrics.reuse("miss");
+            }
+            Ok(Slot::Fresh(slot))
+        };
+        let cap = self.caps.get(tenant);
         let mut waiting = None;
         loop {
+            // Registered before looking, so a connection kept meanwhile still wakes this wait.
+            let mut kept = cap.map(|c| Box::pin(c.kept.notified()));
+            if let Some(k) = &mut kept {
+                k.as_mut().enable();
+            }
             if let (Some(reuse), Some(key)) = (&self.reuse, key)
                 && let Some(taken) = reuse.take(key, endpoint, &self.metrics)
             {
                 self.metrics.backend_wait(waiting.is_some(), "kept");
                 return Ok(Slot::Kept(taken));
             }
-            let fresh = |slot| {
-                if key.is_some() && self.reuse.is_some() {
-                    self.metrics.reuse("miss");
-                }
-                Ok(Slot::Fresh(slot))
-            };
-            let Some(cap) = self.caps.get(tenant) else {
+            let (Some(cap), Some(kept)) = (cap, kept) else {
                 return fresh(None);
             };
             if let Some(slot) = cap.try_slot() {
@@ -360,7 +366,7 @@ impl Connector {
                         return fresh(Some(slot));
                     }
                 }
-                _ = cap.kept.notified() => {}
+                _ = kept => {}
                 _ = tokio::time::sleep_until(deadline) => {
                     self.metrics.backend_wait(true, "timeout");
                     let waited = self.caps.wait;
