@@ -342,6 +342,10 @@ impl SessionTracker {
     /// Remembers custom settings a query text sets (`SET a.b ...`, `set_config('a.b', ...)`).
     fn note_custom_settings(&mut self, text: &[u8]) {
         let text = text.split(|&b| b == 0).next().unwrap_or_default();
+        // Both forms contain "set"; most queries do not, and need no lower-cased copy.
+        if !text.windows(3).any(|w| w.eq_ignore_ascii_case(b"set")) {
+            return;
+        }
         for name in custom_setting_names(text) {
             if self.custom_settings.len() >= MAX_CUSTOM_SETTINGS {
                 return;

@@ -39,14 +39,7 @@ pub async fn run(
             local.stop_stale(&t.id).await;
         }
     }
-    let admin_token = read_admin_token(&config)?;
-    let admin_state = Arc::new(AdminState {
-        metrics: gateway.front.metrics.clone(),
-        coordinator: gateway.pipeline().coordinator.clone(),
-        ready: true.into(),
-        token: admin_token,
-        started: std::time::Instant::now(),
-    });
+    let admin_state = admin_state(&config, &gateway)?;
     let sleeper_stop = CancellationToken::new();
     let replenisher = start_background_jobs(&gateway, &sleeper_stop);
     if let (Some(certs), Some(tls)) = (&gateway.certificates, &config.tls) {
@@ -81,9 +74,14 @@ pub async fn run(
     if let (Some(l), Some(peers)) = (peer_listener, &gateway.pipeline().peers) {
         tokio::spawn(peers.clone().serve(l, gateway.front.terminate.clone()));
     }
+    let shards = Arc::new(
+        front::Shards::start(config.listen.session_threads)
+            .map_err(|e| anyhow::anyhow!("cannot start the session threads: {e}"))?,
+    );
     let accept = tokio::spawn(front::serve(
         listener,
         gateway.front.clone(),
+        shards.clone(),
         tasks.clone(),
         stop.clone(),
     ));
@@ -119,6 +117,17 @@ pub async fn run(
     gateway.front.terminate.cancel();
     info!("pgwake stopped");
     Ok(())
+}
+
+/// What the admin API serves from: the gateway's metrics and tenants, readiness, the token.
+fn admin_state(config: &Config, gateway: &Gateway) -> anyhow::Result<Arc<AdminState>> {
+    Ok(Arc::new(AdminState {
+        metrics: gateway.front.metrics.clone(),
+        coordinator: gateway.pipeline().coordinator.clone(),
+        ready: true.into(),
+        token: read_admin_token(config)?,
+        started: std::time::Instant::now(),
+    }))
 }
 
 /// A listener on `addr` (`key` names it in the error).

@@ -49,15 +49,31 @@ pub struct ListenConfig {
     /// Internal listener where other replicas forward cancel requests for keys this replica
     /// issued (see `[peer]`); none: no forwarding in either direction.
     pub peer: Option<SocketAddr>,
+    /// Threads that run Postgres sessions, each with its own event loop (a session stays on
+    /// one from accept to close); 0: one per CPU.
+    #[serde(default)]
+    pub session_threads: usize,
 }
+
+/// Most `listen.session_threads`: far beyond any machine's cores, small enough to be a typo.
+const MAX_SESSION_THREADS: usize = 1024;
 
 fn default_proxy_header() -> ByteSize {
     ByteSize::kib(4)
 }
 
 impl ListenConfig {
-    /// Checks the PROXY protocol bound.
+    /// Checks the PROXY protocol bound and the thread count.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.session_threads > MAX_SESSION_THREADS {
+            return Err(invalid(
+                "listen.session_threads",
+                format!(
+                    "must be at most {MAX_SESSION_THREADS} (0: one per CPU), not {}",
+                    self.session_threads
+                ),
+            ));
+        }
         let max = self.proxy_protocol_max_header.as_u64();
         if !(MIN_PROXY_HEADER..=65_551).contains(&max) {
             return Err(invalid(

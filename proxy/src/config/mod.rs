@@ -551,6 +551,19 @@ backend = { kind = "fixed", address = "127.0.0.1:5433" }
     }
 
     #[test]
+    fn session_threads_default_and_bound() {
+        assert_eq!(load(EXAMPLE).unwrap().listen.session_threads, 0);
+        let set = |n: &str| {
+            EXAMPLE.replace(
+                "admin = \"127.0.0.1:9090\"",
+                &format!("admin = \"127.0.0.1:9090\"\nsession_threads = {n}"),
+            )
+        };
+        assert_eq!(load(&set("3")).unwrap().listen.session_threads, 3);
+        refused(&set("5000"), "listen.session_threads");
+    }
+
+    #[test]
     #[allow(clippy::result_large_err)] // figment's Jail fixes the closure's error type
     fn environment_overrides() {
         figment::Jail::expect_with(|jail| {

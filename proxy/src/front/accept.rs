@@ -16,6 +16,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::negotiate::{NegotiateSettings, Negotiated, negotiate};
 use super::proxy_protocol::ProxyProtocol;
+use super::shards::Shards;
 use crate::capacity::{Capacity, ClientSlot};
 use crate::error::fail;
 use crate::metrics::Metrics;
@@ -129,17 +130,19 @@ pub async fn accept_next(
     }
 }
 
-/// Accepts connections until `stop` fires; each runs as a task in `tasks`.
+/// Accepts connections until `stop` fires; each runs as a task in `tasks` on one of the
+/// session threads.
 pub async fn serve(
     listener: TcpListener,
     front: Arc<Front>,
+    shards: Arc<Shards>,
     tasks: TaskTracker,
     stop: CancellationToken,
 ) {
     while let Some((tcp, peer)) = accept_next(&listener, &stop, "postgres").await {
         let front = front.clone();
         let mut guard = ActiveGuard::new(&front.capacity, &front.metrics);
-        tasks.spawn(async move {
+        shards.spawn(&tasks, tcp, move |tcp| async move {
             handle(tcp, peer, &front, &mut guard.slot).await;
         });
     }

@@ -5,7 +5,9 @@
 pub mod accept;
 pub mod negotiate;
 pub mod proxy_protocol;
+pub mod shards;
 
 pub use accept::{ActiveGuard, Front, accept_next, serve};
 pub use negotiate::{NegotiateSettings, Negotiated, negotiate, negotiate_tunnel};
 pub use proxy_protocol::{ProxyProtocol, ProxyRefusal};
+pub use shards::Shards;

@@ -351,14 +351,13 @@ pub async fn relay(
         if let Poll::Ready(end) = shutdown.poll(cx, &mut b2c) {
             return Poll::Ready(end);
         }
-        let now = std::time::Instant::now();
         c2b.moved = false;
         b2c.moved = false;
         let client_poll = c2b.poll_copy(
             cx,
             Pin::new(&mut *client),
             Pin::new(&mut *backend),
-            &mut |d| tracker.observe_client(d, now),
+            &mut |d| tracker.observe_client(d, std::time::Instant::now()),
             false,
         );
         if c2b.moved
@@ -382,7 +381,7 @@ pub async fn relay(
             cx,
             Pin::new(&mut *backend),
             Pin::new(&mut *client),
-            &mut |d| tracker.observe_backend(d, now),
+            &mut |d| tracker.observe_backend(d, std::time::Instant::now()),
             hold,
         ) {
             return Poll::Ready(backend_end(r, &b2c, shutdown.started()));
