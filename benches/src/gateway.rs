@@ -1,5 +1,6 @@
-//! A pgwake gateway serving one `local`-backend tenant, for the wake and queue scenarios: its
-//! config, its admin API, and a stop that also makes sure no Postgres it started outlives it.
+//! A pgwake gateway serving `local`-backend tenants (one for the wake and queue scenarios, many
+//! for the scale scenario): its config, its admin API, and a stop that also makes sure no
+//! Postgres it started outlives it.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -58,12 +59,14 @@ pub struct StopReport {
     pub leftover_postmaster: Option<i32>,
 }
 
-/// A running gateway with one local tenant. Field order is drop order: the gateway stops first,
-/// then the data directory is checked for a postmaster that outlived it, then the folder goes.
+/// A running gateway with local tenants. Field order is drop order: the gateway stops first,
+/// then the data directories are checked for a postmaster that outlived it, then the folder goes.
 pub struct LocalGateway {
     guard: Guarded,
-    /// The tenant id.
+    /// The tenant id (the first one, when it serves several).
     pub tenant: String,
+    /// Every tenant it serves, `tenant` first.
+    tenants: Vec<String>,
     /// Postgres protocol port.
     pub port: u16,
     /// Admin port.
@@ -86,6 +89,27 @@ impl LocalGateway {
         spec: &Spec<'_>,
         listen: &[String],
     ) -> Result<LocalGateway> {
+        LocalGateway::start_inner(binary, spec, listen, &[], &[])
+    }
+
+    /// Like [`LocalGateway::start`], serving `spec.tenant` and the `more` tenants, all with the
+    /// same extra `[[tenant]]` lines (e.g. `max_backend_connections = 60`).
+    pub fn start_tenants(
+        binary: &Path,
+        spec: &Spec<'_>,
+        more: &[String],
+        tenant_lines: &[String],
+    ) -> Result<LocalGateway> {
+        LocalGateway::start_inner(binary, spec, &[], more, tenant_lines)
+    }
+
+    fn start_inner(
+        binary: &Path,
+        spec: &Spec<'_>,
+        listen: &[String],
+        more: &[String],
+        tenant_lines: &[String],
+    ) -> Result<LocalGateway> {
         let dir = tempfile::Builder::new()
             .prefix("pgwake-bench-local-")
             .tempdir()
@@ -96,7 +120,7 @@ impl LocalGateway {
         cert.write_to(dir.path())?;
         let (port, admin) = (free_port(), free_port());
         let lines = |v: &[String]| v.join("\n");
-        let config = format!(
+        let mut config = format!(
             "[listen]\n\
              postgres = \"127.0.0.1:{port}\"\n\
              admin = \"127.0.0.1:{admin}\"\n\
@@ -119,18 +143,22 @@ impl LocalGateway {
              [local]\n\
              data_dir = \"data\"\n\
              password = \"{PASSWORD}\"\n\
-             [local.settings]\n{settings}\n\
-             \n\
-             [[tenant]]\n\
-             id = \"{tenant}\"\n\
-             backend = {{ kind = \"local\" }}\n",
+             [local.settings]\n{settings}\n",
             listen = lines(listen),
             limits = lines(&spec.limits),
             wake = lines(&spec.wake),
             revival = lines(&spec.revival),
             settings = lines(&spec.settings),
-            tenant = spec.tenant,
         );
+        let tenants: Vec<String> = std::iter::once(spec.tenant.to_owned())
+            .chain(more.iter().cloned())
+            .collect();
+        for id in &tenants {
+            config.push_str(&format!(
+                "\n[[tenant]]\nid = \"{id}\"\nbackend = {{ kind = \"local\" }}\n{}\n",
+                lines(tenant_lines)
+            ));
+        }
         let config_path = dir.path().join("pgwake.toml");
         fs::write(&config_path, config)?;
         let binary = binary.to_path_buf();
@@ -147,6 +175,7 @@ impl LocalGateway {
         Ok(LocalGateway {
             guard,
             tenant: spec.tenant.to_owned(),
+            tenants,
             port,
             admin,
             cert,
@@ -167,7 +196,12 @@ impl LocalGateway {
 
     /// The tenant's Postgres data directory (created by the gateway's first wake).
     pub fn data_dir(&self) -> PathBuf {
-        self.dir.path().join("data").join(&self.tenant).join("data")
+        self.data_dir_of(&self.tenant)
+    }
+
+    /// The Postgres data directory of one of the gateway's tenants.
+    pub fn data_dir_of(&self, tenant: &str) -> PathBuf {
+        self.dir.path().join("data").join(tenant).join("data")
     }
 
     /// A folder for the harness's own files next to the gateway's.
@@ -177,11 +211,16 @@ impl LocalGateway {
 
     /// How a client logs in to the tenant through the gateway.
     pub fn login(&self) -> Login {
+        self.login_to(&self.tenant)
+    }
+
+    /// How a client logs in to one of the gateway's tenants.
+    pub fn login_to(&self, tenant: &str) -> Login {
         Login {
             port: self.port,
             user: "pgwake".into(),
             password: PASSWORD.into(),
-            dbname: format!("{}.postgres", self.tenant),
+            dbname: format!("{tenant}.postgres"),
         }
     }
 
@@ -229,14 +268,20 @@ impl LocalGateway {
         }
     }
 
-    /// Stops the gateway with SIGTERM, then stops a tenant postmaster that survived it (which
-    /// would be a gateway bug, reported in the result). Idempotent.
+    /// Stops the gateway with SIGTERM, then stops tenant postmasters that survived it (which
+    /// would be a gateway bug, reported in the result: the first one's PID). Idempotent.
     pub fn stop(&mut self) -> StopReport {
         if let Some(done) = &self.stopped {
             return done.clone();
         }
         let gateway = self.guard.stop();
-        let leftover_postmaster = stop_postmaster(&self.data_dir());
+        let leftover_postmaster = self
+            .tenants
+            .iter()
+            .filter_map(|t| stop_postmaster(&self.data_dir_of(t)))
+            .collect::<Vec<_>>()
+            .first()
+            .copied();
         let report = StopReport {
             gateway,
             leftover_postmaster,

@@ -22,6 +22,7 @@ mod process;
 mod queued;
 mod report;
 mod revive;
+mod scale;
 mod scenarios;
 mod sql_http;
 mod targets;
@@ -40,8 +41,8 @@ use crate::process::{ProcSample, clock_ticks_per_second, command_output};
 use crate::queued::QueuedOptions;
 use crate::report::{
     CHURN_SECTION, FIDELITY_SECTION, Facts, HTTP_SECTION, KUBE_SECTION, MULTIPLEX_SECTION,
-    Measurement, PGBENCH_SECTION, QUEUED_SECTION, REVIVE_SECTION, ReportInput, Results, Section,
-    WAKE_SECTION,
+    Measurement, PGBENCH_SECTION, QUEUED_SECTION, REVIVE_SECTION, ReportInput, Results,
+    SCALE_SECTION, Section, WAKE_SECTION,
 };
 use crate::revive::ReviveOptions;
 use crate::scenarios::{Durations, Metric, Scenario};
@@ -88,6 +89,27 @@ enum Cmd {
     /// transaction and session mode with the same pool size; throughput, latency, backend
     /// connections and failed semantic checks.
     Multiplex(MultiplexArgs),
+    /// Many connections held open against many local tenants (10,000 over 20 by default), a
+    /// tenth of them querying and the rest idle and parked: gateway memory, CPU, latency, errors.
+    Scale(ScaleArgs),
+}
+
+#[derive(Args)]
+struct ScaleArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Client connections held open (default 10,000, or 2,000 with --quick).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    connections: Option<u32>,
+    /// Of those, clients that query (default 1,000, or 200 with --quick).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    active: Option<u32>,
+    /// Local tenants (default 20, or 4 with --quick).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
+    tenants: Option<u32>,
+    /// Seconds of the measured window (default 60, or 15 with --quick).
+    #[arg(long, value_name = "S", value_parser = clap::value_parser!(u64).range(1..))]
+    seconds: Option<u64>,
 }
 
 #[derive(Args)]
@@ -423,6 +445,30 @@ fn main() -> Result<()> {
             }
             let section = multiplex::render(&command_line(), opts, &outcome);
             (args.common, vec![(MULTIPLEX_SECTION, section)])
+        }
+        Cmd::Scale(args) => {
+            let binary = locate(&args.common);
+            let quick = args.common.quick;
+            let opts = scale::ScaleOptions {
+                connections: args
+                    .connections
+                    .unwrap_or(if quick { 2_000 } else { 10_000 }),
+                active: args.active.unwrap_or(if quick { 200 } else { 1_000 }),
+                tenants: args.tenants.unwrap_or(if quick { 4 } else { 20 }),
+                seconds: args.seconds.unwrap_or(if quick { 15 } else { 60 }),
+            };
+            let outcome = binary
+                .as_deref()
+                .map_err(|e| anyhow!("{e}"))
+                .and_then(|b| scale::run(b, opts))
+                .map_err(|e| format!("{e:#}"));
+            if let Err(e) = &outcome {
+                progress(format_args!("scale failed: {e}"));
+            }
+            (
+                args.common,
+                vec![(SCALE_SECTION, scale::render(&local_facts(), &outcome))],
+            )
         }
         Cmd::Kube(args) => {
             let binary = locate(&args.common);

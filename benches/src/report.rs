@@ -71,6 +71,12 @@ pub const MULTIPLEX_SECTION: Section = Section {
     end: "<!-- harness:multiplex:end -->",
 };
 
+/// Thousands of connections held open against many local tenants (`scale`).
+pub const SCALE_SECTION: Section = Section {
+    begin: "<!-- harness:scale:begin -->",
+    end: "<!-- harness:scale:end -->",
+};
+
 /// What one pgbench run against one target measured.
 #[derive(Clone, Debug)]
 pub struct Measurement {

@@ -30,8 +30,17 @@ impl CapacitySettings {
     /// `open_files` file descriptors, keeping a reserve for everything else; connections still
     /// logging in then get at most half of the room, so that making room for a new login never
     /// runs into the cap on all connections.
-    pub fn fitted_to(self, open_files: u64) -> CapacitySettings {
-        let room = (open_files.saturating_sub(RESERVED_FILES) / 2).max(2) as usize;
+    ///
+    /// `backend_bound` is the most backend connections the gateway can hold at once, when the
+    /// configuration bounds them (every tenant has `max_backend_connections`): clients then get
+    /// what those leave, since parked sessions hold none. Without a bound each client may hold
+    /// one, so clients get half.
+    pub fn fitted_to(self, open_files: u64, backend_bound: Option<u64>) -> CapacitySettings {
+        let usable = open_files.saturating_sub(RESERVED_FILES);
+        let half = usable / 2;
+        let room = backend_bound
+            .map_or(half, |b| usable.saturating_sub(b).max(half))
+            .max(2) as usize;
         CapacitySettings {
             max_clients: self.max_clients.min(room),
             max_unauthenticated: self.max_unauthenticated.min(room / 2),
@@ -266,9 +275,16 @@ mod tests {
             max_clients: 10_000,
             max_unauthenticated: 1_000,
         };
-        let fitted = s.fitted_to(256);
+        let fitted = s.fitted_to(256, None);
         assert_eq!(fitted.max_clients, 96);
         assert_eq!(fitted.max_unauthenticated, 48);
-        assert_eq!(s.fitted_to(1 << 20).max_clients, 10_000);
+        assert_eq!(s.fitted_to(1 << 20, None).max_clients, 10_000);
+        // Bounded backend connections leave the rest to clients (parked sessions hold none).
+        let bounded = s.fitted_to(20_000, Some(2_000));
+        assert_eq!(bounded.max_clients, 10_000);
+        assert_eq!(s.fitted_to(12_064, Some(2_000)).max_clients, 10_000);
+        assert_eq!(s.fitted_to(12_063, Some(2_000)).max_clients, 9_999);
+        // A bound above half the room never gives clients less than half.
+        assert_eq!(s.fitted_to(256, Some(10_000)).max_clients, 96);
     }
 }

@@ -175,7 +175,7 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
             max_header: config.listen.proxy_protocol_max_header.as_u64() as usize,
         },
         startup_timeout: config.limits.startup_timeout,
-        capacity: Capacity::new(run::capacity_settings(&config.limits)),
+        capacity: Capacity::new(run::capacity_settings(config)),
         pipeline,
         metrics,
         terminate,

@@ -196,6 +196,25 @@ async fn drain(
     }
 }
 
+/// The most backend connections the gateway can hold at once, when the configuration bounds
+/// them: every tenant capped by `max_backend_connections`, plus `/sql`'s pool when the HTTP
+/// listener is on. Discovered tenants have no cap, so discovery leaves them unbounded.
+fn backend_bound(config: &crate::config::Config) -> Option<u64> {
+    if config.kubernetes.discover {
+        return None;
+    }
+    let tenants: Option<usize> = config
+        .tenants
+        .iter()
+        .map(|t| t.max_backend_connections)
+        .sum();
+    let pool = match config.listen.http {
+        Some(_) => config.http.pool_max_total,
+        None => 0,
+    };
+    Some((tenants? + pool) as u64)
+}
+
 /// Servers this gateway started never outlive it, including one still starting (its wake has
 /// not recorded it yet, but its postmaster.pid is there).
 async fn stop_local_servers(gateway: &Gateway, local: &LocalBackend) {
@@ -208,7 +227,8 @@ async fn stop_local_servers(gateway: &Gateway, local: &LocalBackend) {
 }
 
 /// The connection caps of `[limits]`, lowered to what the process's file limit can hold.
-pub(super) fn capacity_settings(limits: &crate::config::Limits) -> CapacitySettings {
+pub(super) fn capacity_settings(config: &crate::config::Config) -> CapacitySettings {
+    let limits = &config.limits;
     let configured = CapacitySettings {
         max_clients: limits.max_client_connections,
         max_unauthenticated: limits.max_unauthenticated_connections,
@@ -217,7 +237,7 @@ pub(super) fn capacity_settings(limits: &crate::config::Limits) -> CapacitySetti
     else {
         return configured;
     };
-    let fitted = configured.fitted_to(soft);
+    let fitted = configured.fitted_to(soft, backend_bound(config));
     if fitted.max_clients < configured.max_clients
         || fitted.max_unauthenticated < configured.max_unauthenticated
     {

@@ -23,7 +23,8 @@ pub struct Limits {
     #[serde(with = "humantime_serde")]
     pub auth_timeout: Duration,
     /// Client connections the gateway holds at once (Postgres and WebSocket, logged in or not);
-    /// more get FATAL 53300. Lowered at start-up to what the process's file limit can hold.
+    /// more get FATAL 53300. Lowered at start-up to what the process's file limit can hold
+    /// beside the backend connections (bounded by the tenants' caps when all have one).
     pub max_client_connections: usize,
     /// Client connections still negotiating or authenticating; when full, the oldest of them is
     /// ended to make room for a new one. Lowered like `max_client_connections`.
