@@ -2,9 +2,10 @@
 //! wake latency over sleep/wake cycles of a `local`-backend tenant, and the gateway's memory per
 //! connection queued for a wake.
 //!
-//! `cargo run -p pgwake-bench --release -- all [--quick] [--write] [--reps N]`, or `wake` /
-//! `queued` alone; `http` compares SQL over HTTP with direct queries; `multiplex` runs many
-//! sessions on few backend connections beside PgBouncer's transaction and session modes.
+//! `cargo run -p pgwake-bench --release -- report [--quick] [--write]` measures every section of
+//! `benches/RESULTS.md` in one run at one commit; `relay`, `churn`, `wake`, `revive`, `queued`,
+//! `http`, `fidelity`, `multiplex` and `kube` measure one section each, and `all` the pgbench
+//! comparison, `wake` and `queued`.
 //!
 //! The harness sets everything up in temporary directories, lets pgbench or its own clients
 //! generate the load, reads the proxies' CPU and memory from /proc, and prints a Markdown report.

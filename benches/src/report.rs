@@ -534,10 +534,9 @@ pub fn write_results_file(path: &Path, sections: &[(Section, &str)]) -> Result<(
 }
 
 const RESULTS_HEADER: &str = "# pgwake benchmark results\n\n\
-Numbers from the load harness and notes about them. The sections between the harness markers are \
-rewritten by `cargo run -p pgwake-bench --release -- all --write` (or `wake --write`, \
-`queued --write`, `revive --write`); everything outside them is kept, so add notes above or \
-below.\n";
+Numbers from the load harness. `cargo run -p pgwake-bench --release -- report --write` rewrites \
+this whole file (notes come from benches/notes/); a single command with `--write` replaces only \
+its section between the harness markers.\n";
 
 /// `text` with the marked section replaced by `body` (or appended when there is none).
 pub fn replace_section(text: &str, section: Section, body: &str) -> String {
