@@ -403,6 +403,7 @@ fn report(args: &ReportArgs) -> Result<()> {
     let mut command = String::from("cargo run -p pgwake-bench --release -- report");
     for (flag, on) in [
         (" --quick", args.common.quick),
+        (" --no-build", args.common.no_build),
         (" --allow-dirty", args.allow_dirty),
         (" --write", args.common.write),
     ] {
@@ -421,9 +422,15 @@ fn report(args: &ReportArgs) -> Result<()> {
             (
                 "pgwake binary".into(),
                 if args.common.pgwake.is_some() {
-                    "given with --pgwake, the same for every section".into()
+                    "given with `--pgwake`, the same for every section".into()
+                } else if args.common.no_build {
+                    "the release build already in the target folder (`--no-build`), the same \
+                     for every section"
+                        .into()
                 } else {
-                    "release build of this commit, built once at the start (`cargo build --release -p pgwake`), the same for every section".into()
+                    "release build of this commit, built once at the start (`cargo build \
+                     --release -p pgwake`), the same for every section"
+                        .into()
                 },
             ),
             ("CPUs (nproc)".into(), fact("CPUs (nproc)")),
