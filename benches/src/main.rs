@@ -2,9 +2,10 @@
 //! wake latency over sleep/wake cycles of a `local`-backend tenant, and the gateway's memory per
 //! connection queued for a wake.
 //!
-//! `cargo run -p pgwake-bench --release -- all [--quick] [--write] [--reps N]`, or `wake` /
-//! `queued` alone; `http` compares SQL over HTTP with direct queries; `multiplex` runs many
-//! sessions on few backend connections beside PgBouncer's transaction and session modes.
+//! `cargo run -p pgwake-bench --release -- report [--quick] [--write]` measures every section of
+//! `benches/RESULTS.md` in one run at one commit; `relay`, `churn`, `wake`, `revive`, `queued`,
+//! `http`, `fidelity`, `multiplex` and `kube` measure one section each, and `all` the pgbench
+//! comparison, `wake` and `queued`.
 //!
 //! The harness sets everything up in temporary directories, lets pgbench or its own clients
 //! generate the load, reads the proxies' CPU and memory from /proc, and prints a Markdown report.
@@ -27,6 +28,7 @@ mod scenarios;
 mod sql_http;
 mod targets;
 mod wake;
+mod whole;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -37,7 +39,7 @@ use anyhow::{Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand};
 
 use crate::kube_wake::KubeOptions;
-use crate::process::{ProcSample, clock_ticks_per_second, command_output};
+use crate::process::{ProcSample, clock_ticks_per_second, command_output, load_average};
 use crate::queued::QueuedOptions;
 use crate::report::{
     CHURN_SECTION, FIDELITY_SECTION, Facts, HTTP_SECTION, KUBE_SECTION, MULTIPLEX_SECTION,
@@ -60,9 +62,16 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// The whole run: every section of benches/RESULTS.md (`relay`, `churn`, `wake`, `revive`,
+    /// `queued`, `http`, `fidelity`, `multiplex`) one after another with one pgwake binary at
+    /// one commit; `--write` rewrites the whole file with the notes of benches/notes/.
+    Report(ReportArgs),
     /// The pgbench comparison (Postgres, PgBouncer and pgwake on loopback), then `wake` and
     /// `queued`.
     All(AllArgs),
+    /// The pgbench comparison alone: `-S` simple and extended, churn and the one-client round
+    /// trip, each in plaintext and with TLS.
+    Relay(RelayArgs),
     /// Wake latency: sleep/wake cycles of one local-backend tenant, and a Postgres-only floor.
     Wake(WakeArgs),
     /// Gateway memory per connection waiting in a tenant's accept queue.
@@ -227,9 +236,17 @@ impl QueuedFlags {
 }
 
 #[derive(Args)]
-struct AllArgs {
+struct ReportArgs {
     #[command(flatten)]
     common: Common,
+    /// Run even though tracked files differ from HEAD; the header then says so in bold.
+    #[arg(long)]
+    allow_dirty: bool,
+}
+
+/// The pgbench comparison's options.
+#[derive(Args)]
+struct PgbenchFlags {
     /// Repetitions of the whole pgbench scenario list (default 3, or 1 with --quick).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     reps: Option<u32>,
@@ -239,6 +256,22 @@ struct AllArgs {
     /// How pgbench clients log in on every target.
     #[arg(long, value_enum, default_value_t = Auth::Trust)]
     auth: Auth,
+}
+
+#[derive(Args)]
+struct RelayArgs {
+    #[command(flatten)]
+    common: Common,
+    #[command(flatten)]
+    pgbench: PgbenchFlags,
+}
+
+#[derive(Args)]
+struct AllArgs {
+    #[command(flatten)]
+    common: Common,
+    #[command(flatten)]
+    pgbench: PgbenchFlags,
     #[command(flatten)]
     wake: WakeFlags,
     #[command(flatten)]
@@ -305,18 +338,194 @@ const CPU_TAIL: Duration = Duration::from_millis(300);
 
 fn main() -> Result<()> {
     let started = *STARTED.get_or_init(Instant::now);
-    let (common, sections) = match Cli::parse().command {
+    let command = Cli::parse().command;
+    if let Cmd::Report(args) = command {
+        return report(&args);
+    }
+    let (common, sections) = run_command(command, &command_line())?;
+    for (_, text) in &sections {
+        println!("{text}");
+    }
+    if common.write {
+        let path = results_path();
+        let parts: Vec<(Section, &str)> = sections.iter().map(|(s, t)| (*s, t.as_str())).collect();
+        report::write_results_file(&path, &parts)?;
+        progress(format_args!("wrote {}", path.display()));
+    }
+    progress(format_args!("done in {:.0?}", started.elapsed()));
+    Ok(())
+}
+
+fn results_path() -> PathBuf {
+    targets::workspace_root().join("benches").join("RESULTS.md")
+}
+
+/// The whole run: refuses a dirty tree unless allowed, builds pgwake once, runs every section's
+/// command in turn with that binary (as `--no-build --pgwake BINARY`), and prints, or with
+/// `--write` writes, the composed RESULTS.md.
+fn report(args: &ReportArgs) -> Result<()> {
+    let started = Instant::now();
+    let root = targets::workspace_root();
+    let tree = whole::Tree::read(&root);
+    if !tree.changed.is_empty() && !args.allow_dirty {
+        bail!(
+            "tracked files differ from {}: commit them, or pass --allow-dirty to measure anyway \
+             (the report then says so in bold): {}",
+            tree.commit,
+            tree.changed.join("; ")
+        );
+    }
+    let load_start = load_average();
+    let date_start = command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"]);
+    let binary = locate(&args.common).map_err(|e| anyhow!("{e}"))?;
+    let binary_text = binary.to_string_lossy().into_owned();
+    let mut runs = Vec::new();
+    for runner in whole::RUNNERS {
+        let shown = runner.args(args.common.quick);
+        let command = whole::section_command(shown);
+        let mut argv = vec!["pgwake-bench"];
+        argv.extend(shown);
+        argv.extend(["--no-build", "--pgwake", &binary_text]);
+        let parsed = Cli::try_parse_from(argv)?;
+        progress(format_args!("section {}: {command}", runner.key));
+        let before = load_average();
+        let t = Instant::now();
+        let text = match run_command(parsed.command, &command) {
+            Ok((_, sections)) => sections
+                .into_iter()
+                .map(|(_, text)| text)
+                .collect::<Vec<_>>()
+                .join("\n"),
+            Err(e) => format!("## {}\n\nNot measured: {e:#}\n", runner.key),
+        };
+        runs.push(whole::SectionRun {
+            runner: *runner,
+            command,
+            load: (before, load_average()),
+            elapsed: t.elapsed(),
+            text,
+        });
+    }
+    let after = whole::Tree::read(&root);
+    let mut commit = tree.describe();
+    if after != tree {
+        commit.push_str(&format!(
+            "; **the tree changed during the run**, now {}",
+            after.describe()
+        ));
+    }
+    let facts = Facts::collect("", vec![]);
+    let fact = |label: &str| {
+        facts
+            .rows
+            .iter()
+            .find(|(k, _)| *k == label)
+            .map_or("unknown".to_owned(), |(_, v)| v.clone())
+    };
+    let mut command = String::from("cargo run -p pgwake-bench --release -- report");
+    for (flag, on) in [
+        (" --quick", args.common.quick),
+        (" --no-build", args.common.no_build),
+        (" --allow-dirty", args.allow_dirty),
+        (" --write", args.common.write),
+    ] {
+        if on {
+            command.push_str(flag);
+        }
+    }
+    let header = whole::Header {
+        rows: vec![
+            ("command".into(), format!("`{command}`")),
+            (
+                "started".into(),
+                date_start.unwrap_or_else(|| "unknown".into()),
+            ),
+            ("commit".into(), commit),
+            (
+                "pgwake binary".into(),
+                if args.common.pgwake.is_some() {
+                    "given with `--pgwake`, the same for every section".into()
+                } else if args.common.no_build {
+                    "the release build already in the target folder (`--no-build`), the same \
+                     for every section"
+                        .into()
+                } else {
+                    "release build of this commit, built once at the start (`cargo build \
+                     --release -p pgwake`), the same for every section"
+                        .into()
+                },
+            ),
+            ("CPUs (nproc)".into(), fact("CPUs (nproc)")),
+            ("CPU model".into(), fact("CPU model")),
+            ("memory".into(), fact("memory")),
+            ("kernel".into(), fact("kernel")),
+            (
+                "`kernel.sched_autogroup_enabled`".into(),
+                format!(
+                    "{} (with 1, each session has its own CPU share; every server and load \
+                     generator of the run is started by the harness in its own session, see \
+                     the relay section's scheduling row)",
+                    process::autogroup_enabled()
+                ),
+            ),
+            (
+                "total duration".into(),
+                whole::fmt_duration(started.elapsed()),
+            ),
+            (
+                "load average (1/5/15 min)".into(),
+                format!("before {load_start}, after {}", load_average()),
+            ),
+        ],
+    };
+    let path = results_path();
+    let old = std::fs::read_to_string(&path).unwrap_or_default();
+    let notes_dir = root.join("benches").join("notes");
+    let text = whole::compose(&header, &runs, &old, |key| whole::notes(&notes_dir, key));
+    println!("{text}");
+    if args.common.write {
+        std::fs::write(&path, &text)?;
+        progress(format_args!("wrote {}", path.display()));
+    }
+    progress(format_args!(
+        "whole run done in {}",
+        whole::fmt_duration(started.elapsed())
+    ));
+    Ok(())
+}
+
+/// Runs one harness command; returns its options and its report sections. `command` is the
+/// command line shown in the report.
+fn run_command(cmd: Cmd, command: &str) -> Result<(Common, Vec<(Section, String)>)> {
+    Ok(match cmd {
+        Cmd::Report(_) => bail!("report runs the other commands; it is not one of them"),
+        Cmd::Relay(args) => {
+            let binary = locate(&args.common);
+            let section = run_pgbench(
+                &args.common,
+                &args.pgbench,
+                binary.as_deref().map_err(String::as_str),
+                command,
+            )?;
+            (args.common, vec![(PGBENCH_SECTION, section)])
+        }
         Cmd::All(args) => {
             let binary = locate(&args.common);
             let mut sections = vec![(
                 PGBENCH_SECTION,
-                run_pgbench(&args, binary.as_deref().map_err(String::as_str))?,
+                run_pgbench(
+                    &args.common,
+                    &args.pgbench,
+                    binary.as_deref().map_err(String::as_str),
+                    command,
+                )?,
             )];
             sections.push((
                 WAKE_SECTION,
                 run_wake(
                     binary.as_deref().map_err(String::as_str),
                     args.wake.options(args.common.quick),
+                    command,
                 ),
             ));
             sections.push((
@@ -324,6 +533,7 @@ fn main() -> Result<()> {
                 run_queued(
                     binary.as_deref().map_err(String::as_str),
                     args.queued.options(args.common.quick),
+                    command,
                 ),
             ));
             (args.common, sections)
@@ -333,6 +543,7 @@ fn main() -> Result<()> {
             let section = run_wake(
                 binary.as_deref().map_err(String::as_str),
                 args.wake.options(args.common.quick),
+                command,
             );
             (args.common, vec![(WAKE_SECTION, section)])
         }
@@ -341,6 +552,7 @@ fn main() -> Result<()> {
             let section = run_queued(
                 binary.as_deref().map_err(String::as_str),
                 args.queued.options(args.common.quick),
+                command,
             );
             (args.common, vec![(QUEUED_SECTION, section)])
         }
@@ -362,7 +574,7 @@ fn main() -> Result<()> {
             if let Err(e) = &outcome {
                 progress(format_args!("sql over http failed: {e}"));
             }
-            let section = sql_http::render(&local_facts(), &opts, &outcome);
+            let section = sql_http::render(&local_facts(command), &opts, &outcome);
             (args.common, vec![(HTTP_SECTION, section)])
         }
         Cmd::Revive(args) => {
@@ -380,7 +592,7 @@ fn main() -> Result<()> {
             if let Err(e) = &outcome {
                 progress(format_args!("revive failed: {e}"));
             }
-            let section = revive::render(&local_facts(), opts, &outcome);
+            let section = revive::render(&local_facts(command), opts, &outcome);
             (args.common, vec![(REVIVE_SECTION, section)])
         }
         Cmd::Churn(args) => {
@@ -403,7 +615,7 @@ fn main() -> Result<()> {
             if let Err(e) = &outcome {
                 progress(format_args!("churn failed: {e}"));
             }
-            let section = churn::render(&command_line(), opts, &outcome);
+            let section = churn::render(command, opts, &outcome);
             (args.common, vec![(CHURN_SECTION, section)])
         }
         Cmd::Fidelity(args) => {
@@ -422,7 +634,8 @@ fn main() -> Result<()> {
                 .baseline_name
                 .clone()
                 .or_else(|| args.baseline.as_ref().map(|p| p.display().to_string()));
-            let section = fidelity::render(&local_facts(), args.scale, name.as_deref(), &outcome);
+            let section =
+                fidelity::render(&local_facts(command), args.scale, name.as_deref(), &outcome);
             (args.common, vec![(FIDELITY_SECTION, section)])
         }
         Cmd::Multiplex(args) => {
@@ -443,7 +656,7 @@ fn main() -> Result<()> {
             if let Err(e) = &outcome {
                 progress(format_args!("multiplex failed: {e}"));
             }
-            let section = multiplex::render(&command_line(), opts, &outcome);
+            let section = multiplex::render(command, opts, &outcome);
             (args.common, vec![(MULTIPLEX_SECTION, section)])
         }
         Cmd::Scale(args) => {
@@ -477,21 +690,10 @@ fn main() -> Result<()> {
                     .cycles
                     .unwrap_or(if args.common.quick { 5 } else { 20 }),
             };
-            let section = run_kube(binary.as_deref().map_err(String::as_str), opts);
+            let section = run_kube(binary.as_deref().map_err(String::as_str), opts, command);
             (args.common, vec![(KUBE_SECTION, section)])
         }
-    };
-    for (_, text) in &sections {
-        println!("{text}");
-    }
-    if common.write {
-        let path = targets::workspace_root().join("benches").join("RESULTS.md");
-        let parts: Vec<(Section, &str)> = sections.iter().map(|(s, t)| (*s, t.as_str())).collect();
-        report::write_results_file(&path, &parts)?;
-        progress(format_args!("wrote {}", path.display()));
-    }
-    progress(format_args!("done in {:.0?}", started.elapsed()));
-    Ok(())
+    })
 }
 
 /// The pgwake binary (built first unless told not to), or why there is none. Building before
@@ -505,15 +707,15 @@ fn locate(common: &Common) -> Result<PathBuf, String> {
 }
 
 /// Facts for the wake and queued sections: the machine, PostgreSQL and the commit.
-fn local_facts() -> Facts {
+fn local_facts(command: &str) -> Facts {
     let postgres = pgwake_testkit::pg_bin_dir()
         .ok()
         .and_then(|bin| command_output(bin.join("postgres"), &["--version"]))
         .unwrap_or_else(|| "unknown".into());
-    Facts::collect(&command_line(), vec![("PostgreSQL", postgres)])
+    Facts::collect(command, vec![("PostgreSQL", postgres)])
 }
 
-fn run_wake(binary: Result<&Path, &str>, opts: WakeOptions) -> String {
+fn run_wake(binary: Result<&Path, &str>, opts: WakeOptions, command: &str) -> String {
     progress(format_args!(
         "wake latency: {} cycles per transport ...",
         opts.cycles
@@ -525,10 +727,10 @@ fn run_wake(binary: Result<&Path, &str>, opts: WakeOptions) -> String {
     if let Err(e) = &outcome {
         progress(format_args!("wake latency failed: {e}"));
     }
-    wake::render(&local_facts(), opts, &outcome)
+    wake::render(&local_facts(command), opts, &outcome)
 }
 
-fn run_kube(binary: Result<&Path, &str>, opts: KubeOptions) -> String {
+fn run_kube(binary: Result<&Path, &str>, opts: KubeOptions, command: &str) -> String {
     progress(format_args!(
         "kube wake latency: {} cycles per backend ...",
         opts.cycles
@@ -540,10 +742,10 @@ fn run_kube(binary: Result<&Path, &str>, opts: KubeOptions) -> String {
     if let Err(e) = &outcome {
         progress(format_args!("kube wake latency failed: {e}"));
     }
-    kube_wake::render(&local_facts(), opts, &outcome)
+    kube_wake::render(&local_facts(command), opts, &outcome)
 }
 
-fn run_queued(binary: Result<&Path, &str>, opts: QueuedOptions) -> String {
+fn run_queued(binary: Result<&Path, &str>, opts: QueuedOptions, command: &str) -> String {
     progress(format_args!(
         "queued connections: {} clients ...",
         opts.connections
@@ -555,7 +757,7 @@ fn run_queued(binary: Result<&Path, &str>, opts: QueuedOptions) -> String {
     if let Err(e) = &outcome {
         progress(format_args!("queued connections failed: {e}"));
     }
-    queued::render(&local_facts(), &outcome)
+    queued::render(&local_facts(command), &outcome)
 }
 
 /// When the harness started, for the timestamps of its progress lines.
@@ -569,15 +771,20 @@ pub(crate) fn progress(message: impl std::fmt::Display) {
 }
 
 /// The pgbench comparison; returns its report section.
-fn run_pgbench(args: &AllArgs, pgwake: Result<&Path, &str>) -> Result<String> {
-    let quick = args.common.quick;
+fn run_pgbench(
+    common: &Common,
+    args: &PgbenchFlags,
+    pgwake: Result<&Path, &str>,
+    command: &str,
+) -> Result<String> {
+    let quick = common.quick;
     let durations = if quick {
         Durations::QUICK
     } else {
         Durations::FULL
     };
     let reps = args.reps.unwrap_or(if quick { 1 } else { 3 });
-    let command = command_line();
+    let load_before = load_average();
 
     let mut env = Environment::start(args.scale, args.auth, pgwake)?;
     for (kind, why) in &env.skipped {
@@ -603,6 +810,11 @@ fn run_pgbench(args: &AllArgs, pgwake: Result<&Path, &str>) -> Result<String> {
             env.drop_target(target.kind, format!("warm-up run failed: {e:#}"));
         }
     }
+
+    // With autogroup scheduling each session gets its own CPU share: a server that put itself
+    // in a session of its own (a daemonizing PgBouncer, pg_ctl) would compete on other terms.
+    let scheduling = process::same_scheduling(&env.server_pids());
+    progress(format_args!("scheduling: {scheduling}"));
 
     let mut results = Results::default();
     for rep in 0..reps as usize {
@@ -636,8 +848,8 @@ fn run_pgbench(args: &AllArgs, pgwake: Result<&Path, &str>) -> Result<String> {
         }
     }
 
-    let facts = Facts::collect(
-        &command,
+    let mut facts = Facts::collect(
+        command,
         vec![
             ("PostgreSQL", env.postgres_version.clone()),
             (
@@ -652,6 +864,17 @@ fn run_pgbench(args: &AllArgs, pgwake: Result<&Path, &str>) -> Result<String> {
             ),
         ],
     );
+    facts.rows.push((
+        "scheduling",
+        format!(
+            "`kernel.sched_autogroup_enabled` = {}; {scheduling}",
+            process::autogroup_enabled()
+        ),
+    ));
+    facts.rows.push((
+        "load average (1/5/15 min)",
+        format!("before {load_before}, after {}", load_average()),
+    ));
     let measured: Vec<TargetKind> = env.targets.iter().map(|t| t.kind).collect();
     let report = report::render(
         &ReportInput {

@@ -179,6 +179,53 @@ pub fn clock_ticks_per_second() -> u64 {
         .unwrap_or(100)
 }
 
+/// The scheduler autogroup of a process (e.g. `/autogroup-42`), from `/proc/PID/autogroup`.
+/// With autogroup scheduling on, each session (setsid) gets its own CPU share, so processes
+/// compared with each other must share one; `None` when the file is missing.
+pub fn autogroup(pid: u32) -> Option<String> {
+    let text = fs::read_to_string(format!("/proc/{pid}/autogroup")).ok()?;
+    text.split_whitespace().next().map(str::to_owned)
+}
+
+/// `/proc/sys/kernel/sched_autogroup_enabled` as written there ("1" on, "0" off).
+pub fn autogroup_enabled() -> String {
+    fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "unknown (no /proc/sys/kernel/sched_autogroup_enabled)".into())
+}
+
+/// Checks that every `(name, pid)` runs in the harness's own autogroup; returns a sentence for
+/// the report, loud when one does not.
+pub fn same_scheduling(processes: &[(String, u32)]) -> String {
+    let own = autogroup(std::process::id());
+    let odd: Vec<String> = processes
+        .iter()
+        .filter_map(|(name, pid)| {
+            let theirs = autogroup(*pid);
+            (theirs != own).then(|| {
+                format!(
+                    "{name} (pid {pid}) in {}",
+                    theirs.as_deref().unwrap_or("unknown")
+                )
+            })
+        })
+        .collect();
+    let names: Vec<&str> = processes.iter().map(|(n, _)| n.as_str()).collect();
+    if odd.is_empty() {
+        format!(
+            "{} share the harness's autogroup ({}); pgbench is the harness's own child",
+            names.join(", "),
+            own.as_deref().unwrap_or("no autogroup")
+        )
+    } else {
+        format!(
+            "**NOT the same scheduling**: harness in {}, {}",
+            own.as_deref().unwrap_or("unknown"),
+            odd.join(", ")
+        )
+    }
+}
+
 /// Output of a command's stdout, trimmed, or `None` if it could not run or failed.
 pub fn command_output(program: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> Option<String> {
     let out = Command::new(program).args(args).output().ok()?;
@@ -203,6 +250,12 @@ mod tests {
     fn rss_is_read_from_status() {
         let status = "Name:\tpgbouncer\nVmPeak:\t  9000 kB\nVmRSS:\t    5120 kB\nThreads:\t1\n";
         assert_eq!(parse_status_rss_kib(status), Some(5120));
+    }
+
+    #[test]
+    fn own_children_share_the_autogroup() {
+        let line = same_scheduling(&[("this process".into(), std::process::id())]);
+        assert!(!line.contains("NOT"), "{line}");
     }
 
     #[test]

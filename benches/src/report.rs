@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 
 use crate::process::command_output;
-use crate::scenarios::{LATER, Metric, Scenario};
+use crate::scenarios::{Goal, Metric, Scenario};
 use crate::targets::TargetKind;
 
 /// A part of RESULTS.md that the harness rewrites, between two marker comments.
@@ -265,7 +265,10 @@ pub struct ReportInput<'a> {
 /// The Markdown report: facts, the results table, what was skipped and what went wrong.
 pub fn render(input: &ReportInput<'_>, results: &Results) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "## Load harness results\n");
+    let _ = writeln!(
+        out,
+        "## Relay: Postgres direct, PgBouncer and pgwake under pgbench\n"
+    );
     let _ = writeln!(out, "| fact | value |\n|---|---|");
     for (k, v) in &input.facts.rows {
         let _ = writeln!(out, "| {k} | {} |", cell(v));
@@ -279,9 +282,9 @@ pub fn render(input: &ReportInput<'_>, results: &Results) -> String {
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "| # | scenario | target | median | min–max | vs direct | vs PgBouncer | failed tx | \
-         proxy CPU µs/tx | proxy RSS MiB |\n\
-         |---|---|---|---:|---:|---:|---:|---:|---:|---:|"
+        "| # | scenario | transport | target | median | min–max | vs direct | vs PgBouncer | \
+         failed tx | proxy CPU µs/tx | proxy RSS MiB |\n\
+         |---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
     );
     for s in input.scenarios {
         for kind in TargetKind::ALL {
@@ -294,8 +297,22 @@ pub fn render(input: &ReportInput<'_>, results: &Results) -> String {
         "Median and min–max over repetitions. Ratios divide this row's median by the reference \
          target's median: above 1.00× is better for tps, worse for latency. Proxy CPU is the \
          proxy process's utime+stime during the run divided by transactions; RSS is VmRSS at the \
-         end of the run (both medians; direct Postgres has no proxy).\n"
+         end of the run (both medians; direct Postgres has no proxy). TLS: `sslmode=require` \
+         against all three, each serving the same ECDSA P-256 certificate.\n"
     );
+    let checks = checks(input.scenarios, results);
+    if !checks.is_empty() {
+        let _ = writeln!(
+            out,
+            "Issue 17's acceptance checks, computed from the medians above:\n\n\
+             | # | check | pgwake | PgBouncer | ratio | goal | result |\n\
+             |---|---|---:|---:|---:|---|---|"
+        );
+        for c in &checks {
+            let _ = writeln!(out, "{}", c.row());
+        }
+        let _ = writeln!(out);
+    }
     let _ = writeln!(
         out,
         "Commands (connection settings come from PG* variables):\n"
@@ -308,10 +325,6 @@ pub fn render(input: &ReportInput<'_>, results: &Results) -> String {
             s.command_line(),
             s.sslmode
         );
-    }
-    let _ = writeln!(out, "\nNot measured yet:\n");
-    for l in LATER {
-        let _ = writeln!(out, "- {}: {}", l.name, l.skip_reason());
     }
     if !input.skipped.is_empty() {
         let _ = writeln!(out, "\nTargets skipped:\n");
@@ -329,12 +342,121 @@ pub fn render(input: &ReportInput<'_>, results: &Results) -> String {
     out
 }
 
+/// One acceptance check of issue 17: a pgwake median against PgBouncer's in one scenario.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Check {
+    /// The scenario's number.
+    pub scenario: u8,
+    /// What is compared, e.g. "simple protocol, plaintext: tps".
+    pub what: String,
+    /// pgwake's median, `None` when it has no successful run.
+    pub pgwake: Option<f64>,
+    /// PgBouncer's median, `None` when it has no successful run.
+    pub pgbouncer: Option<f64>,
+    /// The goal as text, e.g. "≥ 1.15×".
+    pub goal: String,
+    /// Whether the ratio meets the goal; `None` when a figure is missing.
+    pub pass: Option<bool>,
+}
+
+impl Check {
+    fn new(
+        scenario: &Scenario,
+        measure: &str,
+        pgwake: Option<f64>,
+        pgbouncer: Option<f64>,
+        at_least: bool,
+        limit: f64,
+    ) -> Check {
+        let ratio = pgwake
+            .zip(pgbouncer.filter(|b| *b > 0.0))
+            .map(|(w, b)| w / b);
+        Check {
+            scenario: scenario.number,
+            what: format!("{}, {}: {measure}", scenario.name, scenario.transport()),
+            pgwake,
+            pgbouncer,
+            goal: format!("{} {limit:.2}×", if at_least { "≥" } else { "≤" }),
+            pass: ratio.map(|r| if at_least { r >= limit } else { r <= limit }),
+        }
+    }
+
+    fn row(&self) -> String {
+        let shown = |v: Option<f64>| v.map_or("—".to_owned(), |v| format!("{v:.1}"));
+        let ratio = self
+            .pgwake
+            .zip(self.pgbouncer.filter(|b| *b > 0.0))
+            .map_or("—".to_owned(), |(w, b)| format!("{:.2}×", w / b));
+        let result = match self.pass {
+            Some(true) => "PASS",
+            Some(false) => "**FAIL**",
+            None => "not measured",
+        };
+        format!(
+            "| {} | {} | {} | {} | {ratio} | {} | {result} |",
+            self.scenario,
+            self.what,
+            shown(self.pgwake),
+            shown(self.pgbouncer),
+            self.goal
+        )
+    }
+}
+
+/// The acceptance checks of every scenario with a goal, from the medians of its runs.
+pub fn checks(scenarios: &[Scenario], results: &Results) -> Vec<Check> {
+    let cpu = |s: &Scenario, kind| {
+        median(
+            &results
+                .ok(s.number, kind)
+                .iter()
+                .filter_map(|m| m.proxy_cpu_us_per_tx)
+                .collect::<Vec<_>>(),
+        )
+    };
+    let mut out = Vec::new();
+    for s in scenarios {
+        let value = |kind| results.median_value(s.number, kind);
+        match s.goal {
+            None => {}
+            Some(Goal::Relay { min_tps, max_cpu }) => {
+                out.push(Check::new(
+                    s,
+                    "tps",
+                    value(TargetKind::Pgwake),
+                    value(TargetKind::PgBouncer),
+                    true,
+                    min_tps,
+                ));
+                out.push(Check::new(
+                    s,
+                    "proxy CPU µs/tx",
+                    cpu(s, TargetKind::Pgwake),
+                    cpu(s, TargetKind::PgBouncer),
+                    false,
+                    max_cpu,
+                ));
+            }
+            Some(Goal::RoundTrip { max_latency }) => out.push(Check::new(
+                s,
+                "µs per round trip",
+                value(TargetKind::Pgwake),
+                value(TargetKind::PgBouncer),
+                false,
+                max_latency,
+            )),
+        }
+    }
+    out
+}
+
 fn row(input: &ReportInput<'_>, results: &Results, s: &Scenario, kind: TargetKind) -> String {
     let head = format!(
-        "| {} | {} ({}) | {kind} |",
+        "| {} | {} ({}) | {} | {kind} |",
         s.number,
         s.name,
-        s.metric.unit()
+        s.metric.unit(),
+        s.transport()
     );
     if !input.measured.contains(&kind) {
         return format!("{head} skipped | | | | | | |");
@@ -418,10 +540,9 @@ pub fn write_results_file(path: &Path, sections: &[(Section, &str)]) -> Result<(
 }
 
 const RESULTS_HEADER: &str = "# pgwake benchmark results\n\n\
-Numbers from the load harness and notes about them. The sections between the harness markers are \
-rewritten by `cargo run -p pgwake-bench --release -- all --write` (or `wake --write`, \
-`queued --write`, `revive --write`); everything outside them is kept, so add notes above or \
-below.\n";
+Numbers from the load harness. `cargo run -p pgwake-bench --release -- report --write` rewrites \
+this whole file (notes come from benches/notes/); a single command with `--write` replaces only \
+its section between the harness markers.\n";
 
 /// `text` with the marked section replaced by `body` (or appended when there is none).
 pub fn replace_section(text: &str, section: Section, body: &str) -> String {
@@ -554,5 +675,65 @@ mod tests {
         );
         assert!(text.contains("| pgwake | skipped |"), "{text}");
         assert!(text.contains("- pgwake: binary missing"), "{text}");
+    }
+
+    #[test]
+    fn acceptance_checks_are_computed_from_the_medians() {
+        let scenarios = crate::scenarios::scenarios(crate::scenarios::Durations::QUICK);
+        let simple_tls = scenarios
+            .iter()
+            .find(|s| s.name.contains("simple") && s.sslmode == "require")
+            .unwrap();
+        let round_trip = scenarios
+            .iter()
+            .find(|s| s.metric == Metric::LatencyUs && s.sslmode == "disable")
+            .unwrap();
+        let mut results = Results::default();
+        let m = |value, cpu| Measurement {
+            value,
+            failed: 0,
+            proxy_cpu_us_per_tx: Some(cpu),
+            proxy_rss_kib: Some(1024),
+        };
+        // Throughput 1.20× PgBouncer (passes ≥ 1.15×), CPU 0.90× (fails ≤ 0.8×).
+        results.record(
+            simple_tls.number,
+            TargetKind::PgBouncer,
+            Ok(m(1000.0, 20.0)),
+        );
+        results.record(simple_tls.number, TargetKind::Pgwake, Ok(m(1200.0, 18.0)));
+        // Round trip 90 µs against 100: passes.
+        results.record(round_trip.number, TargetKind::PgBouncer, Ok(m(100.0, 40.0)));
+        results.record(round_trip.number, TargetKind::Pgwake, Ok(m(90.0, 30.0)));
+        let checks = checks(&scenarios, &results);
+        // Simple and extended, plaintext and TLS, two checks each; two round trips.
+        assert_eq!(checks.len(), 10);
+        let find = |number, what: &str| {
+            checks
+                .iter()
+                .find(|c| c.scenario == number && c.what.ends_with(what))
+                .unwrap()
+        };
+        let tps = find(simple_tls.number, ": tps");
+        assert_eq!(tps.pass, Some(true));
+        assert_eq!(
+            tps.row(),
+            format!(
+                "| {} | select-only, simple protocol, TLS: tps | 1200.0 | 1000.0 | 1.20× | ≥ 1.15× | PASS |",
+                simple_tls.number
+            )
+        );
+        let cpu = find(simple_tls.number, "CPU µs/tx");
+        assert_eq!(cpu.pass, Some(false));
+        assert!(
+            cpu.row().ends_with("| 0.90× | ≤ 0.80× | **FAIL** |"),
+            "{}",
+            cpu.row()
+        );
+        assert_eq!(find(round_trip.number, "round trip").pass, Some(true));
+        // Scenarios nobody measured are reported as such, not as passed or failed.
+        let untouched = checks.iter().filter(|c| c.pass.is_none()).count();
+        assert_eq!(untouched, 7);
+        assert!(checks.iter().any(|c| c.row().ends_with("| not measured |")));
     }
 }

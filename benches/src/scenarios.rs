@@ -1,5 +1,5 @@
-//! What the pgbench part of the harness measures: the scenarios that run today and the ones that
-//! wait for gateway features.
+//! What the pgbench part of the harness (the relay section) measures, and what issue 17 asks of
+//! pgwake in each scenario.
 
 use crate::pgbench::SELECT1_SCRIPT;
 
@@ -15,13 +15,13 @@ pub struct Durations {
 }
 
 impl Durations {
-    /// The documented durations: 20 s per throughput run, 10 s for the round trip.
+    /// The documented durations: 10 s per run (issue 17's setup).
     pub const FULL: Durations = Durations {
-        load_secs: 20,
+        load_secs: 10,
         round_trip_secs: 10,
         warmup_secs: 3,
     };
-    /// Short runs so that `--quick` finishes in well under three minutes.
+    /// Short runs for `--quick`: 5 s each, so the relay section takes about three minutes.
     pub const QUICK: Durations = Durations {
         load_secs: 5,
         round_trip_secs: 5,
@@ -63,16 +63,54 @@ pub struct Scenario {
     pub builtin_script: bool,
     /// pgbench arguments (the connection comes from the environment).
     pub args: Vec<String>,
+    /// What pgwake must reach against PgBouncer here, if anything.
+    pub goal: Option<Goal>,
 }
 
 impl Scenario {
+    /// "plaintext" or "TLS", from the client's sslmode.
+    pub fn transport(&self) -> &'static str {
+        if self.sslmode == "disable" {
+            "plaintext"
+        } else {
+            "TLS"
+        }
+    }
+
     /// The pgbench command line as a person would type it, for the README and the table notes.
     pub fn command_line(&self) -> String {
         format!("pgbench {}", self.args.join(" "))
     }
 }
 
-/// The scenarios of issue 3, in table order.
+/// What issue 17 asks of pgwake against PgBouncer in a scenario, checked from the figures.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Goal {
+    /// Throughput at least `min_tps` × PgBouncer's, proxy CPU per transaction at most
+    /// `max_cpu` × PgBouncer's.
+    Relay {
+        /// Minimum ratio of medians, pgwake tps / PgBouncer tps.
+        min_tps: f64,
+        /// Maximum ratio of medians, pgwake CPU µs/tx / PgBouncer's.
+        max_cpu: f64,
+    },
+    /// Latency at most `max_latency` × PgBouncer's.
+    RoundTrip {
+        /// Maximum ratio of medians, pgwake latency / PgBouncer latency.
+        max_latency: f64,
+    },
+}
+
+/// Issue 17's relay goal for `-S` simple and extended, plaintext and TLS.
+const RELAY_GOAL: Goal = Goal::Relay {
+    min_tps: 1.15,
+    max_cpu: 0.8,
+};
+/// Issue 17's goal for the one-client round trip: no slower than PgBouncer.
+const ROUND_TRIP_GOAL: Goal = Goal::RoundTrip { max_latency: 1.0 };
+
+/// The scenarios in table order: each shape in plaintext and then with TLS on every target
+/// (`sslmode=require`).
 pub fn scenarios(d: Durations) -> Vec<Scenario> {
     let t = d.load_secs.to_string();
     let load = |extra: &[&str]| -> Vec<String> {
@@ -82,58 +120,69 @@ pub fn scenarios(d: Durations) -> Vec<Scenario> {
         a.extend(["-c", "16", "-j", "2", "-T", &t].map(String::from));
         a
     };
-    vec![
-        Scenario {
-            number: 1,
-            name: "select-only, simple protocol",
-            metric: Metric::Tps,
-            sslmode: "disable",
-            builtin_script: true,
-            args: load(&["-S", "-M", "simple"]),
-        },
-        Scenario {
-            number: 2,
-            name: "select-only, extended protocol",
-            metric: Metric::Tps,
-            sslmode: "disable",
-            builtin_script: true,
-            args: load(&["-S", "-M", "extended"]),
-        },
-        Scenario {
-            number: 3,
-            name: "connection churn, plaintext",
-            metric: Metric::Tps,
-            sslmode: "disable",
-            builtin_script: true,
-            args: load(&["-C", "-S"]),
-        },
-        Scenario {
-            number: 4,
-            name: "connection churn, TLS",
-            metric: Metric::Tps,
-            sslmode: "require",
-            builtin_script: true,
-            args: load(&["-C", "-S"]),
-        },
-        Scenario {
-            number: 5,
-            name: "single-client round trip (SELECT 1)",
-            metric: Metric::LatencyUs,
-            sslmode: "disable",
-            builtin_script: false,
-            args: vec![
-                "-n".into(),
-                "-c".into(),
-                "1".into(),
-                "-j".into(),
-                "1".into(),
-                "-T".into(),
-                d.round_trip_secs.to_string(),
-                "-f".into(),
-                SELECT1_SCRIPT.into(),
-            ],
-        },
+    let round_trip: Vec<String> = [
+        "-n",
+        "-c",
+        "1",
+        "-j",
+        "1",
+        "-T",
+        &d.round_trip_secs.to_string(),
+        "-f",
+        SELECT1_SCRIPT,
     ]
+    .map(String::from)
+    .to_vec();
+    let shape = |name, metric, builtin_script, args, goal| Scenario {
+        number: 0,
+        name,
+        metric,
+        sslmode: "disable",
+        builtin_script,
+        args,
+        goal,
+    };
+    let shapes = [
+        shape(
+            "select-only, simple protocol",
+            Metric::Tps,
+            true,
+            load(&["-S", "-M", "simple"]),
+            Some(RELAY_GOAL),
+        ),
+        shape(
+            "select-only, extended protocol",
+            Metric::Tps,
+            true,
+            load(&["-S", "-M", "extended"]),
+            Some(RELAY_GOAL),
+        ),
+        shape(
+            "connection churn (passthrough login)",
+            Metric::Tps,
+            true,
+            load(&["-C", "-S"]),
+            None,
+        ),
+        shape(
+            "one-client round trip (SELECT 1)",
+            Metric::LatencyUs,
+            false,
+            round_trip,
+            Some(ROUND_TRIP_GOAL),
+        ),
+    ];
+    let mut out: Vec<Scenario> = Vec::new();
+    for shape in shapes {
+        for sslmode in ["disable", "require"] {
+            out.push(Scenario {
+                number: out.len() as u8 + 1,
+                sslmode,
+                ..shape.clone()
+            });
+        }
+    }
+    out
 }
 
 /// The warm-up run made once per target: it fills caches and pools, and proves the target
@@ -152,47 +201,3 @@ pub fn warmup_args(d: Durations) -> Vec<String> {
     .map(String::from)
     .to_vec()
 }
-
-/// A scenario the issue asks for that needs a gateway feature not built yet. Listed, never faked.
-#[derive(Clone, Copy, Debug)]
-pub struct Later {
-    /// What would be measured.
-    pub name: &'static str,
-    /// The missing feature.
-    pub needs: &'static str,
-    /// The issue that builds it, once it has a number.
-    pub issue: Option<u32>,
-}
-
-impl Later {
-    /// "skipped: needs <feature> (issue N)".
-    pub fn skip_reason(&self) -> String {
-        match self.issue {
-            Some(n) => format!("skipped: needs {} (issue {n})", self.needs),
-            None => format!("skipped: needs {} (a later issue)", self.needs),
-        }
-    }
-}
-
-/// Scenarios that wait for later gateway features. (Wake latency and the memory of connections
-/// queued for a wake are measured by the `wake` and `queued` commands.)
-pub const LATER: &[Later] = &[
-    Later {
-        // Unlike a connection queued for a wake, a parked session has logged in and holds its
-        // session state while its backend connection is closed.
-        name: "parked-session memory: gateway RSS per logged-in idle session whose backend \
-               connection was closed",
-        needs: "park/revive of idle sessions",
-        issue: None,
-    },
-    Later {
-        name: "HTTP /sql: queries per second and latency over POST /sql",
-        needs: "the HTTP /sql endpoint",
-        issue: None,
-    },
-    Later {
-        name: "revival latency: first query after a parked session is logged back in",
-        needs: "park/revive with revival tokens",
-        issue: None,
-    },
-];

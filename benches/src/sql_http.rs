@@ -278,7 +278,8 @@ async fn http_loop(port: u16, conn_string: &str, deadline: Instant) -> Result<Ve
         response.resize(length, 0);
         conn.read_exact(&mut response).await?;
         latencies.push(t.elapsed().as_secs_f64() * 1e6);
-        if !response.starts_with(br#"{"command":"SELECT""#) {
+        // The gateway streams rows, so `fields` may come before `command`.
+        if !String::from_utf8_lossy(&response).contains(r#""command":"SELECT""#) {
             bail!("unexpected body {:?}", String::from_utf8_lossy(&response));
         }
     }

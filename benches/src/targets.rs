@@ -371,6 +371,23 @@ impl Environment {
             .ok_or_else(|| anyhow!("no direct target"))
     }
 
+    /// The measured servers' processes (Postgres's postmaster and the proxies), named for the
+    /// report's scheduling check.
+    pub fn server_pids(&self) -> Vec<(String, u32)> {
+        let mut out: Vec<(String, u32)> = self
+            .postgres
+            .pid()
+            .map(|p| ("direct Postgres".to_owned(), p))
+            .into_iter()
+            .collect();
+        out.extend(
+            self.targets
+                .iter()
+                .filter_map(|t| Some((t.kind.to_string(), t.proxy_pid?))),
+        );
+        out
+    }
+
     /// Takes a target out of the measured set, e.g. when its warm-up run fails.
     pub fn drop_target(&mut self, kind: TargetKind, reason: String) {
         self.targets.retain(|t| t.kind != kind);
