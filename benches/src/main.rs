@@ -680,7 +680,10 @@ fn run_command(cmd: Cmd, command: &str) -> Result<(Common, Vec<(Section, String)
             }
             (
                 args.common,
-                vec![(SCALE_SECTION, scale::render(&local_facts(), &outcome))],
+                vec![(
+                    SCALE_SECTION,
+                    scale::render(&local_facts(command), &outcome),
+                )],
             )
         }
         Cmd::Kube(args) => {
