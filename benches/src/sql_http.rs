@@ -1,6 +1,8 @@
 //! SQL over HTTP: `POST /sql` with `SELECT 1` on keep-alive connections against a woken
 //! `local`-backend tenant, beside tokio-postgres running the same query in a loop directly on
-//! the tenant's Postgres and through the gateway's Postgres listener, in the same run.
+//! the tenant's Postgres, through the gateway's Postgres listener and through its WebSocket
+//! endpoint (Postgres over WebSocket, as the serverless driver's `Pool`/`Client` use it), in the
+//! same run.
 //!
 //! Every client runs requests back to back for a fixed time and records each one's latency;
 //! requests/s is the count over the time, p50/p99 come from the recorded latencies. All three
@@ -8,12 +10,16 @@
 //! gateway sends Parse/Bind/Execute/Sync in one write).
 
 use std::fmt::Write as _;
+use std::pin::Pin;
+use std::task::{Poll, ready};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
+use futures_util::Sink;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio_postgres::NoTls;
+use tokio_tungstenite::tungstenite::Message;
 
 use crate::client::Login;
 use crate::gateway::{LocalGateway, Spec};
@@ -29,7 +35,7 @@ pub struct HttpOptions {
     pub clients: Vec<usize>,
 }
 
-/// The three ways of running `SELECT 1`.
+/// The ways of running `SELECT 1`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Way {
     /// tokio-postgres straight to the tenant's Postgres.
@@ -38,6 +44,8 @@ pub enum Way {
     GatewayTcp,
     /// `POST /sql` on the gateway's HTTP listener, keep-alive.
     GatewayHttp,
+    /// tokio-postgres over a WebSocket to the gateway's HTTP listener.
+    GatewayWs,
 }
 
 impl Way {
@@ -46,6 +54,7 @@ impl Way {
             Way::Direct => "Postgres direct (tokio-postgres)",
             Way::GatewayTcp => "pgwake Postgres listener (tokio-postgres)",
             Way::GatewayHttp => "pgwake `POST /sql` (HTTP/1.1 keep-alive)",
+            Way::GatewayWs => "pgwake WebSocket (tokio-postgres over tokio-tungstenite)",
         }
     }
 }
@@ -114,13 +123,23 @@ pub fn run(binary: &std::path::Path, opts: &HttpOptions) -> Result<HttpResults> 
     );
     let clk_tck = clock_ticks_per_second();
     let mut rows = Vec::new();
-    for way in [Way::Direct, Way::GatewayTcp, Way::GatewayHttp] {
+    let ways = [
+        Way::Direct,
+        Way::GatewayTcp,
+        Way::GatewayHttp,
+        Way::GatewayWs,
+    ];
+    for way in ways {
         let target = match way {
             Way::Direct => Target::Postgres(direct.clone()),
             Way::GatewayTcp => Target::Postgres(login.clone()),
             Way::GatewayHttp => Target::Http {
                 port: http_port,
                 conn_string: conn_string.clone(),
+            },
+            Way::GatewayWs => Target::Ws {
+                port: http_port,
+                login: login.clone(),
             },
         };
         rt.block_on(measure(&target, 1, WARMUP))
@@ -179,6 +198,7 @@ fn postgres_port(gw: &LocalGateway) -> Result<u16> {
 enum Target {
     Postgres(Login),
     Http { port: u16, conn_string: String },
+    Ws { port: u16, login: Login },
 }
 
 /// Runs `clients` loops for `duration`; returns the queries done, their latencies in µs and
@@ -199,6 +219,7 @@ async fn measure(
                     Target::Http { port, conn_string } => {
                         http_loop(port, &conn_string, deadline).await
                     }
+                    Target::Ws { port, login } => ws_loop(port, &login, deadline).await,
                 }
             })
         })
@@ -221,6 +242,15 @@ async fn postgres_loop(login: &Login, deadline: Instant) -> Result<Vec<f64>> {
         .ssl_mode(tokio_postgres::config::SslMode::Disable);
     let (client, conn) = config.connect(NoTls).await.context("connect")?;
     let driver = tokio::spawn(conn);
+    select_loop(client, driver, deadline).await
+}
+
+/// Runs a prepared `SELECT 1` on `client` until `deadline`; returns the latencies in µs.
+async fn select_loop(
+    client: tokio_postgres::Client,
+    driver: tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>,
+    deadline: Instant,
+) -> Result<Vec<f64>> {
     let statement = client.prepare("SELECT 1").await?;
     let mut latencies = Vec::new();
     while Instant::now() < deadline {
@@ -234,6 +264,101 @@ async fn postgres_loop(login: &Login, deadline: Instant) -> Result<Vec<f64>> {
     drop(client);
     let _ = driver.await;
     Ok(latencies)
+}
+
+/// tokio-postgres over a WebSocket to the gateway's HTTP listener, as the serverless driver
+/// tunnels the protocol (binary frames; the gateway asks for the password in the clear).
+async fn ws_loop(port: u16, login: &Login, deadline: Instant) -> Result<Vec<f64>> {
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await?;
+    tcp.set_nodelay(true)?;
+    let (ws, _) = tokio_tungstenite::client_async(format!("ws://localhost:{port}/v2"), tcp)
+        .await
+        .context("websocket handshake")?;
+    let mut config = tokio_postgres::Config::new();
+    config
+        .user(&login.user)
+        .password(&login.password)
+        .dbname(&login.dbname)
+        .ssl_mode(tokio_postgres::config::SslMode::Disable);
+    let (client, conn) = config
+        .connect_raw(WsBytes::new(ws), NoTls)
+        .await
+        .context("log in over the websocket")?;
+    let driver = tokio::spawn(conn);
+    select_loop(client, driver, deadline).await
+}
+
+/// A client WebSocket as a byte stream: writes go out as binary frames, binary frames are read
+/// back as bytes.
+struct WsBytes {
+    ws: tokio_tungstenite::WebSocketStream<TcpStream>,
+    pending: bytes::Bytes,
+}
+
+impl WsBytes {
+    fn new(ws: tokio_tungstenite::WebSocketStream<TcpStream>) -> Self {
+        WsBytes {
+            ws,
+            pending: bytes::Bytes::new(),
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for WsBytes {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        use futures_util::Stream as _;
+        let this = self.get_mut();
+        loop {
+            if !this.pending.is_empty() {
+                let n = this.pending.len().min(buf.remaining());
+                buf.put_slice(&this.pending.split_to(n));
+                return Poll::Ready(Ok(()));
+            }
+            match ready!(Pin::new(&mut this.ws).poll_next(cx)) {
+                Some(Ok(Message::Binary(data))) => this.pending = data,
+                Some(Ok(Message::Close(_))) | None => return Poll::Ready(Ok(())),
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Poll::Ready(Err(std::io::Error::other(e))),
+            }
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for WsBytes {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        ready!(Pin::new(&mut this.ws).poll_ready(cx)).map_err(std::io::Error::other)?;
+        Pin::new(&mut this.ws)
+            .start_send(Message::Binary(bytes::Bytes::copy_from_slice(buf)))
+            .map_err(std::io::Error::other)?;
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().ws)
+            .poll_flush(cx)
+            .map_err(std::io::Error::other)
+    }
+
+    fn poll_shutdown(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().ws)
+            .poll_close(cx)
+            .map_err(std::io::Error::other)
+    }
 }
 
 async fn http_loop(port: u16, conn_string: &str, deadline: Instant) -> Result<Vec<f64>> {
@@ -278,8 +403,7 @@ async fn http_loop(port: u16, conn_string: &str, deadline: Instant) -> Result<Ve
         response.resize(length, 0);
         conn.read_exact(&mut response).await?;
         latencies.push(t.elapsed().as_secs_f64() * 1e6);
-        // The gateway streams rows, so `fields` may come before `command`.
-        if !String::from_utf8_lossy(&response).contains(r#""command":"SELECT""#) {
+        if !response.windows(18).any(|w| w == br#""command":"SELECT""#) {
             bail!("unexpected body {:?}", String::from_utf8_lossy(&response));
         }
     }
@@ -302,7 +426,8 @@ pub fn render(facts: &Facts, opts: &HttpOptions, outcome: &Result<HttpResults, S
         "\nEach row: that many clients run `SELECT 1` back to back for {:.0} s against a woken \
          `local` tenant (plaintext, loopback, client and servers on the same CPUs). The HTTP \
          client keeps its connection alive and asks for raw text and array mode, as the \
-         serverless driver does; tokio-postgres uses a prepared statement. Ratio: requests/s \
+         serverless driver does; tokio-postgres uses a prepared statement, over TCP or tunnelled \
+         through a WebSocket to the HTTP listener (binary frames, as the driver's `Pool` sends). Ratio: requests/s \
          relative to Postgres direct with the same number of clients. Gateway CPU: user + \
          system time of the pgwake process per query.\n",
         opts.duration.as_secs_f64()

@@ -174,6 +174,38 @@ fn oversize_request_and_response_leave_the_pool_healthy() {
         body.contains("\\\"$user\\\", public") || body.contains("\"$user\", public"),
         "{body}"
     );
+    // Also when the change hides in a query (no SET, no parameter report): the statement is
+    // not provably stateless, so the connection is reset before the next request.
+    let (status, body) = post_sql(
+        http,
+        &conn,
+        &query_body("select set_config('search_path', 'elsewhere', false) as v"),
+    );
+    assert_eq!(status, 200, "{body}");
+    let (_, body) = post_sql(http, &conn, &query_body("show search_path"));
+    assert!(!body.contains("elsewhere"), "{body}");
+    // Plain queries skip the reset; types and NULLs come out as before.
+    for _ in 0..2 {
+        let (status, body) = post_sql(
+            http,
+            &conn,
+            &query_body(
+                "select 1::int2 as a, 2.5::float8 as b, true as c, null::text as d,                  '{\"k\": [1]}'::jsonb as e, 12345678901234::int8 as f, 'x\"y' as g",
+            ),
+        );
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            v["rows"][0],
+            serde_json::json!({"a": 1, "b": 2.5, "c": true, "d": null, "e": {"k": [1]},
+                "f": "12345678901234", "g": "x\"y"}),
+            "{body}"
+        );
+        assert_eq!(v["fields"][0]["dataTypeID"], 21, "{body}");
+        assert_eq!(v["fields"][0]["name"], "a", "{body}");
+        assert_eq!(v["fields"][0]["format"], "text", "{body}");
+    }
+    assert_eq!(gw.metric("pgwake_http_pool_connections"), 1.0);
 
     // The backend's own login refusal reaches the client: an unknown database.
     let (status, body) = post_sql(

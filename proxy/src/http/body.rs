@@ -12,12 +12,15 @@ pub struct Statement {
     pub params: Vec<Option<String>>,
 }
 
-/// The body: one statement, or a batch.
+/// The body: `queries` for a batch, else `query` and `params` for one statement. One struct
+/// rather than an untagged enum, which would build (and drop) an error for every single
+/// statement on its way to the second variant.
 #[derive(Deserialize)]
-#[serde(untagged)]
-enum Payload {
-    Batch { queries: Vec<QueryJson> },
-    Single(QueryJson),
+struct Payload {
+    queries: Option<Vec<QueryJson>>,
+    query: Option<String>,
+    #[serde(default)]
+    params: Vec<Value>,
 }
 
 #[derive(Deserialize)]
@@ -50,11 +53,19 @@ impl QueryJson {
 /// The statements of a request body, `{"query", "params"}` or `{"queries": [...]}`, and whether
 /// it is a batch (run in one transaction).
 pub fn parse(body: &[u8]) -> Result<(Vec<Statement>, bool), serde_json::Error> {
-    Ok(match serde_json::from_slice(body)? {
-        Payload::Single(q) => (vec![q.statement()], false),
-        Payload::Batch { queries } => (
+    let payload: Payload = serde_json::from_slice(body)?;
+    if let Some(queries) = payload.queries {
+        return Ok((
             queries.into_iter().map(QueryJson::statement).collect(),
             true,
-        ),
-    })
+        ));
+    }
+    let query = payload
+        .query
+        .ok_or_else(|| <serde_json::Error as serde::de::Error>::missing_field("query"))?;
+    let single = QueryJson {
+        query,
+        params: payload.params,
+    };
+    Ok((vec![single.statement()], false))
 }

@@ -9,6 +9,7 @@ pub mod body;
 mod query;
 mod spill;
 mod sql;
+mod stateless;
 mod websocket;
 
 use std::convert::Infallible;

@@ -133,6 +133,9 @@ pub async fn run(
                     first_error = Some(fields);
                 }
             }
+            // A setting the backend reports changed (`SET`, `set_config`, a function's side
+            // effect): the next request must not inherit it.
+            b'S' if in_statement => conn.needs_reset = true,
             _ if !in_statement || first_error.is_some() => {}
             b'T' => current.fields(out.buf(), &body)?,
             b'D' => {
@@ -261,24 +264,27 @@ impl ResultWriter {
         }
     }
 
-    /// Opens the result object, with `fields` as its field descriptions.
-    fn begin(&mut self, out: &mut Vec<u8>, fields: &[Value]) -> Result<(), QueryError> {
+    /// Opens the result object; `fields` is the JSON array of its field descriptions.
+    fn begin(&mut self, out: &mut Vec<u8>, fields: &[u8]) {
         if self.finished > 0 {
             out.push(b',');
         }
         out.extend_from_slice(b"{\"fields\":");
-        write_json(out, fields)?;
+        out.extend_from_slice(fields);
         out.extend_from_slice(b",\"rows\":[");
         self.started = true;
-        Ok(())
     }
 
+    /// Writes the field descriptions straight from a RowDescription, keys in the order
+    /// serde_json's sorted maps gave them before (the body stays byte for byte the same).
     fn fields(&mut self, out: &mut Vec<u8>, body: &[u8]) -> Result<(), QueryError> {
         let bad = || QueryError::Protocol("malformed RowDescription".into());
         let mut r = Reader(body);
         let n = r.i16().ok_or_else(bad)?;
-        let mut fields = Vec::with_capacity(n.max(0) as usize);
-        for _ in 0..n {
+        let mut fields = Vec::with_capacity(24 + 128 * n.max(0) as usize);
+        fields.push(b'[');
+        let mut number = itoa::Buffer::new();
+        for i in 0..n {
             let name = r.cstr().ok_or_else(bad)?;
             let table = r.u32().ok_or_else(bad)?;
             let column = r.i16().ok_or_else(bad)?;
@@ -288,20 +294,29 @@ impl ResultWriter {
             r.i16().ok_or_else(bad)?;
             let mut key = Vec::with_capacity(name.len() + 3);
             write_json(&mut key, &name)?;
+            if i > 0 {
+                fields.push(b',');
+            }
+            fields.extend_from_slice(b"{\"columnID\":");
+            fields.extend_from_slice(number.format(column).as_bytes());
+            fields.extend_from_slice(b",\"dataTypeID\":");
+            fields.extend_from_slice(number.format(type_oid).as_bytes());
+            fields.extend_from_slice(b",\"dataTypeModifier\":");
+            fields.extend_from_slice(number.format(modifier).as_bytes());
+            fields.extend_from_slice(b",\"dataTypeSize\":");
+            fields.extend_from_slice(number.format(size).as_bytes());
+            fields.extend_from_slice(b",\"format\":\"text\",\"name\":");
+            fields.extend_from_slice(&key);
+            fields.extend_from_slice(b",\"tableID\":");
+            fields.extend_from_slice(number.format(table).as_bytes());
+            fields.push(b'}');
             key.push(b':');
             self.keys.push(key);
             self.type_oids.push(type_oid);
-            fields.push(serde_json::json!({
-                "name": name,
-                "dataTypeID": type_oid,
-                "tableID": table,
-                "columnID": column,
-                "dataTypeSize": size,
-                "dataTypeModifier": modifier,
-                "format": "text",
-            }));
         }
-        self.begin(out, &fields)
+        fields.push(b']');
+        self.begin(out, &fields);
+        Ok(())
     }
 
     fn row(&mut self, out: &mut Vec<u8>, body: &[u8]) -> Result<(), QueryError> {
@@ -353,7 +368,7 @@ impl ResultWriter {
     /// Closes the result object and makes ready for the next statement's.
     fn finish(&mut self, out: &mut Vec<u8>) -> Result<(), QueryError> {
         if !self.started {
-            self.begin(out, &[])?;
+            self.begin(out, b"[]");
         }
         out.extend_from_slice(b"],\"command\":");
         write_json(out, &self.command)?;

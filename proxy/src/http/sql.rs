@@ -266,7 +266,10 @@ async fn execute(
     if matches!(outcome, Ok(_) | Err(QueryError::Postgres(_))) {
         guard.disarm();
     }
-    answer(&gw.metrics, conn, outcome, out, statements.len()).await
+    let stateless = statements
+        .iter()
+        .all(|s| super::stateless::leaves_no_state(&s.query));
+    answer(&gw.metrics, conn, outcome, out, statements.len(), stateless).await
 }
 
 /// Reads a request's headers and whole body, within `http.max_request_size` and
@@ -409,17 +412,21 @@ async fn pooled_connection(
 }
 
 /// The response to a request whose statements ran with `outcome`; the connection goes back to
-/// the pool when it is at rest.
+/// the pool when it is at rest, to be reset before its next use unless the statements were
+/// `stateless` (provably left no session state) and succeeded.
 async fn answer(
     metrics: &Metrics,
     mut conn: Pooled<PoolKey, BackendConn>,
     outcome: Result<(), QueryError>,
     out: SpillBuffer,
     statements: usize,
+    stateless: bool,
 ) -> Result<(Body, u64), Refusal> {
     match outcome {
         Ok(()) => {
-            conn.needs_reset = true;
+            // A reported parameter change already asked for a reset; an open transaction
+            // (status not idle) always gets one.
+            conn.needs_reset |= !stateless;
             conn.release();
             debug!(
                 statements,

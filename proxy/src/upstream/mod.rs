@@ -451,11 +451,12 @@ impl Connector {
         (endpoint, tls): (&Endpoint, BackendTls),
         material: &LoginMaterial,
     ) -> Result<Pooled<PoolKey, BackendConn>, PoolError<OpenError>> {
-        let params = [
-            ("user".to_owned(), key.user.clone()),
-            ("database".to_owned(), key.database.clone()),
-        ];
         let open = || async {
+            // Built only when a connection is opened, not for each reuse.
+            let params = [
+                ("user".to_owned(), key.user.clone()),
+                ("database".to_owned(), key.database.clone()),
+            ];
             let deadline = Instant::now() + self.connect_timeout + self.login_timeout;
             let who = (key.user.as_str(), material);
             let d = self

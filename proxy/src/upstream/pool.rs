@@ -168,10 +168,17 @@ impl<K: Hash + Eq + Clone + Send + 'static, C: PoolConnection> Pool<K, C> {
         key: &K,
     ) -> (Option<Pooled<K, C>>, Arc<Semaphore>, Vec<Idle<C>>) {
         let mut keys = self.lock();
-        let slots = keys.entry(key.clone()).or_insert_with(|| KeySlots {
-            permits: Arc::new(Semaphore::new(self.settings.max_per_key)),
-            idle: Vec::new(),
-        });
+        // Looked up before `entry`, which would clone the key on every request.
+        if !keys.contains_key(key) {
+            keys.insert(
+                key.clone(),
+                KeySlots {
+                    permits: Arc::new(Semaphore::new(self.settings.max_per_key)),
+                    idle: Vec::new(),
+                },
+            );
+        }
+        let slots = keys.get_mut(key).expect("inserted above");
         let mut stale = Vec::new();
         while let Some(mut idle) = slots.idle.pop() {
             if idle.since.elapsed() < self.settings.idle_timeout && idle.conn.usable() {
