@@ -1,6 +1,8 @@
 //! Backend connection reuse: a client the gateway authenticated that leaves at a safe point hands
 //! its backend connection back, reset with `DISCARD ALL`, to a cache; the next such client with
-//! the same key takes it instead of a new login (and a new Postgres process).
+//! the same key takes it instead of a new login (and a new Postgres process). Passthrough
+//! clients of a tenant with `reuse_passthrough` take part too, for startups the backend lets in
+//! without a password: the gateway cannot check such a client, but the backend would not either.
 //!
 //! The key is the tenant plus every startup parameter the client sent (`user`, `database`,
 //! `options`, `application_name`, `client_encoding`, ...). `DISCARD ALL` runs `RESET ALL`, which
@@ -43,31 +45,49 @@ use crate::metrics::Metrics;
 use crate::stream::Stream;
 use crate::wire::read_message;
 
-/// Which clients may share a kept backend connection: same tenant, same startup parameters.
+/// Which clients may share a kept backend connection: same tenant, same startup parameters,
+/// and the same kind of login (a connection the gateway logged in for a client it checked never
+/// goes to a passthrough client, nor the other way round).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ReuseKey {
     tenant: TenantId,
     /// Sorted, so the order a driver sends them in does not matter.
     params: Vec<(String, String)>,
+    passthrough: bool,
 }
 
 impl ReuseKey {
-    /// The key of a client of `tenant` that sent these startup parameters (those forwarded to
-    /// the backend).
+    /// The key of a client the gateway authenticated, of `tenant`, that sent these startup
+    /// parameters (those forwarded to the backend).
     pub fn new(tenant: &TenantId, params: &[(String, String)]) -> ReuseKey {
+        ReuseKey::of(tenant, params, false)
+    }
+
+    /// The key of a passthrough client (its login relayed to a backend that trusts the
+    /// gateway) of `tenant` that sent these startup parameters.
+    pub fn passthrough(tenant: &TenantId, params: &[(String, String)]) -> ReuseKey {
+        ReuseKey::of(tenant, params, true)
+    }
+
+    fn of(tenant: &TenantId, params: &[(String, String)], passthrough: bool) -> ReuseKey {
         let mut params = params.to_vec();
         params.sort();
         ReuseKey {
             tenant: tenant.clone(),
             params,
+            passthrough,
         }
     }
-}
 
-impl ReuseKey {
     /// The key's tenant.
     pub fn tenant(&self) -> &TenantId {
         &self.tenant
+    }
+
+    /// Whether the key's clients are passthrough ones, who have seen nothing of a login when
+    /// they take a kept connection (the gateway's own check told the others AuthenticationOk).
+    pub fn is_passthrough(&self) -> bool {
+        self.passthrough
     }
 }
 
@@ -226,6 +246,19 @@ impl Reuse {
         close(kept.stream).await;
         self.record(metrics);
         true
+    }
+
+    /// Closes every kept connection of `key` (a passthrough key whose backend now asks for a
+    /// password: what it let in before may no longer be handed on).
+    pub async fn forget(&self, key: &ReuseKey, metrics: &Metrics) {
+        let mut closed = false;
+        while let Some(kept) = self.pool.evict_oldest_where(|k| k == key) {
+            close(kept.stream).await;
+            closed = true;
+        }
+        if closed {
+            self.record(metrics);
+        }
     }
 
     /// Closes kept connections past the idle timeout and publishes the idle gauge, until `stop`
