@@ -1,6 +1,12 @@
 //! Connection churn with backend connection reuse: `pgbench -C -S` (a new connection per
-//! transaction, SCRAM logins) against Postgres direct, PgBouncer in session mode (which keeps its
-//! server connections) and pgwake with gateway authentication, with `[reuse]` on and off.
+//! transaction) in two groups, each against Postgres direct, PgBouncer in session mode (which
+//! keeps its server connections) and pgwake, with reuse on and off:
+//! - TLS + SCRAM: every client logs in with SCRAM over TLS; pgwake authenticates clients itself
+//!   (gateway authentication), with `[reuse]` on and off.
+//! - plaintext, trust: Postgres trusts loopback; pgwake's tenant is passthrough (no gateway
+//!   credentials), with `reuse_passthrough` and without.
+//!
+//! Each proxy row carries the proxy's CPU time per connection, read from /proc around each run.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -11,10 +17,16 @@ use anyhow::{Result, anyhow, bail};
 
 use crate::process::{ProcSample, clock_ticks_per_second, load_average};
 use crate::report::{Facts, median};
-use crate::targets::{Auth, Environment, Target, TargetKind};
+use crate::targets::{Auth, Environment, Target, TargetKind, Variant};
 
-/// The ratio over PgBouncer the issue asks pgwake with reuse to reach.
-const GOAL_VS_PGBOUNCER: f64 = 1.5;
+/// What the issue asks of pgwake with reuse, per group: the row and its ratio over PgBouncer.
+const GOALS: [(&str, f64); 2] = [(REUSE_ON, 2.0), (PASSTHROUGH_REUSE, 1.0)];
+/// The gateway-authenticated row with `[reuse]` on.
+const REUSE_ON: &str = "pgwake, reuse on";
+/// The passthrough row with `reuse_passthrough`.
+const PASSTHROUGH_REUSE: &str = "pgwake passthrough, reuse_passthrough";
+/// The groups, in table order: title and the pgbench `sslmode` of every row in it.
+const GROUPS: [(&str, &str); 2] = [("TLS + SCRAM", "require"), ("plaintext, trust", "disable")];
 
 /// How much to run.
 #[derive(Clone, Copy, Debug)]
@@ -30,6 +42,8 @@ pub struct ChurnOptions {
 /// One row of the table: a target and its runs.
 #[derive(Clone, Debug)]
 pub struct Row {
+    /// Which group (index into the group titles).
+    pub group: usize,
     /// Label.
     pub name: &'static str,
     /// Connections (= transactions) per second, one per repetition.
@@ -38,14 +52,23 @@ pub struct Row {
     pub cpu_us: Vec<f64>,
 }
 
+/// `pgwake_backend_reuse_total` of one reuse gateway.
+#[derive(Clone, Debug)]
+pub struct Counters {
+    /// The row it belongs to.
+    pub name: &'static str,
+    /// hit, miss, stale, untrusted.
+    pub counts: [f64; 4],
+}
+
 /// What the churn run measured.
 #[derive(Clone, Debug)]
 pub struct ChurnResults {
-    /// Direct, PgBouncer, pgwake with reuse, pgwake without.
+    /// Every target of both groups.
     pub rows: Vec<Row>,
-    /// `pgwake_backend_reuse_total` of the reuse gateway: (hit, miss, stale).
-    pub reuse: (f64, f64, f64),
-    /// The pgbench command line.
+    /// The reuse gateways' counters.
+    pub reuse: Vec<Counters>,
+    /// The pgbench command line (without the `sslmode`, given per group).
     pub command: String,
     /// Load average before and after.
     pub load: (String, String),
@@ -53,22 +76,32 @@ pub struct ChurnResults {
     pub software: Vec<(&'static str, String)>,
 }
 
-/// Starts the targets and runs the interleaved repetitions.
-pub fn run(binary: &Path, opts: ChurnOptions) -> Result<ChurnResults> {
-    let load_before = load_average();
-    let mut env = Environment::start(opts.scale, Auth::Scram, Err("started by churn"))?;
-    let mut targets: Vec<(&'static str, Target, Option<u16>)> = Vec::new();
+/// A target to measure: its group, label, endpoint and, for a reuse gateway, its admin port.
+struct Planned {
+    group: usize,
+    name: &'static str,
+    target: Target,
+    admin: Option<u16>,
+}
+
+/// The environment's direct and PgBouncer targets, as rows of `group`; an error when PgBouncer
+/// did not start.
+fn direct_and_bouncer(env: &Environment, group: usize) -> Result<Vec<Planned>> {
+    let mut out = Vec::new();
     for t in &env.targets {
-        match t.kind {
-            TargetKind::Direct => targets.push(("direct Postgres", t.clone(), None)),
-            TargetKind::PgBouncer => targets.push(("PgBouncer (session mode)", t.clone(), None)),
-            TargetKind::Pgwake => {}
-        }
+        let name = match t.kind {
+            TargetKind::Direct => "direct Postgres",
+            TargetKind::PgBouncer => "PgBouncer (session mode)",
+            TargetKind::Pgwake => continue,
+        };
+        out.push(Planned {
+            group,
+            name,
+            target: t.clone(),
+            admin: None,
+        });
     }
-    if !targets
-        .iter()
-        .any(|(_, t, _)| t.kind == TargetKind::PgBouncer)
-    {
+    if !out.iter().any(|p| p.target.kind == TargetKind::PgBouncer) {
         let why = env
             .skipped
             .iter()
@@ -76,11 +109,47 @@ pub fn run(binary: &Path, opts: ChurnOptions) -> Result<ChurnResults> {
             .map_or("unknown", |(_, w)| w.as_str());
         bail!("PgBouncer is needed for this comparison: {why}");
     }
-    let on = env.start_pgwake_variant(binary, "pgwake-reuse", "")?;
-    let off = env.start_pgwake_variant(binary, "pgwake-noreuse", "[reuse]\nenabled = false\n")?;
-    targets.push(("pgwake, reuse on", on.target.clone(), Some(on.admin)));
-    targets.push(("pgwake, reuse off", off.target.clone(), None));
+    Ok(out)
+}
 
+/// A pgwake variant as a row of `group`; `counted` when its reuse counters are reported.
+fn gateway(group: usize, name: &'static str, v: Variant, counted: bool) -> Planned {
+    Planned {
+        group,
+        name,
+        target: v.target,
+        admin: counted.then_some(v.admin),
+    }
+}
+
+/// Starts both environments (SCRAM and trust Postgres, each with its PgBouncer) and the four
+/// pgwake instances.
+fn start(binary: &Path, scale: u32) -> Result<(Vec<Environment>, Vec<Planned>)> {
+    let mut scram = Environment::start(scale, Auth::Scram, Err("started by churn"))?;
+    let mut plan = direct_and_bouncer(&scram, 0)?;
+    let on = scram.start_pgwake_variant(binary, "pgwake-reuse", "")?;
+    let off = scram.start_pgwake_variant(binary, "pgwake-noreuse", "[reuse]\nenabled = false\n")?;
+    plan.push(gateway(0, REUSE_ON, on, true));
+    plan.push(gateway(0, "pgwake, reuse off", off, false));
+    let mut trust = Environment::start(scale, Auth::Trust, Err("started by churn"))?;
+    plan.extend(direct_and_bouncer(&trust, 1)?);
+    // No credentials in a trust environment: the tenant is passthrough.
+    let shared = trust.start_pgwake_variant(
+        binary,
+        "pgwake-passthrough-reuse",
+        "reuse_passthrough = true\n",
+    )?;
+    let alone = trust.start_pgwake_variant(binary, "pgwake-passthrough", "")?;
+    plan.push(gateway(1, PASSTHROUGH_REUSE, shared, true));
+    plan.push(gateway(1, "pgwake passthrough, no reuse", alone, false));
+    Ok((vec![scram, trust], plan))
+}
+
+/// Starts the targets and runs the interleaved repetitions.
+pub fn run(binary: &Path, opts: ChurnOptions) -> Result<ChurnResults> {
+    let load_before = load_average();
+    let (envs, plan) = start(binary, opts.scale)?;
+    let pgbench = envs[0].pgbench.clone();
     let args: Vec<String> = ["-n", "-C", "-S", "-c", "16", "-j", "2", "-T"]
         .iter()
         .map(|s| s.to_string())
@@ -89,49 +158,85 @@ pub fn run(binary: &Path, opts: ChurnOptions) -> Result<ChurnResults> {
     let warmup: Vec<String> = ["-n", "-C", "-S", "-c", "4", "-j", "2", "-T", "1"]
         .map(String::from)
         .to_vec();
-    for (name, t, _) in &targets {
-        crate::progress(format_args!("churn: warming up {name} ..."));
-        env.pgbench.run(&t.endpoint, "disable", &warmup)?;
+    for p in &plan {
+        crate::progress(format_args!("churn: warming up {} ...", p.name));
+        pgbench.run(&p.target.endpoint, GROUPS[p.group].1, &warmup)?;
     }
-    let clk_tck = clock_ticks_per_second();
-    let mut rows: Vec<Row> = targets
+    let mut rows: Vec<Row> = plan
         .iter()
-        .map(|(name, _, _)| Row {
-            name,
+        .map(|p| Row {
+            group: p.group,
+            name: p.name,
             tps: Vec::new(),
             cpu_us: Vec::new(),
         })
         .collect();
     for rep in 0..opts.reps as usize {
-        let n = targets.len();
-        for i in 0..n {
+        for i in 0..plan.len() {
             // Rotated order spreads drift over every target.
-            let idx = (i + rep) % n;
-            let (name, t, _) = &targets[idx];
-            let before = t.proxy_pid.map(ProcSample::read).transpose()?;
-            let summary = env.pgbench.run(&t.endpoint, "disable", &args)?;
-            if summary.transactions == 0 || summary.failed > 0 {
-                bail!("{name}: {} failed transactions", summary.failed);
-            }
-            if let Some(b) = before {
-                sleep(Duration::from_millis(300));
-                let a = ProcSample::read(t.proxy_pid.unwrap_or_default())?;
-                let ticks = a.cpu_ticks.saturating_sub(b.cpu_ticks) as f64;
-                rows[idx]
-                    .cpu_us
-                    .push(ticks / clk_tck as f64 * 1e6 / summary.transactions as f64);
-            }
+            let idx = (i + rep) % plan.len();
+            let (tps, cpu) = measure(&pgbench, &plan[idx], &args)?;
             crate::progress(format_args!(
-                "churn rep {}/{} {name}: {:.0} tps",
+                "churn rep {}/{} {} / {}: {tps:.0} tps, {} µs proxy CPU per connection",
                 rep + 1,
                 opts.reps,
-                summary.tps
+                GROUPS[plan[idx].group].0,
+                plan[idx].name,
+                cpu.map_or("—".into(), |c| format!("{c:.0}")),
             ));
-            rows[idx].tps.push(summary.tps);
+            rows[idx].tps.push(tps);
+            rows[idx].cpu_us.extend(cpu);
             sleep(Duration::from_secs(1));
         }
     }
-    let metrics = crate::http::request(on.admin, "GET", "/metrics", Duration::from_secs(5))?.body;
+    let reuse = plan
+        .iter()
+        .filter_map(|p| Some((p.name, p.admin?)))
+        .map(|(name, admin)| counters(name, admin))
+        .collect::<Result<Vec<_>>>()?;
+    let software = software(&envs[0]);
+    drop(envs);
+    if let Some(c) = reuse.iter().find(|c| c.counts[0] == 0.0) {
+        return Err(anyhow!("{} never reused a connection", c.name));
+    }
+    Ok(ChurnResults {
+        rows,
+        reuse,
+        command: format!("pgbench {}", args.join(" ")),
+        load: (load_before, load_average()),
+        software,
+    })
+}
+
+/// One pgbench run against `p`: its tps and the proxy's CPU µs per connection (if a proxy).
+fn measure(
+    pgbench: &crate::pgbench::Pgbench,
+    p: &Planned,
+    args: &[String],
+) -> Result<(f64, Option<f64>)> {
+    let t = &p.target;
+    let before = t.proxy_pid.map(ProcSample::read).transpose()?;
+    let summary = pgbench.run(&t.endpoint, GROUPS[p.group].1, args)?;
+    if summary.transactions == 0 || summary.failed > 0 {
+        bail!("{}: {} failed transactions", p.name, summary.failed);
+    }
+    let cpu = match before {
+        Some(b) => {
+            // Let the proxy finish with the last connections before sampling.
+            sleep(Duration::from_millis(300));
+            let a = ProcSample::read(t.proxy_pid.unwrap_or_default())?;
+            let ticks = a.cpu_ticks.saturating_sub(b.cpu_ticks) as f64;
+            let clk_tck = clock_ticks_per_second() as f64;
+            Some(ticks / clk_tck * 1e6 / summary.transactions as f64)
+        }
+        None => None,
+    };
+    Ok((summary.tps, cpu))
+}
+
+/// The reuse counters of the gateway whose admin port is `admin`.
+fn counters(name: &'static str, admin: u16) -> Result<Counters> {
+    let metrics = crate::http::request(admin, "GET", "/metrics", Duration::from_secs(5))?.body;
     let count = |outcome: &str| -> f64 {
         metrics
             .lines()
@@ -140,7 +245,15 @@ pub fn run(binary: &Path, opts: ChurnOptions) -> Result<ChurnResults> {
             .find_map(|l| l.rsplit(' ').next()?.parse().ok())
             .unwrap_or(0.0)
     };
-    let software = vec![
+    Ok(Counters {
+        name,
+        counts: ["hit", "miss", "stale", "untrusted"].map(count),
+    })
+}
+
+/// Versions of the measured programs.
+fn software(env: &Environment) -> Vec<(&'static str, String)> {
+    vec![
         ("PostgreSQL", env.postgres_version.clone()),
         (
             "pgbench",
@@ -152,19 +265,7 @@ pub fn run(binary: &Path, opts: ChurnOptions) -> Result<ChurnResults> {
                 .clone()
                 .unwrap_or_else(|| "unknown".into()),
         ),
-    ];
-    let reuse = (count("hit"), count("miss"), count("stale"));
-    drop(env);
-    if reuse.0 == 0.0 {
-        return Err(anyhow!("the reuse gateway never reused a connection"));
-    }
-    Ok(ChurnResults {
-        rows,
-        reuse,
-        command: format!("pgbench {}", args.join(" ")),
-        load: (load_before, load_average()),
-        software,
-    })
+    ]
 }
 
 /// The Markdown section for RESULTS.md.
@@ -177,7 +278,7 @@ pub fn render(command: &str, opts: ChurnOptions, outcome: &Result<ChurnResults, 
     let facts = Facts::collect(command, software);
     let Some(r) = facts.open_section(
         &mut out,
-        "Connection churn with backend connection reuse (SCRAM)",
+        "Connection churn with backend connection reuse",
         outcome,
         |r| &r.load,
     ) else {
@@ -185,29 +286,51 @@ pub fn render(command: &str, opts: ChurnOptions, outcome: &Result<ChurnResults, 
     };
     let _ = writeln!(
         out,
-        "| method | `{}`, `sslmode=disable`, SCRAM-SHA-256 logins everywhere; {} interleaved \
-         repetitions of {} s; PgBouncer: `pool_mode = session`, plain password in its auth file; \
-         pgwake: gateway authentication (static credentials file with the backend's verifier), \
-         one instance with `[reuse]` defaults and one with `enabled = false` |",
+        "| method | `{}`, {} interleaved repetitions of {} s over both groups; PgBouncer: \
+         `pool_mode = session`, plain password in its auth file; proxy CPU from /proc per run |",
         r.command, opts.reps, opts.secs
     );
     let _ = writeln!(
         out,
-        "| reuse counters of the reuse-on gateway | hit {:.0}, miss {:.0}, stale {:.0} |",
-        r.reuse.0, r.reuse.1, r.reuse.2
+        "| TLS + SCRAM | `sslmode=require`, SCRAM-SHA-256 logins everywhere (libpq picks \
+         SCRAM-SHA-256-PLUS where offered); pgwake: gateway authentication (static credentials \
+         file with the backend's verifier), `[reuse]` defaults or `enabled = false` |"
     );
-    let _ = writeln!(out);
-    let bouncer = r
-        .rows
+    let _ = writeln!(
+        out,
+        "| plaintext, trust | `sslmode=disable`, Postgres `trust` for host connections, \
+         PgBouncer `auth_type = trust`; pgwake: a `fixed` passthrough tenant (no gateway \
+         credentials), `reuse_passthrough = true` or not |"
+    );
+    for c in &r.reuse {
+        let [hit, miss, stale, untrusted] = c.counts;
+        let _ = writeln!(
+            out,
+            "| reuse counters, {} | hit {hit:.0}, miss {miss:.0}, stale {stale:.0}, untrusted \
+             {untrusted:.0} |",
+            c.name
+        );
+    }
+    for (group, (title, _)) in GROUPS.iter().enumerate() {
+        render_group(&mut out, title, group, &r.rows);
+    }
+    out
+}
+
+/// One group's table and its goal line.
+fn render_group(out: &mut String, title: &str, group: usize, rows: &[Row]) {
+    let rows: Vec<&Row> = rows.iter().filter(|row| row.group == group).collect();
+    let bouncer = rows
         .iter()
         .find(|row| row.name.starts_with("PgBouncer"))
         .and_then(|row| median(&row.tps));
     let _ = writeln!(
         out,
-        "| target | median tps | min–max | vs PgBouncer | proxy CPU µs/connection |\n\
+        "\n### {title}\n\n\
+         | target | median tps | min–max | vs PgBouncer | proxy CPU µs/connection |\n\
          |---|---:|---:|---:|---:|"
     );
-    for row in &r.rows {
+    for row in &rows {
         let med = median(&row.tps).unwrap_or(0.0);
         let min = row.tps.iter().copied().fold(f64::INFINITY, f64::min);
         let max = row.tps.iter().copied().fold(0.0, f64::max);
@@ -219,22 +342,17 @@ pub fn render(command: &str, opts: ChurnOptions, outcome: &Result<ChurnResults, 
             row.name
         );
     }
-    let on = r
-        .rows
+    let (goal_row, goal) = GOALS[group];
+    let ours = rows
         .iter()
-        .find(|row| row.name == "pgwake, reuse on")
+        .find(|row| row.name == goal_row)
         .and_then(|row| median(&row.tps));
-    if let (Some(on), Some(b)) = (on, bouncer) {
-        let ratio = on / b;
+    if let (Some(ours), Some(b)) = (ours, bouncer) {
+        let ratio = ours / b;
+        let verdict = if ratio >= goal { "met" } else { "not met" };
         let _ = writeln!(
             out,
-            "\nGoal: pgwake with reuse ≥ {GOAL_VS_PGBOUNCER}× PgBouncer session mode: **{ratio:.2}×, {}**.",
-            if ratio >= GOAL_VS_PGBOUNCER {
-                "met"
-            } else {
-                "not met"
-            }
+            "\nGoal: {goal_row} ≥ {goal}× PgBouncer session mode: **{ratio:.2}×, {verdict}**."
         );
     }
-    out
 }

@@ -86,8 +86,9 @@ enum Cmd {
     /// warm cluster, through a real kube-apiserver and testkit's fake CNPG operator (not part of
     /// `all`: the first run builds kube-apiserver).
     Kube(KubeArgs),
-    /// Connection churn (`pgbench -C -S`, SCRAM) through pgwake with backend connection reuse on
-    /// and off, beside PgBouncer in session mode and direct Postgres.
+    /// Connection churn (`pgbench -C -S`) through pgwake with backend connection reuse on and
+    /// off, beside PgBouncer in session mode and direct Postgres: TLS + SCRAM with gateway
+    /// authentication, and plaintext trust with a passthrough tenant (`reuse_passthrough`).
     Churn(ChurnArgs),
     /// Scale-to-zero fidelity: applications on real drivers (psycopg 3, node-postgres, pgx,
     /// asyncpg) hold pools of idle connections and query every 10 minutes; awake time per idle

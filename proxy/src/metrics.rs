@@ -57,7 +57,7 @@ const PARK_REASONS: &[&str] = &["idle_sleep", "backend_ended", "migrate", "sessi
 /// Outcomes of wakes and revivals.
 const OUTCOMES: &[&str] = &["ok", "error"];
 /// Outcomes of `pgwake_backend_reuse_total`.
-const REUSE_OUTCOMES: &[&str] = &["hit", "miss", "stale"];
+const REUSE_OUTCOMES: &[&str] = &["hit", "miss", "stale", "untrusted"];
 /// Outcomes of `pgwake_backend_reuse_returns_total`.
 const REUSE_RETURN_OUTCOMES: &[&str] = &["kept", "not_safe", "reset_failed", "full"];
 
@@ -525,9 +525,11 @@ impl Pooling {
             ),
             reuse: r.counter_vec(
                 "pgwake_backend_reuse_total",
-                "Gateway-authenticated logins by how they got a backend connection: hit (a kept \
+                "Logins taking part in reuse (gateway-authenticated, or passthrough with \
+                 reuse_passthrough) by how they got a backend connection: hit (a kept \
                  connection), miss (a new login), stale (a kept connection found closed or on an \
-                 old address and dropped).",
+                 old address and dropped), untrusted (a passthrough login the backend asked a \
+                 password for: never kept).",
                 &["outcome"],
             ),
             reuse_returns: r.counter_vec(

@@ -82,6 +82,7 @@ pub(super) fn tenant_profiles(
                 credentials,
                 max_clients: t.max_client_connections,
                 tls,
+                reuse_passthrough: t.reuse_passthrough,
             }),
         );
     }
@@ -200,6 +201,7 @@ pub(super) fn start_discovery(
                         credentials,
                         max_clients: None,
                         tls,
+                        reuse_passthrough: false,
                     }),
                 );
             }

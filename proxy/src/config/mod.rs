@@ -350,6 +350,16 @@ backend = { kind = "fixed", address = "127.0.0.1:5433" }
             &format!("{EXAMPLE}[reuse]\nmax_idle_total = 0\n"),
             "reuse.max_idle_per_key",
         );
+        let passthrough = EXAMPLE.replace(
+            "address = \"127.0.0.1:5433\" }",
+            "address = \"127.0.0.1:5433\" }\nreuse_passthrough = true",
+        );
+        assert!(load(&passthrough).unwrap().tenants[0].reuse_passthrough);
+        let gateway = passthrough.replace(
+            "reuse_passthrough",
+            "credentials = { kind = \"static\", file = \"users.txt\" }\nreuse_passthrough",
+        );
+        refused(&gateway, "tenant[0].reuse_passthrough");
     }
 
     #[test]

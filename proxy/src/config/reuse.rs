@@ -11,7 +11,8 @@ use super::{ConfigError, nonzero, positive};
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReuseConfig {
-    /// Keep connections for reuse; only sessions the gateway authenticated take part.
+    /// Keep connections for reuse; sessions the gateway authenticated take part, passthrough
+    /// ones only where their tenant sets `reuse_passthrough`.
     pub enabled: bool,
     /// Idle connections kept for one tenant and set of startup parameters.
     pub max_idle_per_key: usize,

@@ -96,6 +96,10 @@ pub struct TenantConfig {
     /// (none: no cap); sessions past it wait for one (`limits.backend_wait_timeout`).
     #[serde(default)]
     pub max_backend_connections: Option<usize>,
+    /// Keep backend connections of passthrough sessions for reuse (`[reuse]`), for logins the
+    /// backend let in without asking for a password (it trusts the gateway).
+    #[serde(default)]
+    pub reuse_passthrough: bool,
 }
 
 impl TenantConfig {
@@ -239,6 +243,13 @@ impl TenantConfig {
     }
 
     fn validate_credentials(&self, i: usize, has_local: bool) -> Result<(), ConfigError> {
+        if self.reuse_passthrough && self.effective_auth() == AuthMode::Gateway {
+            return Err(invalid(
+                format!("tenant[{i}].reuse_passthrough"),
+                "the gateway checks this tenant's passwords, so its sessions take part in [reuse] \
+                 already: reuse_passthrough is for passthrough tenants",
+            ));
+        }
         if self.effective_auth() == AuthMode::Gateway && self.effective_credentials().is_none() {
             return Err(invalid(
                 format!("tenant[{i}].credentials"),

@@ -174,6 +174,7 @@ impl Pipeline {
             tls: profile.tls,
             params: &params,
             checked,
+            reuse_passthrough: profile.reuse_passthrough,
         };
         let up = self.connector.for_client(client, login).await?;
         let attached = Attached {

@@ -23,6 +23,9 @@ pub struct TenantProfile {
     pub max_clients: Option<usize>,
     /// TLS towards the tenant's backend.
     pub tls: BackendTls,
+    /// Passthrough sessions take part in backend connection reuse where the backend trusts
+    /// the gateway (`reuse_passthrough`).
+    pub reuse_passthrough: bool,
 }
 
 impl TenantProfile {

@@ -26,6 +26,7 @@ pub(super) struct ToClient<'a> {
 }
 
 /// What a finished login left.
+#[derive(Default)]
 pub(super) struct LoggedIn {
     /// The backend's cancel key.
     pub target: Option<CancelTarget>,
@@ -33,6 +34,9 @@ pub(super) struct LoggedIn {
     pub cancel: Option<CancelRegistration>,
     /// The backend's ParameterStatus messages, when asked to keep them.
     pub parameters: Option<Vec<u8>>,
+    /// Whether the backend asked the client for a password (or any exchange) before letting it
+    /// in: then the gateway cannot vouch for the next client with the same startup.
+    pub asked_client: bool,
 }
 
 /// Logs in to `backend` with `params`: the gateway answers authentication requests when it has
@@ -72,11 +76,7 @@ pub(super) async fn log_in(
         .write_all(&startup_packet(params))
         .await
         .map_err(|e| io(&login, e))?;
-    let mut done = LoggedIn {
-        target: None,
-        cancel: None,
-        parameters: None,
-    };
+    let mut done = LoggedIn::default();
     loop {
         let msg = read_message(backend, link.max_message)
             .await
@@ -99,6 +99,7 @@ pub(super) async fn log_in(
                 let Some(c) = client.as_mut() else {
                     return Err(out_of_mode());
                 };
+                done.asked_client = true;
                 let answer = ask_client(c.stream, &mut login, link.max_client_message).await?;
                 backend
                     .write_all(&answer)

@@ -13,6 +13,7 @@ pub mod reuse;
 use std::sync::Arc;
 use std::time::Duration;
 
+use pgwake_protocol::auth::authentication_ok;
 use pgwake_protocol::backend::backend_key_data;
 use pgwake_routing::{Endpoint, TenantId};
 use tokio::io::AsyncWriteExt;
@@ -112,6 +113,9 @@ pub struct ClientLogin<'a> {
     /// The user and what the gateway's check of the password left; `None` under passthrough,
     /// where the client logs in to the backend itself.
     pub checked: Option<(&'a str, &'a LoginMaterial)>,
+    /// Under passthrough, keep the connection for reuse when the backend let the client in
+    /// without a password (the tenant's `reuse_passthrough`).
+    pub reuse_passthrough: bool,
 }
 
 /// A backend connection logged in with no client attached.
@@ -142,7 +146,7 @@ pub struct Upstream {
 /// fresh login.
 pub enum Slot {
     /// A kept connection (reset and idle) with its slot.
-    Kept(reuse::Taken),
+    Kept(Box<reuse::Taken>),
     /// A slot for a fresh login.
     Fresh(BackendSlot),
 }
@@ -194,10 +198,7 @@ impl Connector {
         client: &mut Stream,
         login: ClientLogin<'_>,
     ) -> Result<Upstream, SessionError> {
-        // Only clients the gateway authenticated share backend connections: the gateway logged
-        // the connection in itself, as the same user with the same startup parameters.
-        let reuse = self.reuse.as_ref().filter(|_| login.checked.is_some());
-        let key = reuse.map(|_| ReuseKey::new(login.tenant, login.params));
+        let key = self.reuse_key(&login);
         let deadline = Instant::now() + self.caps.wait;
         let waited = self.slot(login.tenant, key.as_ref(), login.endpoint, deadline);
         let slot = tokio::select! {
@@ -207,13 +208,13 @@ impl Connector {
             }
         };
         let slot = match slot {
-            Slot::Kept(taken) => return self.greet_on_kept(client, taken).await,
+            Slot::Kept(taken) => return self.greet_on_kept(client, *taken).await,
             Slot::Fresh(slot) => slot,
         };
         let hold_until = Instant::now() + self.not_ready_wait;
         loop {
             match self.log_in_fresh(client, &login, key.is_some()).await {
-                Ok(done) => return Ok(self.upstream(done, key, slot)),
+                Ok(done) => return Ok(self.upstream(done, key, slot).await),
                 Err(SessionError::BackendNotReady(why)) if Instant::now() < hold_until => {
                     debug!(reason = %why, "backend not ready; holding the client");
                     tokio::select! {
@@ -225,6 +226,22 @@ impl Connector {
                 }
                 Err(e) => return Err(e),
             }
+        }
+    }
+
+    /// The key a client's backend connection may be kept under, if any. Clients the gateway
+    /// authenticated share connections the gateway logged in as the same user with the same
+    /// startup parameters. A passthrough client (its tenant opted in) shares only with clients
+    /// of the identical startup, and only once a fresh login of it showed that the backend asks
+    /// no password for it: anyone reaching the gateway with that startup gets in anyway.
+    fn reuse_key(&self, login: &ClientLogin<'_>) -> Option<ReuseKey> {
+        self.reuse.as_ref()?;
+        match login.checked {
+            Some(_) => Some(ReuseKey::new(login.tenant, login.params)),
+            None if login.reuse_passthrough => {
+                Some(ReuseKey::passthrough(login.tenant, login.params))
+            }
+            None => None,
         }
     }
 
@@ -259,13 +276,18 @@ impl Connector {
         Ok((stream, done))
     }
 
-    /// A fresh login's connection, returnable when `key` says it may be kept.
-    fn upstream(
+    /// A fresh login's connection, returnable when `key` says it may be kept (for a passthrough
+    /// key, only when the backend asked the client for no password).
+    async fn upstream(
         &self,
         (stream, done): (Stream, LoggedIn),
         key: Option<ReuseKey>,
         slot: BackendSlot,
     ) -> Upstream {
+        let key = match key {
+            Some(key) if key.is_passthrough() => self.trusted(key, done.asked_client).await,
+            key => key,
+        };
         let returnable = match (key, done.parameters, done.target) {
             (Some(key), Some(parameters), Some(target)) => Some(Returnable {
                 key,
@@ -283,7 +305,28 @@ impl Connector {
         }
     }
 
-    /// Hands a kept backend connection to the client: the parameters the backend once sent, a
+    /// `key` of a passthrough login when the backend let the client in without a password
+    /// (counted a miss: a kept connection would have served it); `None` when it asked for one,
+    /// counted `untrusted`, and connections kept for the key before are closed (the backend's
+    /// rules changed since).
+    async fn trusted(&self, key: ReuseKey, asked_client: bool) -> Option<ReuseKey> {
+        if !asked_client {
+            self.metrics.reuse("miss");
+            return Some(key);
+        }
+        debug!(
+            tenant = %key.tenant(),
+            "passthrough login asked for a password: its backend connection is not kept for reuse"
+        );
+        self.metrics.reuse("untrusted");
+        if let Some(reuse) = &self.reuse {
+            reuse.forget(&key, &self.metrics).await;
+        }
+        None
+    }
+
+    /// Hands a kept backend connection to the client: AuthenticationOk for a passthrough
+    /// client (which has seen nothing of a login yet), the parameters the backend once sent, a
     /// fresh cancel key for it, and ReadyForQuery.
     async fn greet_on_kept(
         &self,
@@ -291,7 +334,10 @@ impl Connector {
         taken: reuse::Taken,
     ) -> Result<Upstream, SessionError> {
         let cancel = self.cancels.register(taken.returnable.target.clone());
-        let mut hello = Vec::with_capacity(taken.returnable.parameters.len() + 32);
+        let mut hello = Vec::with_capacity(taken.returnable.parameters.len() + 48);
+        if taken.returnable.key.is_passthrough() {
+            hello.extend_from_slice(&authentication_ok());
+        }
         hello.extend_from_slice(&taken.returnable.parameters);
         hello.extend_from_slice(&backend_key_data(cancel.pid, cancel.secret));
         hello.extend_from_slice(&READY_IDLE);
@@ -320,7 +366,8 @@ impl Connector {
         deadline: Instant,
     ) -> Result<Slot, SessionError> {
         let fresh = |slot| {
-            if key.is_some() && self.reuse.is_some() {
+            // A passthrough login's miss is counted once it shows whether it may be kept.
+            if key.is_some_and(|k| !k.is_passthrough()) && self.reuse.is_some() {
                 self.metrics.reuse("miss");
             }
             Ok(Slot::Fresh(slot))
@@ -337,7 +384,7 @@ impl Connector {
                 && let Some(taken) = reuse.take(key, endpoint, &self.metrics)
             {
                 self.metrics.backend_wait(waiting.is_some(), "kept");
-                return Ok(Slot::Kept(taken));
+                return Ok(Slot::Kept(Box::new(taken)));
             }
             let (Some(cap), Some(kept)) = (cap, kept) else {
                 return fresh(None);

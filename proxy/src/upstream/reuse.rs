@@ -1,6 +1,8 @@
 //! Backend connection reuse: a client the gateway authenticated that leaves at a safe point hands
 //! its backend connection back, reset with `DISCARD ALL`, to a cache; the next such client with
-//! the same key takes it instead of a new login (and a new Postgres process).
+//! the same key takes it instead of a new login (and a new Postgres process). Passthrough
+//! clients of a tenant with `reuse_passthrough` take part too, for startups the backend lets in
+//! without a password: the gateway cannot check such a client, but the backend would not either.
 //!
 //! The key is the tenant plus every startup parameter the client sent (`user`, `database`,
 //! `options`, `application_name`, `client_encoding`, ...). `DISCARD ALL` runs `RESET ALL`, which
@@ -31,7 +33,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use pgwake_protocol::frontend::{self, TERMINATE};
 use pgwake_routing::{Endpoint, TenantId};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
@@ -41,33 +43,50 @@ use crate::cancel::CancelTarget;
 use crate::config::ReuseConfig;
 use crate::metrics::Metrics;
 use crate::stream::Stream;
-use crate::wire::read_message;
 
-/// Which clients may share a kept backend connection: same tenant, same startup parameters.
+/// Which clients may share a kept backend connection: same tenant, same startup parameters,
+/// and the same kind of login (a connection the gateway logged in for a client it checked never
+/// goes to a passthrough client, nor the other way round).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ReuseKey {
     tenant: TenantId,
     /// Sorted, so the order a driver sends them in does not matter.
     params: Vec<(String, String)>,
+    passthrough: bool,
 }
 
 impl ReuseKey {
-    /// The key of a client of `tenant` that sent these startup parameters (those forwarded to
-    /// the backend).
+    /// The key of a client the gateway authenticated, of `tenant`, that sent these startup
+    /// parameters (those forwarded to the backend).
     pub fn new(tenant: &TenantId, params: &[(String, String)]) -> ReuseKey {
+        ReuseKey::of(tenant, params, false)
+    }
+
+    /// The key of a passthrough client (its login relayed to a backend that trusts the
+    /// gateway) of `tenant` that sent these startup parameters.
+    pub fn passthrough(tenant: &TenantId, params: &[(String, String)]) -> ReuseKey {
+        ReuseKey::of(tenant, params, true)
+    }
+
+    fn of(tenant: &TenantId, params: &[(String, String)], passthrough: bool) -> ReuseKey {
         let mut params = params.to_vec();
         params.sort();
         ReuseKey {
             tenant: tenant.clone(),
             params,
+            passthrough,
         }
     }
-}
 
-impl ReuseKey {
     /// The key's tenant.
     pub fn tenant(&self) -> &TenantId {
         &self.tenant
+    }
+
+    /// Whether the key's clients are passthrough ones, who have seen nothing of a login when
+    /// they take a kept connection (the gateway's own check told the others AuthenticationOk).
+    pub fn is_passthrough(&self) -> bool {
+        self.passthrough
     }
 }
 
@@ -228,6 +247,19 @@ impl Reuse {
         true
     }
 
+    /// Closes every kept connection of `key` (a passthrough key whose backend now asks for a
+    /// password: what it let in before may no longer be handed on).
+    pub async fn forget(&self, key: &ReuseKey, metrics: &Metrics) {
+        let mut closed = false;
+        while let Some(kept) = self.pool.evict_oldest_where(|k| k == key) {
+            close(kept.stream).await;
+            closed = true;
+        }
+        if closed {
+            self.record(metrics);
+        }
+    }
+
     /// Closes kept connections past the idle timeout and publishes the idle gauge, until `stop`
     /// fires.
     pub async fn run_reaper(self: Arc<Self>, metrics: Arc<Metrics>, stop: CancellationToken) {
@@ -266,39 +298,79 @@ enum Checked {
 }
 
 /// Checks for pins and sends `DISCARD ALL` in one round trip, then waits for the backend to be
-/// idle again.
+/// idle again. The replies arrive together, so they are read in as few reads as they come in
+/// and taken apart in place (a read per message header and body would cost a dozen system
+/// calls per returned connection under churn).
 async fn reset(stream: &mut Stream, max_message: usize) -> std::io::Result<Checked> {
     let mut out = Vec::with_capacity(PINS_SQL.len() + 32);
     frontend::query(&mut out, PINS_SQL);
     let expected = 1 + frontend::reset(&mut out, false);
     stream.write_all(&out).await?;
     stream.flush().await?;
-    let mut pinned = None;
-    let mut failed = false;
-    let mut replies = 0;
+    out.clear();
+    let (mut buf, mut at) = (out, 0);
+    let mut replies = Replies {
+        pinned: None,
+        failed: false,
+        ready: 0,
+    };
     loop {
-        let msg = read_message(stream, max_message)
-            .await?
-            .ok_or_else(|| std::io::Error::other("message length out of range"))?;
-        match msg.tag() {
+        while let Some((tag, body, len)) = next_message(&buf[at..], max_message)? {
+            at += len;
+            if let Some(done) = replies.take(tag, body, expected) {
+                return done;
+            }
+        }
+        buf.drain(..at);
+        at = 0;
+        if stream.read_buf(&mut buf).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+}
+
+/// The whole message at the start of `buf`, if it is all there: its tag, body and length.
+fn next_message(buf: &[u8], max_message: usize) -> std::io::Result<Option<(u8, &[u8], usize)>> {
+    let Some(header) = buf.get(..5) else {
+        return Ok(None);
+    };
+    let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+    if len < 4 || len - 4 > max_message {
+        return Err(std::io::Error::other("message length out of range"));
+    }
+    Ok(buf.get(5..len + 1).map(|body| (header[0], body, len + 1)))
+}
+
+/// What the replies to the pin check and the reset said so far.
+struct Replies {
+    pinned: Option<bool>,
+    failed: bool,
+    ready: usize,
+}
+
+impl Replies {
+    /// Takes one reply in; the outcome once the `expected`-th ReadyForQuery is in.
+    fn take(&mut self, tag: u8, body: &[u8], expected: usize) -> Option<std::io::Result<Checked>> {
+        match tag {
             // One row, one column: int16 count, int32 length, then `t` or `f`.
-            b'D' => pinned = Some(msg.body().get(6) == Some(&b't')),
-            b'E' => failed = true,
+            b'D' => self.pinned = Some(body.get(6) == Some(&b't')),
+            b'E' => self.failed = true,
             b'Z' => {
-                replies += 1;
-                if replies < expected {
-                    continue;
+                self.ready += 1;
+                if self.ready < expected {
+                    return None;
                 }
-                return match (failed, pinned, msg.body().first()) {
+                return Some(match (self.failed, self.pinned, body.first()) {
                     (false, Some(false), Some(b'I')) => Ok(Checked::Clean),
                     (false, Some(true), _) => Ok(Checked::Pinned),
                     _ => Err(std::io::Error::other("the session reset failed")),
-                };
+                });
             }
             // Row description, CommandComplete, ParameterStatus for settings returning to
             // their defaults, notices.
             _ => {}
         }
+        None
     }
 }
 
