@@ -542,8 +542,22 @@ fn start_pgwake(
     key: &Path,
     credentials: Option<&Path>,
 ) -> Result<(Guarded, u16)> {
-    let (guard, port, _) =
-        start_pgwake_named(binary, dir, "pgwake", backend, cert, key, credentials, "")?;
+    // Without credentials logins pass through to a backend that trusts everyone on loopback:
+    // the case `reuse_passthrough` is for, as PgBouncer keeps its server connections too.
+    let extra = match credentials {
+        None => "reuse_passthrough = true\n",
+        Some(_) => "",
+    };
+    let (guard, port, _) = start_pgwake_named(
+        binary,
+        dir,
+        "pgwake",
+        backend,
+        cert,
+        key,
+        credentials,
+        extra,
+    )?;
     Ok((guard, port))
 }
 

@@ -98,6 +98,17 @@ impl Stream {
     pub fn is_tunnel(&self) -> bool {
         matches!(self, Stream::Tunnel { .. })
     }
+
+    /// Moves a plain TCP stream to the event loop of the runtime this runs on, so a kept
+    /// backend connection handed to a session on another session thread is polled by that
+    /// thread instead of waking it from the thread that opened it. Other kinds are returned
+    /// as they are (they still work from any thread). An error means the socket is unusable.
+    pub fn rebind(self) -> io::Result<Stream> {
+        match self {
+            Stream::Plain(tcp) => TcpStream::from_std(tcp.into_std()?).map(Stream::Plain),
+            other => Ok(other),
+        }
+    }
 }
 
 /// Calls a poll method on whichever stream this is, pinned.

@@ -66,21 +66,7 @@ pub async fn run(
     limits: Limits,
     out: &mut SpillBuffer,
 ) -> Result<(), QueryError> {
-    let mut request = Vec::with_capacity(256);
-    let resets = conn.take_reset(&mut request);
-    if let Some(begin) = begin {
-        frontend::query(&mut request, begin);
-    }
-    for s in statements {
-        extended(&mut request, s)?;
-    }
-    if begin.is_some() {
-        frontend::query(&mut request, "COMMIT");
-    }
-    conn.stream.write_all(&request).await?;
-    conn.stream.flush().await?;
-    drop(request);
-
+    let resets = send_request(conn, statements, begin).await?;
     let batch = begin.is_some();
     if batch {
         out.buf().extend_from_slice(b"{\"results\":[");
@@ -159,6 +145,29 @@ pub async fn run(
         out.buf().extend_from_slice(b"]}");
     }
     Ok(())
+}
+
+/// Writes the whole request in one go: the pending reset if any, BEGIN, every statement,
+/// COMMIT. Returns how many replies the reset adds.
+async fn send_request(
+    conn: &mut BackendConn,
+    statements: &[Statement],
+    begin: Option<&str>,
+) -> Result<usize, QueryError> {
+    let mut request = Vec::with_capacity(256);
+    let resets = conn.take_reset(&mut request);
+    if let Some(begin) = begin {
+        frontend::query(&mut request, begin);
+    }
+    for s in statements {
+        extended(&mut request, s)?;
+    }
+    if begin.is_some() {
+        frontend::query(&mut request, "COMMIT");
+    }
+    conn.stream.write_all(&request).await?;
+    conn.stream.flush().await?;
+    Ok(resets)
 }
 
 /// Appends Parse, Bind, Describe (portal), Execute and Sync for one statement.

@@ -167,9 +167,14 @@ impl Reuse {
                 metrics.reuse("stale");
                 continue;
             }
+            // Perhaps opened on another session thread: poll it from this one.
+            let Ok(stream) = kept.stream.rebind() else {
+                metrics.reuse("stale");
+                continue;
+            };
             metrics.reuse("hit");
             break Some(Taken {
-                stream: kept.stream,
+                stream,
                 returnable: Returnable {
                     key: key.clone(),
                     parameters: kept.parameters,
