@@ -57,6 +57,16 @@ fn parse_status_line(response: &str) -> Option<u16> {
     parts.next()?.parse().ok()
 }
 
+/// The sum of a Prometheus text body's samples of metric `name` whose labels contain `label`
+/// (`outcome="hit"`); 0 when there are none.
+pub fn metric_sum(body: &str, name: &str, label: &str) -> f64 {
+    let prefix = format!("{name}{{");
+    body.lines()
+        .filter(|l| l.starts_with(&prefix) && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

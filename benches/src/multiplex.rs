@@ -241,14 +241,7 @@ fn gateway_counters(admin: u16) -> String {
     let Ok(reply) = crate::http::request(admin, "GET", "/metrics", Duration::from_secs(5)) else {
         return "metrics unavailable".into();
     };
-    let sum = |name: &str, label: &str| -> f64 {
-        reply
-            .body
-            .lines()
-            .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .fold(0.0, |a, b| a + b)
-    };
+    let sum = |name: &str, label: &str| crate::http::metric_sum(&reply.body, name, label);
     format!(
         "parks on their own {:.0}, revivals ok {:.0}, reuse hits {:.0} / misses {:.0}, \
          waits for a connection: kept {:.0}, slot {:.0}, timeout {:.0}",

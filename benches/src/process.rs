@@ -234,6 +234,23 @@ pub fn command_output(program: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> Op
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
+/// Raises this process's open-files limit (children inherit it) towards `wanted`: the soft
+/// limit up to the hard one, and the hard one too where that is allowed (root outside a
+/// container). Returns the soft limit in force, which may be below `wanted`.
+pub fn raise_nofile(wanted: u64) -> Result<u64> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).context("getrlimit")?;
+    if soft >= wanted {
+        return Ok(soft);
+    }
+    if hard < wanted && setrlimit(Resource::RLIMIT_NOFILE, wanted, wanted).is_ok() {
+        return Ok(wanted);
+    }
+    let target = wanted.min(hard);
+    setrlimit(Resource::RLIMIT_NOFILE, target, hard).context("setrlimit")?;
+    Ok(target)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

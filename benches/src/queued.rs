@@ -14,7 +14,6 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use pgwake_protocol::auth;
 use pgwake_protocol::scram::{Nonce, SCRAM_SHA_256, ScramClient, ScramKeys};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -175,20 +174,15 @@ pub fn run(binary: &Path, opts: QueuedOptions) -> Result<QueuedResults> {
     })
 }
 
-/// Raises this process's open-files limit to at least `wanted` (the hard limit too, when
-/// allowed: root may). Returns the soft limit now in force; children inherit it.
+/// Raises the open-files limit to at least `wanted`, or fails saying how far it got.
 fn raise_nofile(wanted: u64) -> Result<u64> {
-    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).context("getrlimit")?;
-    if soft >= wanted {
-        return Ok(soft);
+    let got = crate::process::raise_nofile(wanted)?;
+    if got < wanted {
+        bail!(
+            "the open-files limit stops at {got}, {wanted} needed (run as root, or raise ulimit -n)"
+        );
     }
-    let hard = hard.max(wanted);
-    setrlimit(Resource::RLIMIT_NOFILE, wanted, hard).with_context(|| {
-        format!(
-            "raise the open-files limit from {soft} to {wanted} (run as root, or raise ulimit -n)"
-        )
-    })?;
-    Ok(wanted)
+    Ok(got)
 }
 
 /// A StartupMessage (protocol 3.0) for user `pgwake` and `database`.

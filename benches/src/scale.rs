@@ -15,7 +15,6 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_postgres::{Client, NoTls};
@@ -323,19 +322,10 @@ pub fn run(binary: &Path, opts: ScaleOptions) -> Result<ScaleResults> {
     })
 }
 
-/// Raises this process's open-files limit (inherited by the gateway) towards `wanted`: the soft
-/// limit up to the hard one, and the hard one too where that is allowed. Returns the soft limit
-/// in force, which may be below `wanted`; the report shows it.
+/// Raises the open-files limit as far as allowed towards `wanted`, saying so when it stays
+/// below (the gateway then fits its connection caps to it).
 fn raise_nofile(wanted: u64) -> Result<u64> {
-    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).context("getrlimit")?;
-    if soft >= wanted {
-        return Ok(soft);
-    }
-    if hard < wanted && setrlimit(Resource::RLIMIT_NOFILE, wanted, wanted).is_ok() {
-        return Ok(wanted);
-    }
-    let target = wanted.min(hard);
-    setrlimit(Resource::RLIMIT_NOFILE, target, hard).context("setrlimit")?;
+    let target = crate::process::raise_nofile(wanted)?;
     if target < wanted {
         crate::progress(format_args!(
             "scale: open-files limit {target} (the hard limit; {wanted} wanted): the gateway \
@@ -558,14 +548,7 @@ fn gateway_counters(admin: u16) -> String {
     let Ok(reply) = crate::http::request(admin, "GET", "/metrics", Duration::from_secs(5)) else {
         return "metrics unavailable".into();
     };
-    let sum = |name: &str, label: &str| -> f64 {
-        reply
-            .body
-            .lines()
-            .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .fold(0.0, |a, b| a + b)
-    };
+    let sum = |name: &str, label: &str| crate::http::metric_sum(&reply.body, name, label);
     format!(
         "parks on their own {:.0}, revivals ok {:.0} / error {:.0}, reuse hits {:.0} / misses \
          {:.0}, waits for a backend connection: kept {:.0}, slot {:.0}, timeout {:.0}",

@@ -4,10 +4,12 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{Gateway, LOCAL_PASSWORD, show};
-use tokio_postgres::{Client, NoTls};
+use common::{
+    Gateway, LOCAL_PASSWORD, backend_pid, blocking, connect_plain, counted, show, wait_returns,
+};
+use tokio_postgres::NoTls;
 
 const PLAINTEXT: &str = "allow_plaintext = true\n";
 
@@ -19,41 +21,6 @@ fn conninfo(gw: &Gateway, tenant: &str) -> String {
     )
 }
 
-async fn connect(info: &str) -> Client {
-    let (client, conn) = tokio_postgres::connect(info, NoTls).await.unwrap();
-    tokio::spawn(conn);
-    client
-}
-
-fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> T + Send + 'static,
-) -> tokio::task::JoinHandle<T> {
-    tokio::task::spawn_blocking(f)
-}
-
-async fn pid(client: &Client) -> i32 {
-    client
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0)
-}
-
-/// A labelled counter's value (0 when never counted).
-fn counted(gw: &Gateway, name: &str, outcome: &str) -> f64 {
-    gw.labelled_metric(name, &[("outcome", outcome)])
-}
-
-/// Waits until `pgwake_backend_reuse_returns_total{outcome}` reaches `n` (the hand-back runs
-/// after the client is gone).
-async fn wait_returns(gw: &Gateway, outcome: &str, n: f64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while counted(gw, "pgwake_backend_reuse_returns_total", outcome) < n {
-        assert!(Instant::now() < deadline, "no {n} returns {outcome:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn departed_clients_hand_their_reset_backend_to_the_next() {
     let gw = blocking(|| Gateway::start_local(&["re"], PLAINTEXT, "", &[]))
@@ -62,8 +29,8 @@ async fn departed_clients_hand_their_reset_backend_to_the_next() {
     let info = conninfo(&gw, "re");
 
     // A session that changes settings and prepares statements, then says goodbye.
-    let a = connect(&info).await;
-    let first = pid(&a).await;
+    let a = connect_plain(&info).await;
+    let first = backend_pid(&a).await;
     a.batch_execute(
         "SET statement_timeout = '7s'; SET search_path = pg_catalog; \
          PREPARE by_sql AS SELECT 1",
@@ -72,7 +39,7 @@ async fn departed_clients_hand_their_reset_backend_to_the_next() {
     .unwrap();
     a.prepare("SELECT $1::int4 + 1").await.unwrap();
     let default_path = {
-        let b = connect(&info).await;
+        let b = connect_plain(&info).await;
         let p = show(&b, "search_path").await;
         drop(b);
         wait_returns(&gw, "kept", 1.0).await;
@@ -83,8 +50,8 @@ async fn departed_clients_hand_their_reset_backend_to_the_next() {
     assert_eq!(gw.metric("pgwake_backend_reuse_idle_connections"), 2.0);
 
     // The next client gets the newest kept connection: the first session's, reset.
-    let c = connect(&info).await;
-    assert_eq!(pid(&c).await, first, "the same backend process");
+    let c = connect_plain(&info).await;
+    assert_eq!(backend_pid(&c).await, first, "the same backend process");
     assert_eq!(show(&c, "statement_timeout").await, "0");
     assert_eq!(show(&c, "search_path").await, default_path);
     // Over the simple protocol: tokio-postgres prepares a named statement for `query`.
@@ -110,14 +77,14 @@ async fn departed_clients_hand_their_reset_backend_to_the_next() {
     drop(c);
     wait_returns(&gw, "not_safe", 1.0).await;
     // So is one left inside a transaction.
-    let d = connect(&info).await;
-    let in_tx = pid(&d).await;
+    let d = connect_plain(&info).await;
+    let in_tx = backend_pid(&d).await;
     assert_ne!(in_tx, first);
     d.batch_execute("BEGIN; SELECT 1").await.unwrap();
     drop(d);
     wait_returns(&gw, "not_safe", 2.0).await;
-    let e = connect(&info).await;
-    let e_pid = pid(&e).await;
+    let e = connect_plain(&info).await;
+    let e_pid = backend_pid(&e).await;
     assert!(e_pid != first && e_pid != in_tx, "neither was kept");
     let temp: i64 = e
         .query_one(
@@ -133,8 +100,8 @@ async fn departed_clients_hand_their_reset_backend_to_the_next() {
     wait_returns(&gw, "kept", 3.0).await;
 
     // Cancel on a reused connection: the new client's own key works, the old client's does not.
-    let f = connect(&info).await;
-    assert_eq!(pid(&f).await, e_pid);
+    let f = connect_plain(&info).await;
+    assert_eq!(backend_pid(&f).await, e_pid);
     let f_cancel = f.cancel_token();
     let stale_cancel = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -164,8 +131,8 @@ async fn departed_clients_hand_their_reset_backend_to_the_next() {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let stale_before = counted(&gw, "pgwake_backend_reuse_total", "stale");
-    let g = connect(&info).await;
-    let g_pid = pid(&g).await;
+    let g = connect_plain(&info).await;
+    let g_pid = backend_pid(&g).await;
     assert_ne!(g_pid, e_pid);
     assert_eq!(
         g.query_one("SELECT 1", &[]).await.unwrap().get::<_, i32>(0),
@@ -189,12 +156,12 @@ async fn reuse_off_means_a_new_backend_each_time() {
     .await
     .unwrap();
     let info = conninfo(&gw, "fresh");
-    let a = connect(&info).await;
-    let first = pid(&a).await;
+    let a = connect_plain(&info).await;
+    let first = backend_pid(&a).await;
     drop(a);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let b = connect(&info).await;
-    assert_ne!(pid(&b).await, first);
+    let b = connect_plain(&info).await;
+    assert_ne!(backend_pid(&b).await, first);
     drop(b);
     assert_eq!(counted(&gw, "pgwake_backend_reuse_total", "hit"), 0.0);
     blocking(move || gw.wait_idle()).await.unwrap();
@@ -208,8 +175,8 @@ async fn kept_connections_do_not_keep_a_tenant_awake() {
         .await
         .unwrap();
     let info = conninfo(&gw, "nap");
-    let a = connect(&info).await;
-    let first = pid(&a).await;
+    let a = connect_plain(&info).await;
+    let first = backend_pid(&a).await;
     drop(a);
     wait_returns(&gw, "kept", 1.0).await;
     // Nothing but the kept connection: the tenant sleeps, which closes it.
@@ -219,8 +186,8 @@ async fn kept_connections_do_not_keep_a_tenant_awake() {
     })
     .await
     .unwrap();
-    let b = connect(&info).await;
-    assert_ne!(pid(&b).await, first, "a fresh login after the wake");
+    let b = connect_plain(&info).await;
+    assert_ne!(backend_pid(&b).await, first, "a fresh login after the wake");
     assert_eq!(counted(&gw, "pgwake_backend_reuse_total", "stale"), 1.0);
     drop(b);
     blocking(move || gw.wait_idle()).await.unwrap();

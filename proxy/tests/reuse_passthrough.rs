@@ -6,9 +6,9 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::Gateway;
+use common::{Gateway, backend_pid, blocking, connect_plain, counted, wait_returns};
 use pgwake_testkit::{PgOptions, TestPostgres};
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
 
@@ -41,26 +41,6 @@ fn conninfo(gw: &Gateway, tenant: &str, password: Option<&str>) -> String {
     )
 }
 
-async fn connect(info: &str) -> Client {
-    let (client, conn) = tokio_postgres::connect(info, NoTls).await.unwrap();
-    tokio::spawn(conn);
-    client
-}
-
-fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> T + Send + 'static,
-) -> tokio::task::JoinHandle<T> {
-    tokio::task::spawn_blocking(f)
-}
-
-async fn pid(client: &Client) -> i32 {
-    client
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0)
-}
-
 /// The first column of the first row of `sql` over the simple protocol (no statement of the
 /// client's own is prepared for it).
 async fn simple_value(client: &Client, sql: &str) -> String {
@@ -71,19 +51,6 @@ async fn simple_value(client: &Client, sql: &str) -> String {
             _ => None,
         })
         .expect("a row")
-}
-
-fn counted(gw: &Gateway, name: &str, outcome: &str) -> f64 {
-    gw.labelled_metric(name, &[("outcome", outcome)])
-}
-
-/// Waits until `pgwake_backend_reuse_returns_total{outcome}` reaches `n`.
-async fn wait_returns(gw: &Gateway, outcome: &str, n: f64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while counted(gw, "pgwake_backend_reuse_returns_total", outcome) < n {
-        assert!(Instant::now() < deadline, "no {n} returns {outcome:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// `SELECT pg_backend_pid()` through the gateway with psql.
@@ -110,8 +77,8 @@ async fn trusted_passthrough_clients_share_a_reset_backend() {
     // No password: the backend trusts the gateway's address.
     let info = conninfo(&gw, "opted", None);
 
-    let a = connect(&info).await;
-    let first = pid(&a).await;
+    let a = connect_plain(&info).await;
+    let first = backend_pid(&a).await;
     a.batch_execute("SET statement_timeout = '7s'; PREPARE by_sql AS SELECT 1")
         .await
         .unwrap();
@@ -121,8 +88,8 @@ async fn trusted_passthrough_clients_share_a_reset_backend() {
     assert_eq!(counted(&gw, "pgwake_backend_reuse_total", "miss"), 1.0);
 
     // The next client with the same startup gets the same backend process, reset.
-    let b = connect(&info).await;
-    assert_eq!(pid(&b).await, first, "the kept backend process");
+    let b = connect_plain(&info).await;
+    assert_eq!(backend_pid(&b).await, first, "the kept backend process");
     assert_eq!(counted(&gw, "pgwake_backend_reuse_total", "hit"), 1.0);
     assert_eq!(simple_value(&b, "SHOW statement_timeout").await, "0");
     let statements = "SELECT count(*) FROM pg_prepared_statements";
@@ -156,8 +123,12 @@ async fn trusted_passthrough_clients_share_a_reset_backend() {
         .unwrap();
     drop(b);
     wait_returns(&gw, "not_safe", 1.0).await;
-    let c = connect(&info).await;
-    assert_ne!(pid(&c).await, first, "the pinned connection was not kept");
+    let c = connect_plain(&info).await;
+    assert_ne!(
+        backend_pid(&c).await,
+        first,
+        "the pinned connection was not kept"
+    );
     let temp = "SELECT count(*) FROM pg_class WHERE relname = 'scratch' AND relpersistence = 't'";
     assert_eq!(simple_value(&c, temp).await, "0");
     drop(c);
@@ -176,12 +147,16 @@ async fn trusted_passthrough_clients_share_a_reset_backend() {
     // Without the opt-in, each client gets its own backend and nothing is counted.
     let plain = conninfo(&gw, "plain", None);
     let hits = counted(&gw, "pgwake_backend_reuse_total", "hit");
-    let d = connect(&plain).await;
-    let d_pid = pid(&d).await;
+    let d = connect_plain(&plain).await;
+    let d_pid = backend_pid(&d).await;
     drop(d);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let e = connect(&plain).await;
-    assert_ne!(pid(&e).await, d_pid, "no reuse without reuse_passthrough");
+    let e = connect_plain(&plain).await;
+    assert_ne!(
+        backend_pid(&e).await,
+        d_pid,
+        "no reuse without reuse_passthrough"
+    );
     drop(e);
     assert_eq!(counted(&gw, "pgwake_backend_reuse_total", "hit"), hits);
     let (gw, pg) = blocking(move || {
@@ -207,12 +182,12 @@ async fn a_backend_that_asks_for_a_password_never_shares() {
 
     // SCRAM, then md5 (a password stored as md5 and an md5 line in pg_hba.conf).
     for round in 1..=2 {
-        let a = connect(&info).await;
-        let first = pid(&a).await;
+        let a = connect_plain(&info).await;
+        let first = backend_pid(&a).await;
         drop(a);
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let b = connect(&info).await;
-        assert_ne!(pid(&b).await, first, "round {round}: never reused");
+        let b = connect_plain(&info).await;
+        assert_ne!(backend_pid(&b).await, first, "round {round}: never reused");
         drop(b);
         let untrusted = counted(&gw, "pgwake_backend_reuse_total", "untrusted");
         assert_eq!(untrusted, 2.0 * round as f64);

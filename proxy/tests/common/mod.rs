@@ -19,6 +19,46 @@ pub const SNI_SUFFIX: &str = "db.localtest";
 /// Superuser password of local-backend tenants in tests.
 pub const LOCAL_PASSWORD: &str = "local-test-password";
 
+/// A tokio-postgres client for `info` (plaintext), its connection driven on this runtime.
+pub async fn connect_plain(info: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(info, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+}
+
+/// Runs a blocking client (psql) off the runtime's workers.
+pub fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> tokio::task::JoinHandle<T> {
+    tokio::task::spawn_blocking(f)
+}
+
+/// The backend process serving `client` (tells a kept connection from a new one).
+pub async fn backend_pid(client: &tokio_postgres::Client) -> i32 {
+    client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// A counter's value for one `outcome` label (0 when never counted).
+pub fn counted(gw: &Gateway, name: &str, outcome: &str) -> f64 {
+    gw.labelled_metric(name, &[("outcome", outcome)])
+}
+
+/// Waits until `pgwake_backend_reuse_returns_total{outcome}` reaches `n` (a kept connection is
+/// handed back after its client is gone).
+pub async fn wait_returns(gw: &Gateway, outcome: &str, n: f64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while counted(gw, "pgwake_backend_reuse_returns_total", outcome) < n {
+        assert!(Instant::now() < deadline, "no {n} returns {outcome:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A real Postgres with TLS and connection logging, as a tenant's backend.
 pub fn backend() -> TestPostgres {
     TestPostgres::start(PgOptions {
