@@ -22,6 +22,13 @@ impl RawMessage {
     }
 }
 
+/// The body length a tagged message's 5-byte header announces, or `None` when it is out of
+/// range (shorter than the length field itself, or longer than `max`).
+pub(crate) fn body_len(header: &[u8; 5], max: usize) -> Option<usize> {
+    let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+    len.checked_sub(4).filter(|&body| body <= max)
+}
+
 /// Reads one tagged message whole, or `None` when its length is out of range.
 pub(crate) async fn read_message<R: AsyncRead + Unpin>(
     r: &mut R,
@@ -29,11 +36,10 @@ pub(crate) async fn read_message<R: AsyncRead + Unpin>(
 ) -> std::io::Result<Option<RawMessage>> {
     let mut header = [0u8; 5];
     r.read_exact(&mut header).await?;
-    let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
-    if len < 4 || len - 4 > max {
+    let Some(body) = body_len(&header, max) else {
         return Ok(None);
-    }
-    let mut bytes = vec![0u8; len + 1];
+    };
+    let mut bytes = vec![0u8; body + 5];
     bytes[..5].copy_from_slice(&header);
     r.read_exact(&mut bytes[5..]).await?;
     Ok(Some(RawMessage { bytes }))

@@ -43,6 +43,7 @@ use crate::cancel::CancelTarget;
 use crate::config::ReuseConfig;
 use crate::metrics::Metrics;
 use crate::stream::Stream;
+use crate::wire::body_len;
 
 /// Which clients may share a kept backend connection: same tenant, same startup parameters,
 /// and the same kind of login (a connection the gateway logged in for a client it checked never
@@ -336,14 +337,12 @@ async fn reset(stream: &mut Stream, max_message: usize) -> std::io::Result<Check
 
 /// The whole message at the start of `buf`, if it is all there: its tag, body and length.
 fn next_message(buf: &[u8], max_message: usize) -> std::io::Result<Option<(u8, &[u8], usize)>> {
-    let Some(header) = buf.get(..5) else {
+    let Some(header) = buf.first_chunk::<5>() else {
         return Ok(None);
     };
-    let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
-    if len < 4 || len - 4 > max_message {
-        return Err(std::io::Error::other("message length out of range"));
-    }
-    Ok(buf.get(5..len + 1).map(|body| (header[0], body, len + 1)))
+    let len = 5 + body_len(header, max_message)
+        .ok_or_else(|| std::io::Error::other("message length out of range"))?;
+    Ok(buf.get(5..len).map(|body| (header[0], body, len)))
 }
 
 /// What the replies to the pin check and the reset said so far.
