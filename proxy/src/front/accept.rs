@@ -183,8 +183,10 @@ async fn session(
     accepted_at: Instant,
     deadline: Instant,
 ) {
+    // Negotiation (a TLS handshake) and the short-lived ends are boxed so that the session's
+    // task, which lives as long as the client stays, is not sized by them.
     let negotiated = tokio::select! {
-        n = negotiate(tcp, &front.negotiate, deadline) => n,
+        n = Box::pin(negotiate(tcp, &front.negotiate, deadline)) => n,
         _ = front.terminate.cancelled() => return,
         _ = slot.evicted() => {
             debug!("connection ended during negotiation to make room for newer ones");
@@ -193,7 +195,7 @@ async fn session(
     };
     match negotiated {
         Ok(Negotiated::Cancel { key, stream }) => {
-            front.pipeline.cancel_request(&key, peer, stream).await
+            Box::pin(front.pipeline.cancel_request(&key, peer, stream)).await
         }
         Ok(Negotiated::Session { stream, startup }) => {
             let pipeline = &front.pipeline;
@@ -201,6 +203,6 @@ async fn session(
                 .run_session(stream, peer, startup, accepted_at, slot)
                 .await
         }
-        Err((stream, err)) => fail(&front.metrics, stream, err).await,
+        Err((stream, err)) => Box::pin(fail(&front.metrics, stream, err)).await,
     }
 }

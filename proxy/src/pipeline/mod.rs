@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pgwake_protocol::{CancelKey, StartupMessage};
-use pgwake_routing::WakeCoordinator;
+use pgwake_routing::{Admission, WakeCoordinator};
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -25,14 +25,14 @@ pub use admit::Admitted;
 pub use authenticate::Authenticator;
 pub use route::{Profiles, Router, TenantProfile};
 
-use crate::cancel::{CancelMap, CancelRegistration, forward_cancel};
+use crate::cancel::{CancelMap, forward_cancel};
 use crate::capacity::ClientSlot;
 use crate::error::{SessionError, fail};
 use crate::metrics::Metrics;
 use crate::peer::PeerCancels;
-use crate::session::{Attached, Revivable, Sessions};
+use crate::session::{Attached, Revivable, SessionStart, Sessions};
 use crate::stream::Stream;
-use crate::upstream::{ClientLogin, Connector, Returnable};
+use crate::upstream::{ClientLogin, Connector, Upstream};
 
 /// The stages, each a narrow handle of its own.
 pub struct Pipeline {
@@ -58,13 +58,10 @@ pub struct Pipeline {
     pub terminate: CancellationToken,
 }
 
-/// A session ready to relay: its backend, its cancel key, and how it may move or be reused.
+/// A session ready to relay, and whether its backend connection was a kept one.
 struct Opened {
-    attached: Attached,
-    cancel: Option<CancelRegistration>,
-    returnable: Option<Returnable>,
+    start: Box<SessionStart>,
     reused: bool,
-    revivable: Option<Revivable>,
 }
 
 impl Pipeline {
@@ -100,7 +97,8 @@ impl Pipeline {
         slot: &mut ClientSlot,
     ) {
         if let Err(full) = slot.check_gateway() {
-            return fail(&self.metrics, Some(client), SessionError::Full(full)).await;
+            let failed = fail(&self.metrics, Some(client), SessionError::Full(full));
+            return Box::pin(failed).await;
         }
         let evicted = slot.eviction();
         let opened = tokio::select! {
@@ -113,22 +111,18 @@ impl Pipeline {
         slot.logged_in();
         let opened = match opened {
             Ok(s) => s,
-            Err(err) => return fail(&self.metrics, Some(client), err).await,
+            Err(err) => return Box::pin(fail(&self.metrics, Some(client), err)).await,
         };
         let elapsed = accepted_at.elapsed();
         self.metrics.startup_duration.observe(elapsed.as_secs_f64());
-        let (elapsed_ms, backend) = (elapsed.as_millis() as u64, &opened.attached.endpoint);
+        let (elapsed_ms, backend) = (elapsed.as_millis() as u64, &opened.start.attached.endpoint);
         if opened.reused {
             debug!(elapsed_ms, %backend, "kept backend connection reused");
         } else {
             debug!(elapsed_ms, %backend, "login relayed");
         }
         debug!(peer = %peer, "session ready");
-        let o = opened;
-        let sessions = &self.sessions;
-        sessions
-            .run(&mut client, o.attached, o.cancel, o.revivable, o.returnable)
-            .await;
+        self.sessions.run(&mut client, opened.start).await;
     }
 
     /// Admits, authenticates, wakes and connects a client: the journey up to the relay.
@@ -177,18 +171,28 @@ impl Pipeline {
             reuse_passthrough: profile.reuse_passthrough,
         };
         let up = self.connector.for_client(client, login).await?;
+        Ok(Opened::new(up, awake, revivable))
+    }
+}
+
+impl Opened {
+    /// The session that starts on backend connection `up` to the tenant `awake` admitted.
+    fn new(up: Upstream, awake: Admission, revivable: Option<Revivable>) -> Opened {
         let attached = Attached {
             stream: up.stream,
             slot: up.slot,
             claim: awake.claim,
             endpoint: awake.endpoint,
         };
-        Ok(Opened {
+        let start = SessionStart {
             attached,
             cancel: up.cancel,
-            returnable: up.returnable,
-            reused: up.reused,
             revivable,
-        })
+            returnable: up.returnable,
+        };
+        Opened {
+            start: Box::new(start),
+            reused: up.reused,
+        }
     }
 }

@@ -77,6 +77,19 @@ pub struct Attached {
     pub endpoint: Endpoint,
 }
 
+/// What a logged-in session starts with: its backend connection, its cancel key, and how it
+/// may move or be handed back. Passed boxed, so the session's task is not sized by it.
+pub struct SessionStart {
+    /// The backend connection it logged in on.
+    pub attached: Attached,
+    /// The gateway-issued cancel key the client was given, if any.
+    pub cancel: Option<CancelRegistration>,
+    /// Its revival token's contents, when it may be parked and revived.
+    pub revivable: Option<Revivable>,
+    /// How its backend connection is handed back for reuse, when it may be.
+    pub returnable: Option<Returnable>,
+}
+
 /// What a parked client did.
 enum Parked {
     /// Sent these bytes (the start of its next message).
@@ -91,17 +104,9 @@ impl Sessions {
     /// Relays a logged-in session until it ends, moving it between backend connections when it is
     /// `revivable` and revival is enabled, and handing its backend connection back for reuse when
     /// it is `returnable` and its client leaves at a safe point; counts and logs how it ended.
-    pub async fn run(
-        &self,
-        client: &mut Stream,
-        attached: Attached,
-        cancel: Option<CancelRegistration>,
-        revivable: Option<Revivable>,
-        returnable: Option<Returnable>,
-    ) {
+    pub async fn run(&self, client: &mut Stream, start: Box<SessionStart>) {
         let gw = self;
-        let end = drive(gw, client, attached, cancel.as_ref(), revivable, returnable).await;
-        drop(cancel);
+        let end = drive(gw, client, start).await;
         match end {
             Ok(end) => match end.error_kind() {
                 Some(kind) => {
@@ -122,42 +127,46 @@ impl Sessions {
 type Ended = Result<RelayEnd, (&'static str, String)>;
 
 /// Relays the session run after run, doing between runs what the park/migrate policy decides.
-async fn drive(
-    gw: &Sessions,
-    client: &mut Stream,
-    current: Attached,
-    cancel: Option<&CancelRegistration>,
-    revivable: Option<Revivable>,
-    returnable: Option<Returnable>,
-) -> Ended {
+async fn drive(gw: &Sessions, client: &mut Stream, start: Box<SessionStart>) -> Ended {
     let revival = gw.revival.as_deref().filter(|r| r.config.enabled);
     let max_statements = revival.map_or(1000, |r| r.config.max_statements);
-    let mut mover = revival.zip(revivable).map(|(rv, who)| Mover {
-        rv,
-        who,
-        mobility: Mobility::new(Policy {
-            snapshot_after: rv.config.snapshot_after,
-            end_pinned: rv.config.pinned == PinnedPolicy::Terminate,
-            park_after: rv.config.park_session_after,
-        }),
+    let SessionStart {
+        attached,
+        cancel,
+        revivable,
+        returnable,
+    } = *start;
+    let mut mover = revival.zip(revivable).map(|(rv, who)| {
+        Box::new(Mover {
+            rv,
+            who,
+            mobility: Mobility::new(Policy {
+                snapshot_after: rv.config.snapshot_after,
+                end_pinned: rv.config.pinned == PinnedPolicy::Terminate,
+                park_after: rv.config.park_session_after,
+            }),
+        })
     });
-    let mut s = Live::new(gw, current, cancel, returnable, max_statements);
+    // The session's state and every step but the relay and the park are boxed: a session's
+    // task is as large as its largest step and lives as long as its client stays, mostly
+    // relaying or parked; the steps in between (snapshot, hand-back, revival) are short.
+    let mut s = Box::new(Live::new(gw, attached, cancel, returnable, max_statements));
     loop {
-        let plan = s.plan(mover.as_mut());
+        let plan = s.plan(mover.as_deref_mut());
         let end = s.relay_run(client, plan).await;
         s.cancel_if_abandoned(&end);
         if let RelayEnd::ClientLeft = end {
-            s.client_left().await;
+            Box::pin(s.client_left()).await;
             return Ok(RelayEnd::ClientClosed);
         }
-        let Some(m) = mover.as_mut() else {
+        let Some(m) = mover.as_deref_mut() else {
             return Ok(end);
         };
-        let outcome = match s.outcome(client, end).await {
+        let outcome = match Box::pin(s.outcome(client, end)).await {
             Ok(outcome) => outcome,
             Err(ended) => return ended,
         };
-        let how = match s.settle(client, m, outcome).await {
+        let how = match Box::pin(s.settle(client, m, outcome)).await {
             Ok(Some(how)) => how,
             Ok(None) => continue,
             Err(ended) => return ended,
@@ -180,7 +189,7 @@ struct Mover<'g> {
 /// A session between relay runs: its backend connection and what is kept across moves.
 struct Live<'g> {
     gw: &'g Sessions,
-    cancel: Option<&'g CancelRegistration>,
+    cancel: Option<CancelRegistration>,
     current: Attached,
     tracker: SessionTracker,
     snap: Option<Snapshot>,
@@ -198,7 +207,7 @@ impl<'g> Live<'g> {
     fn new(
         gw: &'g Sessions,
         current: Attached,
-        cancel: Option<&'g CancelRegistration>,
+        cancel: Option<CancelRegistration>,
         returnable: Option<Returnable>,
         max_statements: usize,
     ) -> Live<'g> {
@@ -279,7 +288,7 @@ impl<'g> Live<'g> {
             end,
             RelayEnd::ClientLeft | RelayEnd::ClientClosed | RelayEnd::ClientIo(_)
         ) && self.tracker.in_flight()
-            && let Some(target) = self.cancel.and_then(CancelRegistration::target)
+            && let Some(target) = self.cancel.as_ref().and_then(CancelRegistration::target)
         {
             cancel_in_background(target, self.gw.connector.connect_timeout());
         }
@@ -287,7 +296,7 @@ impl<'g> Live<'g> {
 
     /// The client said goodbye or vanished and its backend connection was left alone: hands it
     /// back for reuse when it is at a safe point, else closes it.
-    async fn client_left(self) {
+    async fn client_left(self: Box<Self>) {
         let Attached {
             stream,
             slot,
@@ -392,11 +401,11 @@ impl<'g> Live<'g> {
     /// Moves the session off its backend connection: parked until its client's next message
     /// (unless it migrates), then revived on a new connection; `Err` when it ended instead.
     async fn leave(
-        mut self,
+        mut self: Box<Self>,
         client: &mut Stream,
         m: &mut Mover<'_>,
         how: Move,
-    ) -> Result<Live<'g>, Ended> {
+    ) -> Result<Box<Live<'g>>, Ended> {
         let gw = self.gw;
         let Attached {
             stream,
@@ -408,9 +417,9 @@ impl<'g> Live<'g> {
             // At rest and movable: the connection can serve another session.
             let back = self.returnable.take();
             let conn = (stream, slot);
-            gw.connector.give_back(conn, endpoint, back, true).await;
+            Box::pin(gw.connector.give_back(conn, endpoint, back, true)).await;
         } else {
-            crate::upstream::close(stream).await;
+            Box::pin(crate::upstream::close(stream)).await;
         }
         gw.metrics.parked(how.label());
         let Some(snapshot) = self.snap.as_ref() else {
@@ -422,7 +431,15 @@ impl<'g> Live<'g> {
             drop(claim);
         }
         let started = Instant::now();
-        match revive::revive(gw, m.rv, &mut m.who, snapshot, self.cancel).await {
+        match Box::pin(revive::revive(
+            gw,
+            m.rv,
+            &mut m.who,
+            snapshot,
+            self.cancel.as_ref(),
+        ))
+        .await
+        {
             Ok((new, returnable)) => {
                 let took = started.elapsed();
                 gw.metrics.revived(how.label(), Some(took));
@@ -446,7 +463,7 @@ impl<'g> Live<'g> {
                     ),
                 )
                 .with_hint("reconnect: a new connection starts a fresh session");
-                end_with(client, None, Some(msg)).await;
+                Box::pin(end_with(client, None, Some(msg))).await;
                 Err(Err(("revival_failed", e.to_string())))
             }
         }
@@ -489,7 +506,7 @@ async fn park(
                 sqlstate::ADMIN_SHUTDOWN,
                 "terminating connection because the gateway is shutting down",
             );
-            end_with(client, None, Some(msg)).await;
+            Box::pin(end_with(client, None, Some(msg))).await;
             Err(Ok(RelayEnd::Terminated))
         }
     }
