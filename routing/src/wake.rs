@@ -587,7 +587,9 @@ impl WakeCoordinator {
                 hold
             };
             if let (true, Some((activity, namespace))) = (hold, &shared) {
-                self.hold(slot, activity, namespace, deadline).await?;
+                // Boxed: only replicas sharing a sleep decision hold, and every queued
+                // connection's future would otherwise be sized by the Kubernetes calls.
+                Box::pin(self.hold(slot, activity, namespace, deadline)).await?;
                 continue;
             }
             if timeout_at(deadline, changed.changed()).await.is_err() {
