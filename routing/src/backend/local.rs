@@ -279,9 +279,10 @@ impl LocalBackend {
     }
 
     /// Stops a server whose wake has not finished with an immediate shutdown: no client has used
-    /// it, and a fast shutdown waits for every backend to exit, including one still before
-    /// authentication (with `pre_auth_delay` the readiness probe's backend sleeps with its
-    /// signals blocked). The postmaster kills such children itself a few seconds later.
+    /// it, and a fast shutdown waits for every backend to exit, which one still before
+    /// authentication can hold up (with `pre_auth_delay` the readiness probe's backend leaves the
+    /// fast shutdown's SIGTERM pending until its delay is over; the immediate shutdown's SIGQUIT
+    /// ends it at once, as seen with Postgres 15).
     async fn stop_starting(&self, tenant: &TenantId, mut r: Running) {
         let Some(pid) = r.child.id() else {
             return;
