@@ -1,5 +1,6 @@
 //! Wake on connect with the local backend: a wake storm, the queue bound, timeouts, a broken
-//! tenant, idle sleep and the quickstart, against real Postgres servers the gateway starts.
+//! tenant, idle sleep, shutdown during a wake and the quickstart, against real Postgres servers
+//! the gateway starts.
 
 mod common;
 
@@ -7,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Gateway, LOCAL_PASSWORD};
+use common::{Gateway, LOCAL_PASSWORD, backend};
 use tokio_postgres::NoTls;
 
 const PLAINTEXT: &str = "allow_plaintext = true";
@@ -184,6 +185,170 @@ async fn clients_that_hang_up_while_queued_leave_the_queue() {
     // The wake went on for the tenant, and the next client is served.
     assert_eq!(select_one(&conninfo).await.unwrap(), 1);
     blocking(move || gw.wait_idle()).await.unwrap();
+}
+
+/// Settings that hold a local tenant's wake far longer than a test: every login, the readiness
+/// probe's included, waits a minute before Postgres reads it.
+const HELD_WAKE: &str = "[wake]\nwake_timeout = \"120s\"";
+const HELD_LOGINS: &str = "pre_auth_delay = '60s'";
+
+/// Live processes whose command line names `data_dir`: a postmaster of that data directory and
+/// its children (a backend still in `pre_auth_delay` keeps the postmaster's command line).
+fn server_processes(data_dir: &std::path::Path) -> Vec<u32> {
+    let needle = data_dir.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            String::from_utf8_lossy(&cmdline)
+                .contains(&needle)
+                .then_some(pid)
+        })
+        .collect()
+}
+
+/// Waits until the tenant's postmaster reports itself ready in its pid file (initdb's
+/// single-user runs write that file too, but without the status line).
+fn wait_for_postmaster(gw: &Gateway, tenant: &str) -> std::path::PathBuf {
+    let data = gw.local_dir(tenant).join("data");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(data.join("postmaster.pid"))
+        .is_ok_and(|t| t.lines().nth(7).is_some_and(|l| l.trim() == "ready"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "postgres never started: {}",
+            gw.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    data
+}
+
+/// Expects the client's task to end with FATAL 57P01 from the gateway's shutdown.
+async fn ended_by_shutdown(task: tokio::task::JoinHandle<Result<i32, tokio_postgres::Error>>) {
+    let err = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("a queued client was left waiting after SIGTERM")
+        .unwrap()
+        .expect_err("a queued client was served during shutdown");
+    assert_eq!(err.code().map(|c| c.code()), Some("57P01"), "{err:?}");
+    assert!(message(&err).contains("shutting down"), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_queued_clients_at_once_and_stops_the_waking_server() {
+    // The default shutdown_grace (30 s): queued clients must not make the gateway wait it out.
+    let gw = Arc::new(
+        blocking(|| {
+            Gateway::start_local(
+                &["held"],
+                &format!("{PLAINTEXT}\n{HELD_WAKE}"),
+                HELD_LOGINS,
+                &[],
+            )
+        })
+        .await
+        .unwrap(),
+    );
+    let waiting = queue_clients(&gw, "held", 3).await;
+    let g = gw.clone();
+    let data = blocking(move || wait_for_postmaster(&g, "held"))
+        .await
+        .unwrap();
+    assert_eq!(gw.tenant_state("held").0, "waking");
+    let mut gw = Arc::into_inner(gw).expect("no other handle on the gateway");
+
+    let sent = Instant::now();
+    gw.signal("-TERM");
+    for w in waiting {
+        ended_by_shutdown(w).await;
+    }
+    let answered = sent.elapsed();
+    assert!(
+        answered < Duration::from_secs(5),
+        "queued clients answered {answered:?} after SIGTERM"
+    );
+    let (exited, gw) = blocking(move || (gw.wait_exit(Duration::from_secs(20)), gw))
+        .await
+        .unwrap();
+    assert!(
+        exited,
+        "pgwake still running 20 s after SIGTERM with only queued clients: {}",
+        gw.log()
+    );
+    assert_eq!(
+        server_processes(&data),
+        Vec::<u32>::new(),
+        "the server whose wake was under way outlived the gateway: {}",
+        gw.log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_keeps_a_relaying_transaction_for_the_grace_period_only() {
+    // One tenant relaying on a running Postgres, one whose wake is held.
+    let pg = blocking(backend).await.unwrap();
+    let tenants = format!(
+        "{}[[tenant]]\nid = \"alpha\"\nbackend = {{ kind = \"fixed\", address = \"127.0.0.1:{}\" }}\n",
+        Gateway::local_tenants(&["held"], HELD_LOGINS),
+        pg.port
+    );
+    let grace = Duration::from_secs(10);
+    let gw = Arc::new(Gateway::launch(
+        &format!("{PLAINTEXT}\n{HELD_WAKE}"),
+        &tenants,
+        &[("PGWAKE_LIMITS__SHUTDOWN_GRACE", "10s")],
+    ));
+    let relaying = format!(
+        "host=127.0.0.1 port={} user={} password={} dbname=alpha.postgres sslmode=disable",
+        gw.port, pg.options.user, pg.options.password
+    );
+    let (client, conn) = tokio_postgres::connect(&relaying, NoTls).await.unwrap();
+    let conn = tokio::spawn(conn);
+    client.simple_query("begin").await.unwrap();
+    client
+        .simple_query("create temporary table t (n int)")
+        .await
+        .unwrap();
+    let waiting = queue_clients(&gw, "held", 2).await;
+    let mut gw = Arc::into_inner(gw).expect("no other handle on the gateway");
+
+    let sent = Instant::now();
+    gw.signal("-TERM");
+    for w in waiting {
+        ended_by_shutdown(w).await;
+    }
+    // The transaction goes on after the queued clients are gone, within the grace period.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    client
+        .simple_query("insert into t values (1)")
+        .await
+        .expect("the transaction lives on in the grace period");
+    assert!(sent.elapsed() < grace);
+    let err = tokio::time::timeout(grace + Duration::from_secs(10), conn)
+        .await
+        .expect("the session ended after the grace period")
+        .unwrap()
+        .expect_err("ended with an error");
+    assert_eq!(err.code().map(|c| c.code()), Some("57P01"), "{err}");
+    let ended = sent.elapsed();
+    assert!(
+        ended >= grace - Duration::from_secs(1),
+        "the relaying session ended {ended:?} after SIGTERM, before its grace of {grace:?}"
+    );
+    let (exited, gw) = blocking(move || (gw.wait_exit(Duration::from_secs(20)), gw))
+        .await
+        .unwrap();
+    assert!(exited, "pgwake did not exit: {}", gw.log());
+    assert_eq!(
+        server_processes(&gw.local_dir("held").join("data")),
+        Vec::<u32>::new(),
+        "the server whose wake was under way outlived the gateway: {}",
+        gw.log()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -162,7 +162,7 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
         cancels,
         peers,
         metrics: metrics.clone(),
-        terminate: terminate.clone(),
+        draining: CancellationToken::new(),
     });
     let front = Front {
         negotiate: NegotiateSettings {

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use pgwake_routing::backend::LocalBackend;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -21,8 +20,10 @@ use crate::{front, http};
 /// How long terminated sessions get to deliver their last message before the process exits.
 const TERMINATE_DRAIN: Duration = Duration::from_secs(5);
 
-/// Serves until `shutdown` fires, then drains: stop accepting, `/readyz` 503, sessions get
-/// `shutdown_grace`, the rest are ended with FATAL 57P01.
+/// Serves until `shutdown` fires, then drains: stop accepting, `/readyz` 503, connections not
+/// yet relaying (held for a wake, waiting for a backend connection, logging in) end at once
+/// with FATAL 57P01, relaying sessions get `shutdown_grace`, then the rest end with 57P01 too;
+/// last the local servers it started are stopped, one whose wake is under way included.
 pub async fn run(
     config: Config,
     shutdown: CancellationToken,
@@ -68,7 +69,8 @@ pub async fn run(
         println!("{b}");
     }
     let tasks = TaskTracker::new();
-    let stop = CancellationToken::new();
+    // Stops the accept loops and ends the connections not relaying yet.
+    let stop = gateway.pipeline().draining.clone();
     // Served until the sessions are gone (not just until accepting stops): draining sessions'
     // clients may still cancel through another replica.
     if let (Some(l), Some(peers)) = (peer_listener, &gateway.pipeline().peers) {
@@ -111,7 +113,7 @@ pub async fn run(
         let _ = tokio::time::timeout(TERMINATE_DRAIN, r).await;
     }
     if let Some(local) = &gateway.local {
-        stop_local_servers(&gateway, local).await;
+        local.stop_all().await;
     }
     // Ends the Kubernetes watches.
     gateway.front.terminate.cancel();
@@ -213,17 +215,6 @@ fn backend_bound(config: &crate::config::Config) -> Option<u64> {
         None => 0,
     };
     Some((tenants? + pool) as u64)
-}
-
-/// Servers this gateway started never outlive it, including one still starting (its wake has
-/// not recorded it yet, but its postmaster.pid is there).
-async fn stop_local_servers(gateway: &Gateway, local: &LocalBackend) {
-    local.stop_all().await;
-    for t in gateway.pipeline().router.directory.all() {
-        if t.backend.kind() == "local" {
-            local.stop_stale(&t.id).await;
-        }
-    }
 }
 
 /// The connection caps of `[limits]`, lowered to what the process's file limit can hold.

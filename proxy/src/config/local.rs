@@ -25,7 +25,8 @@ pub struct LocalConfig {
     /// Extra `postgresql.conf` settings, written when a data directory is created.
     #[serde(default)]
     pub settings: std::collections::BTreeMap<String, String>,
-    /// How long a fast shutdown may take before an immediate one.
+    /// How long a fast shutdown may take before an immediate one (for a server still starting:
+    /// an immediate one before the postmaster is killed).
     #[serde(default = "default_stop_timeout", with = "humantime_serde")]
     pub stop_timeout: Duration,
     /// Time between readiness probes while a server starts.

@@ -54,8 +54,10 @@ pub struct Pipeline {
     pub peers: Option<Arc<PeerCancels>>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
-    /// Fires when sessions must end (grace period over).
-    pub terminate: CancellationToken,
+    /// Fires when the gateway begins to shut down: a connection that is not relaying yet has
+    /// no transaction in flight, so it ends then (FATAL 57P01) instead of holding the shutdown
+    /// for the grace period, and its client can reconnect elsewhere at once.
+    pub draining: CancellationToken,
 }
 
 /// A session ready to relay, and whether its backend connection was a kept one.
@@ -105,7 +107,7 @@ impl Pipeline {
             // Boxed: the login's state is freed once it is done instead of sizing every
             // session's task (parked sessions should cost little).
             r = Box::pin(self.open_session(&mut client, peer, startup, slot)) => r,
-            _ = self.terminate.cancelled() => Err(SessionError::ShuttingDown),
+            _ = self.draining.cancelled() => Err(SessionError::ShuttingDown),
             _ = evicted.cancelled() => Err(SessionError::Evicted),
         };
         slot.logged_in();

@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, RwLock};
 use tokio::time::{Instant, sleep};
 use tracing::{info, warn};
 
@@ -41,7 +41,8 @@ pub struct LocalSettings {
     pub password: String,
     /// Extra `postgresql.conf` settings, after the fast-wake defaults.
     pub settings: Vec<(String, String)>,
-    /// How long a fast shutdown may take before an immediate one.
+    /// How long a fast shutdown may take before an immediate one (for a server still starting:
+    /// an immediate one before the postmaster is killed).
     pub stop_timeout: Duration,
     /// Time between readiness probes while a server starts.
     pub probe_interval: Duration,
@@ -68,12 +69,28 @@ struct Running {
     port: u16,
 }
 
+/// The servers this backend started, and whether it may start more.
+#[derive(Default)]
+struct Servers {
+    /// Servers whose wake finished: they accept logins.
+    ready: HashMap<TenantId, Running>,
+    /// Servers spawned whose wake has not finished: kept here so a shutdown in the middle of a
+    /// wake stops them too.
+    starting: HashMap<TenantId, Running>,
+    /// Set by [`LocalBackend::stop_all`]: no server starts once the gateway is stopping.
+    closed: bool,
+}
+
 /// Postgres servers on this machine, one per tenant.
 pub struct LocalBackend {
     settings: LocalSettings,
     bin: PathBuf,
     account: Option<(u32, u32)>,
-    running: Mutex<HashMap<TenantId, Running>>,
+    servers: Mutex<Servers>,
+    /// Held shared while a data directory is created, and exclusively by `stop_all`: the
+    /// gateway does not exit with `initdb` still running (it would finish alone and leave a
+    /// data directory without the settings written after it).
+    initializing: RwLock<()>,
 }
 
 fn io_error(context: &str, e: impl std::fmt::Display) -> BackendError {
@@ -100,7 +117,8 @@ impl LocalBackend {
             settings,
             bin,
             account,
-            running: Mutex::new(HashMap::new()),
+            servers: Mutex::new(Servers::default()),
+            initializing: RwLock::new(()),
         };
         let data_dir = backend.settings.data_dir.clone();
         backend.give(&data_dir, 0o755)?;
@@ -159,6 +177,10 @@ impl LocalBackend {
         let data = self.data_path(tenant);
         if data.join("PG_VERSION").exists() {
             return Ok(());
+        }
+        let _initializing = self.initializing.read().await;
+        if self.servers.lock().await.closed {
+            return Err(stopping());
         }
         fs::create_dir_all(&dir).map_err(|e| io_error("create tenant folder", e))?;
         self.give(&dir, 0o700)?;
@@ -236,11 +258,62 @@ impl LocalBackend {
         }
     }
 
-    /// Stops every server this backend started (gateway shutdown).
+    /// Stops every server this backend started, those whose wake is still under way included,
+    /// and starts none after (gateway shutdown).
     pub async fn stop_all(&self) {
-        let tenants: Vec<TenantId> = self.running.lock().await.keys().cloned().collect();
-        for t in tenants {
-            let _ = self.sleep(&t).await;
+        let (starting, ready) = {
+            let mut servers = self.servers.lock().await;
+            servers.closed = true;
+            (
+                std::mem::take(&mut servers.starting),
+                std::mem::take(&mut servers.ready),
+            )
+        };
+        drop(self.initializing.write().await);
+        for (t, r) in starting {
+            self.stop_starting(&t, r).await;
+        }
+        for (t, r) in ready {
+            self.stop_fast(&t, r).await;
+        }
+    }
+
+    /// Stops a server whose wake has not finished with an immediate shutdown: no client has used
+    /// it, and a fast shutdown waits for every backend to exit, which one still before
+    /// authentication can hold up (with `pre_auth_delay` the readiness probe's backend leaves the
+    /// fast shutdown's SIGTERM pending until its delay is over; the immediate shutdown's SIGQUIT
+    /// ends it at once, as seen with Postgres 15).
+    async fn stop_starting(&self, tenant: &TenantId, mut r: Running) {
+        let Some(pid) = r.child.id() else {
+            return;
+        };
+        info!(tenant = %tenant, pid, "stopping a server whose wake has not finished");
+        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGQUIT);
+        if tokio::time::timeout(self.settings.stop_timeout, r.child.wait())
+            .await
+            .is_err()
+        {
+            warn!(tenant = %tenant, "immediate shutdown too slow: killing the postmaster");
+            let _ = r.child.start_kill();
+            let _ = r.child.wait().await;
+        }
+    }
+
+    /// Stops a ready server with a fast shutdown, then an immediate one after `stop_timeout`.
+    async fn stop_fast(&self, tenant: &TenantId, mut r: Running) {
+        let Some(pid) = r.child.id() else {
+            return;
+        };
+        // SIGINT is Postgres's fast shutdown: it checkpoints cleanly, so the next start skips
+        // crash recovery.
+        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGINT);
+        if tokio::time::timeout(self.settings.stop_timeout, r.child.wait())
+            .await
+            .is_err()
+        {
+            warn!(tenant = %tenant, "fast shutdown too slow: immediate shutdown");
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGQUIT);
+            let _ = r.child.wait().await;
         }
     }
 
@@ -250,7 +323,9 @@ impl LocalBackend {
         lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
     }
 
-    async fn spawn(&self, tenant: &TenantId) -> Result<Running, BackendError> {
+    /// Spawns the tenant's server and records it as starting, unless the backend is closed.
+    /// Spawning and recording under one lock leaves no moment in which `stop_all` could miss it.
+    async fn spawn(&self, tenant: &TenantId) -> Result<u16, BackendError> {
         self.ensure_initialized(tenant).await?;
         let port = free_port().map_err(|e| io_error("find a free port", e))?;
         let log = fs::OpenOptions::new()
@@ -258,6 +333,10 @@ impl LocalBackend {
             .append(true)
             .open(self.log_path(tenant))
             .map_err(|e| io_error("open postgres.log", e))?;
+        let mut servers = self.servers.lock().await;
+        if servers.closed {
+            return Err(stopping());
+        }
         let child = self
             .command("postgres")
             .arg("-D")
@@ -267,8 +346,32 @@ impl LocalBackend {
             .stderr(log)
             .spawn()
             .map_err(|e| io_error("spawn postgres", e))?;
-        Ok(Running { child, port })
+        servers
+            .starting
+            .insert(tenant.clone(), Running { child, port });
+        Ok(port)
     }
+
+    /// Fails the wake when its server exited or was stopped by `stop_all`.
+    async fn check_starting(&self, tenant: &TenantId) -> Result<(), BackendError> {
+        let mut servers = self.servers.lock().await;
+        let Some(r) = servers.starting.get_mut(tenant) else {
+            return Err(stopping());
+        };
+        if let Ok(Some(status)) = r.child.try_wait() {
+            servers.starting.remove(tenant);
+            return Err(BackendError::StartFailed(format!(
+                "postgres exited with {status} during start-up: {}",
+                self.log_tail(tenant)
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Why a wake failed that the gateway's shutdown interrupted.
+fn stopping() -> BackendError {
+    BackendError::Unavailable("the gateway is shutting down".into())
 }
 
 #[async_trait]
@@ -281,29 +384,26 @@ impl ComputeBackend for LocalBackend {
         // The coordinator runs one wake per tenant at a time, so the map is locked only to look
         // and to record: one tenant's slow start never holds up another's.
         {
-            let mut running = self.running.lock().await;
-            if let Some(r) = running.get_mut(tenant) {
+            let mut servers = self.servers.lock().await;
+            if let Some(r) = servers.ready.get_mut(tenant) {
                 if matches!(r.child.try_wait(), Ok(None)) {
                     return Ok(endpoint(r.port));
                 }
-                running.remove(tenant);
+                servers.ready.remove(tenant);
             }
         }
-        let mut r = self.spawn(tenant).await?;
-        let ep = endpoint(r.port);
+        let ep = endpoint(self.spawn(tenant).await?);
         let pidfile = self.data_path(tenant).join("postmaster.pid");
         let deadline = Instant::now() + self.settings.start_timeout;
         loop {
-            if let Ok(Some(status)) = r.child.try_wait() {
-                return Err(BackendError::StartFailed(format!(
-                    "postgres exited with {status} during start-up: {}",
-                    self.log_tail(tenant)
-                )));
-            }
+            self.check_starting(tenant).await?;
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                let _ = r.child.start_kill();
-                let _ = r.child.wait().await;
+                let r = self.servers.lock().await.starting.remove(tenant);
+                if let Some(mut r) = r {
+                    let _ = r.child.start_kill();
+                    let _ = r.child.wait().await;
+                }
                 return Err(BackendError::Timeout(self.settings.start_timeout));
             }
             // Reading postmaster.pid costs far less than a probe (which makes the postmaster
@@ -318,34 +418,24 @@ impl ComputeBackend for LocalBackend {
                 Probe::NotYet(_) => sleep(self.settings.probe_interval.min(left)).await,
             }
         }
-        self.running.lock().await.insert(tenant.clone(), r);
+        let mut servers = self.servers.lock().await;
+        let r = servers.starting.remove(tenant).ok_or_else(stopping)?;
+        servers.ready.insert(tenant.clone(), r);
         Ok(ep)
     }
 
     async fn sleep(&self, tenant: &TenantId) -> Result<(), BackendError> {
-        let Some(mut r) = self.running.lock().await.remove(tenant) else {
+        let Some(r) = self.servers.lock().await.ready.remove(tenant) else {
             return Ok(());
         };
-        let Some(pid) = r.child.id() else {
-            return Ok(());
-        };
-        // SIGINT is Postgres's fast shutdown: it checkpoints cleanly, so the next start skips
-        // crash recovery.
-        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGINT);
-        if tokio::time::timeout(self.settings.stop_timeout, r.child.wait())
-            .await
-            .is_err()
-        {
-            warn!(tenant = %tenant, "fast shutdown too slow: immediate shutdown");
-            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGQUIT);
-            let _ = r.child.wait().await;
-        }
+        self.stop_fast(tenant, r).await;
         Ok(())
     }
 
     async fn state(&self, tenant: &TenantId) -> Result<ComputeState, BackendError> {
-        let mut running = self.running.lock().await;
-        let alive = running
+        let mut servers = self.servers.lock().await;
+        let alive = servers
+            .ready
             .get_mut(tenant)
             .is_some_and(|r| matches!(r.child.try_wait(), Ok(None)));
         Ok(if alive {
