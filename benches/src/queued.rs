@@ -103,9 +103,8 @@ pub fn run(binary: &Path, opts: QueuedOptions) -> Result<QueuedResults> {
                 format!("max_waiters_per_tenant = {n}"),
                 format!("max_waiters_total = {n}"),
             ],
-            // The queued clients are gone by the time the gateway stops; do not wait 30 s for
-            // their sessions, which are still parked in the (held) wake.
-            limits: vec!["shutdown_grace = \"1s\"".into()],
+            // The default grace: connections still queued for the wake end at SIGTERM at once.
+            limits: vec![],
             settings: vec![format!("pre_auth_delay = \"'{}s'\"", HOLD.as_secs())],
             revival: vec![],
         },
