@@ -124,9 +124,7 @@ impl CredentialSource for AuthQuerySource {
         Ok(found)
     }
 
-    fn failed(&self, user: &str) {
-        let cache = self.cache.clone();
-        let user = user.to_owned();
-        tokio::spawn(async move { cache.invalidate(&user).await });
+    async fn failed(&self, user: &str) {
+        self.cache.invalidate(user).await;
     }
 }

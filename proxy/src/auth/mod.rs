@@ -102,8 +102,8 @@ pub trait CredentialSource: Send + Sync {
     /// The user's credential, or `None` for an unknown user.
     async fn lookup(&self, user: &str) -> Result<Option<Arc<Credential>>, CredentialError>;
     /// A client failed with this user's credential; a caching source forgets its copy so a
-    /// changed password is picked up by the next attempt.
-    fn failed(&self, _user: &str) {}
+    /// changed password is picked up by the next attempt (done before the client is told).
+    async fn failed(&self, _user: &str) {}
 }
 
 /// The users of a tenant that does not exist, or that the client may not reach: none. Logging

@@ -79,8 +79,9 @@ impl Authenticator {
             reserve,
         )
         .await;
-        self.attempt_done(peer, tenant, source, user, &result);
-        self.share_outcome(peer, tenant, user, &result).await;
+        self.attempt_done(peer, tenant, user, &result);
+        self.share_outcome(peer, tenant, source, user, &result)
+            .await;
         result
     }
 
@@ -146,8 +147,9 @@ impl Authenticator {
             }
             .ok_or_else(|| SessionError::AuthFailed(user.to_owned())),
         };
-        self.attempt_done(peer, tenant, source, user, &result);
-        self.share_outcome(peer, tenant, user, &result).await;
+        self.attempt_done(peer, tenant, user, &result);
+        self.share_outcome(peer, tenant, source, user, &result)
+            .await;
         result
     }
 
@@ -198,12 +200,14 @@ impl Authenticator {
         SessionError::UnknownTenant(tenant.to_string())
     }
 
-    /// Tells the fleet's throttle counts how an evaluated attempt ended, before the client
-    /// hears it (so its next try, on any replica, finds the failure there).
+    /// Tells the fleet's throttle counts and the credential source how an evaluated attempt
+    /// ended, before the client hears it (so its next try, on any replica or session thread,
+    /// finds the failure there and no stale cached credential).
     async fn share_outcome<T>(
         &self,
         peer: SocketAddr,
         tenant: &TenantId,
+        source: &dyn CredentialSource,
         user: &str,
         result: &Result<T, SessionError>,
     ) {
@@ -212,18 +216,19 @@ impl Authenticator {
             Err(SessionError::AuthFailed(_)) => true,
             Err(_) => return,
         };
+        if failed {
+            source.failed(user).await;
+        }
         self.throttle
             .share_outcome(peer.ip(), tenant, user, failed)
             .await;
     }
 
-    /// Counts an authentication attempt's outcome and tells the throttle and the credential
-    /// source.
+    /// Counts an authentication attempt's outcome and tells the local throttle.
     fn attempt_done<T>(
         &self,
         peer: SocketAddr,
         tenant: &TenantId,
-        source: &dyn CredentialSource,
         user: &str,
         result: &Result<T, SessionError>,
     ) {
@@ -232,10 +237,7 @@ impl Authenticator {
                 self.metrics.auth_attempt("ok");
                 self.throttle.success(peer.ip(), tenant, user);
             }
-            Err(SessionError::AuthFailed(_)) => {
-                self.metrics.auth_attempt("failed");
-                source.failed(user);
-            }
+            Err(SessionError::AuthFailed(_)) => self.metrics.auth_attempt("failed"),
             Err(SessionError::Throttled(_)) => self.metrics.auth_attempt("throttled"),
             Err(_) => self.metrics.auth_attempt("error"),
         }
