@@ -460,3 +460,42 @@ fn one_pooled_connection_serves_http_connections_on_every_session_thread() {
         220.0
     );
 }
+
+#[test]
+fn a_throttled_user_is_refused_over_http_even_with_a_recently_verified_password() {
+    let http = free_port();
+    let section =
+        "\n[auth]\nthrottle_free_failures = 2\nthrottle_base = \"1s\"\nthrottle_max = \"1s\"";
+    let gw = Gateway::start_local(&["zeta"], &http_listener(http, section), "", &[]);
+    let good = url("zeta", LOCAL_PASSWORD);
+    // Verified once, then again from memory.
+    for _ in 0..2 {
+        let (status, body) = post_sql(http, &good, &query_body("select 1 as one"));
+        assert_eq!(status, 200, "{body}");
+    }
+    for _ in 0..2 {
+        let (status, body) = post_sql(http, &url("zeta", "wrong"), &query_body("select 1"));
+        assert_eq!(status, 400, "{body}");
+        assert!(body.contains("28P01"), "{body}");
+    }
+    // Blocked: the remembered password gets no way around it.
+    let (status, body) = post_sql(http, &good, &query_body("select 1 as one"));
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains("too many failed authentication attempts"),
+        "{body}"
+    );
+    std::thread::sleep(Duration::from_millis(1100));
+    let (status, body) = post_sql(http, &good, &query_body("select 1 as one"));
+    assert_eq!(status, 200, "{body}");
+    // That success took the failures back: the free failures are there again.
+    for _ in 0..2 {
+        let (status, body) = post_sql(http, &url("zeta", "wrong"), &query_body("select 1"));
+        assert_eq!(status, 400, "{body}");
+        assert!(body.contains("28P01"), "{body}");
+    }
+    assert_eq!(
+        gw.metric("pgwake_auth_attempts_total{outcome=\"throttled\"}"),
+        1.0
+    );
+}
