@@ -336,3 +336,166 @@ fn http_requests_keep_a_tenant_awake_and_pooled_connections_do_not() {
     assert_eq!(gw.metric("pgwake_http_pool_idle_connections"), 1.0);
     gw.wait_state("delta", "asleep", Duration::from_secs(10));
 }
+
+/// A keep-alive HTTP/1.1 connection sending `POST /sql` requests one after another.
+struct KeepAlive {
+    stream: std::io::BufReader<TcpStream>,
+}
+
+impl KeepAlive {
+    fn open(port: u16) -> KeepAlive {
+        let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        KeepAlive {
+            stream: std::io::BufReader::new(s),
+        }
+    }
+
+    /// Sends one request and reads its answer (by Content-Length): (status, body).
+    fn post(&mut self, conn: &str, body: &[u8]) -> (u16, String) {
+        use std::io::BufRead;
+        let head = format!(
+            "POST /sql HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+             Neon-Connection-String: {conn}\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        let s = self.stream.get_mut();
+        s.write_all(head.as_bytes()).unwrap();
+        s.write_all(body).unwrap();
+        let mut status_line = String::new();
+        self.stream.read_line(&mut status_line).unwrap();
+        let status = status_line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no HTTP response: {status_line:?}"));
+        let mut length = 0usize;
+        loop {
+            let mut line = String::new();
+            self.stream.read_line(&mut line).unwrap();
+            if line == "\r\n" || line.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = line.split_once(':')
+                && name.eq_ignore_ascii_case("content-length")
+            {
+                length = value.trim().parse().unwrap();
+            }
+        }
+        let mut body = vec![0u8; length];
+        self.stream.read_exact(&mut body).unwrap();
+        (status, String::from_utf8(body).unwrap())
+    }
+}
+
+/// `select $1::int as n` with `n`, alone or (`with_pid`) with the backend's pid, which also
+/// makes the statement one that gets a reset before the next request.
+fn numbered(n: usize, with_pid: bool) -> Vec<u8> {
+    let sql = if with_pid {
+        "select $1::int as n, pg_backend_pid() as pid"
+    } else {
+        "select $1::int as n"
+    };
+    serde_json::to_vec(&serde_json::json!({ "query": sql, "params": [n] })).unwrap()
+}
+
+/// Checks an answer to [`numbered`]; returns the pid when asked for.
+fn check_numbered(n: usize, (status, body): (u16, String)) -> Option<i64> {
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["rows"][0]["n"], n, "{body}");
+    v["rows"][0]["pid"].as_i64()
+}
+
+#[test]
+fn one_pooled_connection_serves_http_connections_on_every_session_thread() {
+    let http = free_port();
+    // Two session threads and a single backend connection: HTTP connections are dealt to the
+    // threads in turn, and every request runs on that one connection, whichever thread opened
+    // it or used it last.
+    let listen = format!(
+        "session_threads = 2\n{}",
+        http_listener(http, "pool_max_per_key = 1\npool_acquire_timeout = \"30s\"")
+    );
+    let gw = Gateway::start_local(&["eps"], &listen, "", &[]);
+    let conn = url("eps", LOCAL_PASSWORD);
+
+    // Sequential requests, each on a new HTTP connection.
+    let mut pids = std::collections::BTreeSet::new();
+    for n in 0..20 {
+        let answer = post_sql(http, &conn, &numbered(n, n % 2 == 0));
+        pids.extend(check_numbered(n, answer));
+    }
+    assert_eq!(pids.len(), 1, "one backend connection served all: {pids:?}");
+
+    // Concurrent: keep-alive connections and one-request connections at once, all queueing
+    // for the same backend connection.
+    let clients: Vec<_> = (0..8)
+        .map(|c| {
+            let conn = conn.clone();
+            std::thread::spawn(move || {
+                let mut seen = std::collections::BTreeSet::new();
+                let mut kept = (c % 2 == 0).then(|| KeepAlive::open(http));
+                for i in 0..25 {
+                    let n = c * 1000 + i;
+                    let body = numbered(n, i % 3 == 0);
+                    let answer = match kept.as_mut() {
+                        Some(k) => k.post(&conn, &body),
+                        None => post_sql(http, &conn, &body),
+                    };
+                    seen.extend(check_numbered(n, answer));
+                }
+                seen
+            })
+        })
+        .collect();
+    for c in clients {
+        pids.extend(c.join().expect("client"));
+    }
+    assert_eq!(pids.len(), 1, "still one backend connection: {pids:?}");
+    assert_eq!(gw.metric("pgwake_http_pool_connections"), 1.0);
+    assert_eq!(gw.metric("pgwake_http_pool_idle_connections"), 1.0);
+    assert_eq!(
+        gw.metric("pgwake_http_requests_total{status=\"200\"}"),
+        220.0
+    );
+}
+
+#[test]
+fn a_throttled_user_is_refused_over_http_even_with_a_recently_verified_password() {
+    let http = free_port();
+    let section =
+        "\n[auth]\nthrottle_free_failures = 2\nthrottle_base = \"1s\"\nthrottle_max = \"1s\"";
+    let gw = Gateway::start_local(&["zeta"], &http_listener(http, section), "", &[]);
+    let good = url("zeta", LOCAL_PASSWORD);
+    // Verified once, then again from memory.
+    for _ in 0..2 {
+        let (status, body) = post_sql(http, &good, &query_body("select 1 as one"));
+        assert_eq!(status, 200, "{body}");
+    }
+    for _ in 0..2 {
+        let (status, body) = post_sql(http, &url("zeta", "wrong"), &query_body("select 1"));
+        assert_eq!(status, 400, "{body}");
+        assert!(body.contains("28P01"), "{body}");
+    }
+    // Blocked: the remembered password gets no way around it.
+    let (status, body) = post_sql(http, &good, &query_body("select 1 as one"));
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains("too many failed authentication attempts"),
+        "{body}"
+    );
+    std::thread::sleep(Duration::from_millis(1100));
+    let (status, body) = post_sql(http, &good, &query_body("select 1 as one"));
+    assert_eq!(status, 200, "{body}");
+    // That success took the failures back: the free failures are there again.
+    for _ in 0..2 {
+        let (status, body) = post_sql(http, &url("zeta", "wrong"), &query_body("select 1"));
+        assert_eq!(status, 400, "{body}");
+        assert!(body.contains("28P01"), "{body}");
+    }
+    assert_eq!(
+        gw.metric("pgwake_auth_attempts_total{outcome=\"throttled\"}"),
+        1.0
+    );
+}

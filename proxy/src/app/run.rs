@@ -95,7 +95,13 @@ pub async fn run(
             config.http.clone(),
             config.listen.allow_plaintext,
         ));
-        tokio::spawn(http::serve(l, state, tasks.clone(), stop.clone()))
+        tokio::spawn(http::serve(
+            l,
+            state,
+            shards.clone(),
+            tasks.clone(),
+            stop.clone(),
+        ))
     });
 
     shutdown.cancelled().await;

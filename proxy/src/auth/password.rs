@@ -59,6 +59,21 @@ impl PasswordChecker {
         .await;
     }
 
+    /// The login material when `password` was verified against this very `credential`
+    /// recently, without any key derivation; `None` says only that it was not.
+    pub fn recall(
+        &self,
+        tenant: &TenantId,
+        user: &str,
+        credential: &Arc<Credential>,
+        password: &str,
+    ) -> Option<LoginMaterial> {
+        let tag = hmac::sign(&self.key, password.as_bytes());
+        let v = self.verified.get(&(tenant.clone(), user.to_owned()))?;
+        (Arc::ptr_eq(&v.credential, credential) && bool::from(v.tag.as_ref().ct_eq(tag.as_ref())))
+            .then_some(v.material)
+    }
+
     /// The login material when `password` matches `credential`, else `None`. PBKDF2 runs on a
     /// blocking thread unless this password was verified against this credential recently.
     pub async fn check(
@@ -68,14 +83,11 @@ impl PasswordChecker {
         credential: Arc<Credential>,
         password: &str,
     ) -> Option<LoginMaterial> {
+        if let Some(material) = self.recall(tenant, user, &credential, password) {
+            return Some(material);
+        }
         let tag = hmac::sign(&self.key, password.as_bytes());
         let cache_key = (tenant.clone(), user.to_owned());
-        if let Some(v) = self.verified.get(&cache_key)
-            && Arc::ptr_eq(&v.credential, &credential)
-            && bool::from(v.tag.as_ref().ct_eq(tag.as_ref()))
-        {
-            return Some(v.material);
-        }
         let verifier = credential.verifier.clone();
         let owned = password.to_owned();
         let keys = tokio::task::spawn_blocking(move || {

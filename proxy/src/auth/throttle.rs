@@ -4,7 +4,9 @@
 //!
 //! An attempt is *reserved* when its proof (or password) arrives, before it is checked: it counts
 //! as a failure at once, so connections opened together and answered together cannot all slip
-//! past the count. With `free_failures = N`, exactly N attempts are evaluated; the next is
+//! past the count (a password verified against the same credential moments ago, as `/sql`
+//! clients resend with each request, is a known success and reserves nothing; being blocked
+//! still refuses it). With `free_failures = N`, exactly N attempts are evaluated; the next is
 //! refused for `base`, and every further evaluated failure doubles the wait up to `max`. A
 //! success takes back only its own (IP, tenant, user) failures, so logging in as one user does
 //! not clear guesses made for another.
@@ -144,6 +146,10 @@ impl Throttle {
     pub fn success(&self, ip: IpAddr, tenant: &TenantId, user: &str) {
         let counts = self.lock();
         let attempter = (ip, tenant.clone(), user.to_owned());
+        // Most successes have nothing to take back; a look is cheaper than a removal.
+        if !counts.by_attempter.contains_key(&attempter) {
+            return;
+        }
         let Some(mine) = counts.by_attempter.remove(&attempter) else {
             return;
         };

@@ -49,8 +49,8 @@ pub struct ListenConfig {
     /// Internal listener where other replicas forward cancel requests for keys this replica
     /// issued (see `[peer]`); none: no forwarding in either direction.
     pub peer: Option<SocketAddr>,
-    /// Threads that run Postgres sessions, each with its own event loop (a session stays on
-    /// one from accept to close); 0: one per CPU.
+    /// Threads that run Postgres sessions and HTTP connections, each with its own event loop
+    /// (a connection stays on one from accept to close); 0: one per CPU.
     #[serde(default)]
     pub session_threads: usize,
 }

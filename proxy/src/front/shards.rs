@@ -5,8 +5,9 @@
 //! thread that sees a socket become ready is often not the one that then runs the task, and an
 //! idle worker is woken to look for work on every burst; both cost a futex and a context
 //! switch per round trip. Here the thread whose event loop saw the bytes runs the relay that
-//! moves them, with nothing handed across threads. Sessions are dealt out in turn; everything
-//! else (HTTP, admin, Kubernetes watches, the accept loop) stays on the main runtime.
+//! moves them, with nothing handed across threads. Connections are dealt out in turn, Postgres
+//! and HTTP alike; everything else (admin, Kubernetes watches, the accept loops, the pool
+//! reapers) stays on the main runtime.
 
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -31,7 +31,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span};
 
 use crate::config::HttpConfig;
-use crate::front::{Front, accept_next};
+use crate::front::{Front, Shards, accept_next};
 use crate::tls::ServerCertificates;
 
 /// First byte of a TLS handshake record.
@@ -85,11 +85,15 @@ fn full(bytes: Bytes) -> Body {
         .boxed_unsync()
 }
 
-/// Accepts HTTP connections until `stop` fires; each runs as a task in `tasks`, so shutdown
-/// waits for requests and WebSocket sessions in flight like for TCP sessions.
+/// Accepts HTTP connections until `stop` fires; each runs as a task in `tasks` on one of the
+/// session threads, like a Postgres connection, so that its requests, the pooled backend
+/// connections they use and the tasks they spawn (HTTP/2 streams, WebSocket sessions) share one
+/// event loop. Shutdown waits for requests and WebSocket sessions in flight like for TCP
+/// sessions.
 pub async fn serve(
     listener: TcpListener,
     state: Arc<HttpState>,
+    shards: Arc<Shards>,
     tasks: TaskTracker,
     stop: CancellationToken,
 ) {
@@ -114,7 +118,9 @@ pub async fn serve(
         let state = state.clone();
         let conn_tasks = tasks.clone();
         let stop = stop.clone();
-        tasks.spawn(async move { connection(tcp, peer, state, conn_tasks, stop).await });
+        shards.spawn(&tasks, tcp, move |tcp| {
+            connection(tcp, peer, state, conn_tasks, stop)
+        });
     }
     reaper.abort();
     info!("http listener stopped accepting");

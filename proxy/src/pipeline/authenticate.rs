@@ -133,6 +133,20 @@ impl Authenticator {
             self.metrics.auth_attempt("error");
             SessionError::AuthUnavailable(e.to_string())
         })?;
+        // The password this credential was recently verified with (a `/sql` client sends it
+        // with every request): a success known without the work, so there is no attempt to
+        // reserve against concurrent guesses. Only the block checked above applies, and the
+        // success takes back this attempter's earlier failures as any success does. A wrong
+        // password never gets here, so guesses are still reserved and counted below.
+        if let Some(material) = credential
+            .as_ref()
+            .and_then(|c| self.passwords.recall(tenant, user, c, password))
+        {
+            let result = Ok(material);
+            self.attempt_done(peer, tenant, source, user, &result);
+            self.share_outcome(peer, tenant, user, &result).await;
+            return result;
+        }
         let result = match self.throttle.reserve(peer.ip(), tenant, user) {
             Err(wait) => Err(SessionError::Throttled(wait)),
             Ok(()) => match credential {

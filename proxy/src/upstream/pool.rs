@@ -13,10 +13,13 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
+use std::io;
 use std::ops::{Deref, DerefMut};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
+use std::thread::ThreadId;
 use std::time::Duration;
 
 use pgwake_protocol::frontend;
@@ -53,10 +56,23 @@ pub enum PoolError<E> {
 }
 
 /// A connection the pool can hold.
-pub trait PoolConnection: Send + 'static {
+pub trait PoolConnection: Send + Sized + 'static {
     /// Whether an idle connection can still be handed out, checked without waiting (a backend
     /// that closed or spoke unasked is not).
     fn usable(&mut self) -> bool;
+
+    /// Whether the connection is polled by the calling thread's event loop. Taking one that is
+    /// not costs a [`PoolConnection::move_here`], so the pool prefers those that are.
+    fn is_local(&self) -> bool {
+        true
+    }
+
+    /// Re-registers the connection with the calling thread's event loop, so a request on
+    /// another session thread than the one that opened it is not woken through that thread.
+    /// An error means the connection is unusable.
+    fn move_here(self) -> io::Result<Self> {
+        Ok(self)
+    }
 }
 
 /// One key's idle connections and its bound.
@@ -91,6 +107,9 @@ pub struct Pool<K, C> {
     settings: PoolSettings,
     total: Arc<Semaphore>,
     keys: Mutex<HashMap<K, KeySlots<C>>>,
+    /// Connections idle in `keys`, changed under its lock; read without it, so that metrics
+    /// taken after each request do not contend for the lock.
+    idle: AtomicUsize,
     /// Wakes callers waiting for a slot when a connection is released or closed.
     freed: Notify,
 }
@@ -102,6 +121,7 @@ impl<K: Hash + Eq + Clone + Send + 'static, C: PoolConnection> Pool<K, C> {
             total: Arc::new(Semaphore::new(settings.max_total)),
             settings,
             keys: Mutex::new(HashMap::new()),
+            idle: AtomicUsize::new(0),
             freed: Notify::new(),
         })
     }
@@ -122,14 +142,21 @@ impl<K: Hash + Eq + Clone + Send + 'static, C: PoolConnection> Pool<K, C> {
         Fut: Future<Output = Result<C, E>>,
     {
         let deadline = Instant::now() + self.settings.acquire_timeout;
+        // The first look goes without a place in the wait list: most find a connection.
+        let mut armed = false;
         loop {
             let freed = self.freed.notified();
             tokio::pin!(freed);
-            freed.as_mut().enable();
+            if armed {
+                freed.as_mut().enable();
+            }
             let (reused, key_permits, stale) = self.take_idle(key);
             drop(stale);
             if let Some(p) = reused {
-                return Ok(p);
+                match p.moved_here() {
+                    Some(p) => return Ok(p),
+                    None => continue,
+                }
             }
             if let Ok(key_permit) = key_permits.try_acquire_owned() {
                 match self.total.clone().try_acquire_owned() {
@@ -150,6 +177,11 @@ impl<K: Hash + Eq + Clone + Send + 'static, C: PoolConnection> Pool<K, C> {
                         }
                     }
                 }
+            }
+            if !armed {
+                // Look again from the wait list, so a slot freed in between is not missed.
+                armed = true;
+                continue;
             }
             tokio::select! {
                 _ = freed => {}
@@ -180,7 +212,12 @@ impl<K: Hash + Eq + Clone + Send + 'static, C: PoolConnection> Pool<K, C> {
         }
         let slots = keys.get_mut(key).expect("inserted above");
         let mut stale = Vec::new();
-        while let Some(mut idle) = slots.idle.pop() {
+        // The newest connection this thread's event loop polls first, then the newest of any
+        // (taken out in place: the list stays oldest first for eviction).
+        let local = slots.idle.iter().rposition(|i| i.conn.is_local());
+        let mut first = local.map(|i| slots.idle.remove(i));
+        while let Some(mut idle) = first.take().or_else(|| slots.idle.pop()) {
+            self.idle.fetch_sub(1, Ordering::Relaxed);
             if idle.since.elapsed() < self.settings.idle_timeout && idle.conn.usable() {
                 let permits = slots.permits.clone();
                 let pooled = self.wrap(key, idle.conn, idle.permits, true);
@@ -207,6 +244,7 @@ impl<K: Hash + Eq + Clone + Send + 'static, C: PoolConnection> Pool<K, C> {
             .iter_mut()
             .filter(|(_, s)| !s.idle.is_empty())
             .min_by_key(|(_, s)| s.idle[0].since)?;
+        self.idle.fetch_sub(1, Ordering::Relaxed);
         Some(slots.idle.remove(0))
     }
 
@@ -218,6 +256,7 @@ impl<K: Hash + Eq + Clone + Send + 'static, C: PoolConnection> Pool<K, C> {
                 since: Instant::now(),
                 permits,
             });
+            self.idle.fetch_add(1, Ordering::Relaxed);
         }
         drop(keys);
         self.freed.notify_waiters();
@@ -232,6 +271,7 @@ impl<K: Hash + Eq + Clone + Send + 'static, C: PoolConnection> Pool<K, C> {
             .filter(|(k, s)| matches(k) && !s.idle.is_empty())
             .min_by_key(|(_, s)| s.idle[0].since)?;
         let idle = slots.idle.remove(0);
+        self.idle.fetch_sub(1, Ordering::Relaxed);
         drop(keys);
         self.freed.notify_waiters();
         Some(idle.conn)
@@ -248,6 +288,7 @@ impl<K: Hash + Eq + Clone + Send + 'static, C: PoolConnection> Pool<K, C> {
             let mut keys = self.lock();
             if let Some(slots) = keys.get_mut(key) {
                 while let Some(mut idle) = slots.idle.pop() {
+                    self.idle.fetch_sub(1, Ordering::Relaxed);
                     if idle.since.elapsed() < timeout && idle.conn.usable() {
                         found = Some(idle.conn);
                         break;
@@ -309,6 +350,7 @@ impl<K: Hash + Eq + Clone + Send + 'static, C: PoolConnection> Pool<K, C> {
                     .into_iter()
                     .partition(|i| i.since.elapsed() >= timeout);
                 slots.idle = fresh;
+                self.idle.fetch_sub(old.len(), Ordering::Relaxed);
                 expired.extend(old);
             }
             keys.retain(|_, s| !s.idle.is_empty() || s.permits.available_permits() < max_per_key);
@@ -321,10 +363,9 @@ impl<K: Hash + Eq + Clone + Send + 'static, C: PoolConnection> Pool<K, C> {
 
     /// Connections open and idle now.
     pub fn stats(&self) -> PoolStats {
-        let idle = self.lock().values().map(|s| s.idle.len()).sum();
         PoolStats {
             open: self.settings.max_total - self.total.available_permits(),
-            idle,
+            idle: self.idle.load(Ordering::Relaxed),
         }
     }
 }
@@ -342,6 +383,27 @@ impl<K: Hash + Eq + Clone + Send + 'static, C: PoolConnection> Pooled<K, C> {
     /// True when the connection served an earlier caller (it may have gone stale since).
     pub fn reused(&self) -> bool {
         self.reused
+    }
+
+    /// This connection, polled by the calling thread's event loop; `None` when moving it there
+    /// failed (it is closed and its slot freed).
+    fn moved_here(mut self) -> Option<Self> {
+        let conn = self.conn.take()?;
+        if conn.is_local() {
+            self.conn = Some(conn);
+            return Some(self);
+        }
+        match conn.move_here() {
+            Ok(conn) => {
+                self.conn = Some(conn);
+                Some(self)
+            }
+            Err(_) => {
+                self.permits.take();
+                self.pool.freed.notify_waiters();
+                None
+            }
+        }
     }
 
     /// Returns the connection to the pool for the next caller with the same key.
@@ -401,6 +463,8 @@ pub struct BackendConn {
     pub status: u8,
     /// Session state from an earlier user may remain: reset before the next use.
     pub needs_reset: bool,
+    /// The thread whose event loop polls the connection.
+    home: ThreadId,
 }
 
 impl BackendConn {
@@ -412,6 +476,7 @@ impl BackendConn {
             status: b'I',
             needs_reset: false,
             cancel: Some(cancel),
+            home: std::thread::current().id(),
         }
     }
 
@@ -431,6 +496,20 @@ impl PoolConnection for BackendConn {
     fn usable(&mut self) -> bool {
         self.stream.buffer().is_empty() && silent(self.stream.get_mut())
     }
+
+    fn is_local(&self) -> bool {
+        self.home == std::thread::current().id()
+    }
+
+    fn move_here(self) -> io::Result<Self> {
+        // Only taken when usable, so the read buffer is empty and nothing is lost with it.
+        let stream = self.stream.into_inner().rebind()?;
+        Ok(BackendConn {
+            stream: BufReader::new(stream),
+            home: std::thread::current().id(),
+            ..self
+        })
+    }
 }
 
 /// True when an idle backend connection has nothing to say, checked without waiting: readable
@@ -447,15 +526,43 @@ pub(crate) fn silent<S: AsyncRead + Unpin>(stream: &mut S) -> bool {
 mod tests {
     use super::*;
 
-    /// A fake connection for the pool's bookkeeping: an id and a switch for "still usable".
+    /// A fake connection for the pool's bookkeeping: an id, a switch for "still usable", and
+    /// whether it is on the caller's event loop or can be moved there.
     struct FakeConn {
         id: usize,
         alive: Arc<std::sync::atomic::AtomicBool>,
+        local: bool,
+        movable: bool,
+    }
+
+    impl FakeConn {
+        fn new(id: usize, alive: &Arc<std::sync::atomic::AtomicBool>) -> FakeConn {
+            FakeConn {
+                id,
+                alive: alive.clone(),
+                local: true,
+                movable: true,
+            }
+        }
     }
 
     impl PoolConnection for FakeConn {
         fn usable(&mut self) -> bool {
             self.alive.load(std::sync::atomic::Ordering::Relaxed)
+        }
+
+        fn is_local(&self) -> bool {
+            self.local
+        }
+
+        fn move_here(self) -> io::Result<Self> {
+            if !self.movable {
+                return Err(io::Error::other("fake: cannot move"));
+            }
+            Ok(FakeConn {
+                local: true,
+                ..self
+            })
         }
     }
 
@@ -474,12 +581,8 @@ mod tests {
         id: usize,
         alive: &Arc<std::sync::atomic::AtomicBool>,
     ) -> Result<Pooled<&'static str, FakeConn>, PoolError<()>> {
-        let alive = alive.clone();
-        p.get(&key, move || {
-            let alive = alive.clone();
-            async move { Ok(FakeConn { id, alive }) }
-        })
-        .await
+        p.get(&key, move || async move { Ok(FakeConn::new(id, alive)) })
+            .await
     }
 
     #[tokio::test]
@@ -531,10 +634,7 @@ mod tests {
     async fn adopted_connections_count_only_while_idle() {
         let p = pool(1, 2);
         let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let conn = |id| FakeConn {
-            id,
-            alive: alive.clone(),
-        };
+        let conn = |id| FakeConn::new(id, &alive);
         assert!(p.adopt("a", conn(1)).is_ok());
         // The key's bound is reached: handed back.
         assert_eq!(p.adopt("a", conn(2)).err().map(|c| c.id), Some(2));
@@ -571,5 +671,31 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(30)).await;
         p.reap();
         assert_eq!(p.stats(), PoolStats { open: 0, idle: 0 });
+    }
+
+    #[tokio::test]
+    async fn connections_of_this_event_loop_go_first_and_others_are_moved_here() {
+        let p = pool(4, 4);
+        let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let elsewhere = |id, movable| FakeConn {
+            local: false,
+            movable,
+            ..FakeConn::new(id, &alive)
+        };
+        assert!(p.adopt("k", elsewhere(1, false)).is_ok());
+        assert!(p.adopt("k", FakeConn::new(2, &alive)).is_ok());
+        assert!(p.adopt("k", elsewhere(3, true)).is_ok());
+        // The local one, though not the newest.
+        let c = get(&p, "k", 9, &alive).await.ok().unwrap();
+        assert_eq!((c.id, c.reused()), (2, true));
+        drop(c);
+        // Then the newest, moved here on the way out.
+        let c = get(&p, "k", 9, &alive).await.ok().unwrap();
+        assert_eq!((c.id, c.local), (3, true));
+        drop(c);
+        // One that cannot be moved is closed, its slot freed, and a new one opened.
+        let c = get(&p, "k", 9, &alive).await.ok().unwrap();
+        assert_eq!((c.id, c.reused()), (9, false));
+        assert_eq!(p.stats(), PoolStats { open: 1, idle: 0 });
     }
 }
