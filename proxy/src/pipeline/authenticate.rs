@@ -143,8 +143,8 @@ impl Authenticator {
             .and_then(|c| self.passwords.recall(tenant, user, c, password))
         {
             let result = Ok(material);
-            self.attempt_done(peer, tenant, source, user, &result);
-            self.share_outcome(peer, tenant, user, &result).await;
+            self.attempt_done(peer, tenant, user, &result);
+            self.share_outcome(peer, tenant, source, user, &result).await;
             return result;
         }
         let result = match self.throttle.reserve(peer.ip(), tenant, user) {
