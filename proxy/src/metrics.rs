@@ -186,6 +186,19 @@ impl Registrar {
         self.add(IntCounterVec::new(Opts::new(name, help), labels))
     }
 
+    /// The relayed-bytes counters: client to backend, backend to client.
+    fn relayed_bytes(&self) -> (IntCounter, IntCounter) {
+        let bytes = self.counter_vec(
+            "pgwake_relayed_bytes_total",
+            "Bytes relayed, by direction.",
+            &["direction"],
+        );
+        (
+            bytes.with_label_values(&["client_to_backend"]),
+            bytes.with_label_values(&["backend_to_client"]),
+        )
+    }
+
     fn seconds_vec(&self, name: &str, help: &str, labels: &[&str]) -> CounterVec {
         self.add(CounterVec::new(Opts::new(name, help), labels))
     }
@@ -219,11 +232,7 @@ impl Metrics {
     /// Creates and registers all metrics.
     pub fn new() -> Metrics {
         let r = Registrar(Registry::new());
-        let bytes = r.counter_vec(
-            "pgwake_relayed_bytes_total",
-            "Bytes relayed, by direction.",
-            &["direction"],
-        );
+        let (to_backend, to_client) = r.relayed_bytes();
         let pooling = Pooling::register(&r);
         let metrics = Metrics {
             connections_accepted: r.counter(
@@ -244,8 +253,8 @@ impl Metrics {
                  answer), or served for it (by this replica's answer).",
                 &["side", "outcome"],
             ),
-            bytes_client_to_backend: bytes.with_label_values(&["client_to_backend"]),
-            bytes_backend_to_client: bytes.with_label_values(&["backend_to_client"]),
+            bytes_client_to_backend: to_backend,
+            bytes_backend_to_client: to_client,
             errors: r.counter_vec(
                 "pgwake_errors_total",
                 "Connections that ended in an error, by kind.",

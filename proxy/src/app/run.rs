@@ -43,16 +43,7 @@ pub async fn run(
     let admin_state = admin_state(&config, &gateway)?;
     let sleeper_stop = CancellationToken::new();
     let replenisher = start_background_jobs(&gateway, &sleeper_stop);
-    if let (Some(certs), Some(tls)) = (&gateway.certificates, &config.tls) {
-        let metrics = gateway.front.metrics.clone();
-        tokio::spawn(
-            certs
-                .clone()
-                .watch(tls.watch_interval, sleeper_stop.clone(), move || {
-                    metrics.error("tls_reload")
-                }),
-        );
-    }
+    watch_certificates(&config, &gateway, &sleeper_stop);
     if let Some(admin_listener) = bind_some("listen.admin", config.listen.admin).await? {
         tokio::spawn(admin::serve(admin_listener, admin_state.clone()));
     }
@@ -95,13 +86,8 @@ pub async fn run(
             config.http.clone(),
             config.listen.allow_plaintext,
         ));
-        tokio::spawn(http::serve(
-            l,
-            state,
-            shards.clone(),
-            tasks.clone(),
-            stop.clone(),
-        ))
+        let (shards, tasks) = (shards.clone(), tasks.clone());
+        tokio::spawn(http::serve(l, state, shards, tasks, stop.clone()))
     });
 
     shutdown.cancelled().await;
@@ -125,6 +111,19 @@ pub async fn run(
     gateway.front.terminate.cancel();
     info!("pgwake stopped");
     Ok(())
+}
+
+/// Reloads the certificates when their files change, until `stop`.
+fn watch_certificates(config: &Config, gateway: &Gateway, stop: &CancellationToken) {
+    if let (Some(certs), Some(tls)) = (&gateway.certificates, &config.tls) {
+        let metrics = gateway.front.metrics.clone();
+        let on_error = move || metrics.error("tls_reload");
+        tokio::spawn(
+            certs
+                .clone()
+                .watch(tls.watch_interval, stop.clone(), on_error),
+        );
+    }
 }
 
 /// What the admin API serves from: the gateway's metrics and tenants, readiness, the token.

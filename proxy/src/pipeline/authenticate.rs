@@ -144,7 +144,8 @@ impl Authenticator {
         {
             let result = Ok(material);
             self.attempt_done(peer, tenant, user, &result);
-            self.share_outcome(peer, tenant, source, user, &result).await;
+            self.share_outcome(peer, tenant, source, user, &result)
+                .await;
             return result;
         }
         let result = match self.throttle.reserve(peer.ip(), tenant, user) {
