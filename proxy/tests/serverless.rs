@@ -473,11 +473,14 @@ fn a_throttled_user_is_refused_over_http_even_with_a_recently_verified_password(
         let (status, body) = post_sql(http, &good, &query_body("select 1 as one"));
         assert_eq!(status, 200, "{body}");
     }
-    for _ in 0..2 {
-        let (status, body) = post_sql(http, &url("zeta", "wrong"), &query_body("select 1"));
-        assert_eq!(status, 400, "{body}");
-        assert!(body.contains("28P01"), "{body}");
-    }
+    let two_wrong_passwords = || {
+        for _ in 0..2 {
+            let (status, body) = post_sql(http, &url("zeta", "wrong"), &query_body("select 1"));
+            assert_eq!(status, 400, "{body}");
+            assert!(body.contains("28P01"), "{body}");
+        }
+    };
+    two_wrong_passwords();
     // Blocked: the remembered password gets no way around it.
     let (status, body) = post_sql(http, &good, &query_body("select 1 as one"));
     assert_eq!(status, 400, "{body}");
@@ -489,11 +492,7 @@ fn a_throttled_user_is_refused_over_http_even_with_a_recently_verified_password(
     let (status, body) = post_sql(http, &good, &query_body("select 1 as one"));
     assert_eq!(status, 200, "{body}");
     // That success took the failures back: the free failures are there again.
-    for _ in 0..2 {
-        let (status, body) = post_sql(http, &url("zeta", "wrong"), &query_body("select 1"));
-        assert_eq!(status, 400, "{body}");
-        assert!(body.contains("28P01"), "{body}");
-    }
+    two_wrong_passwords();
     assert_eq!(
         gw.metric("pgwake_auth_attempts_total{outcome=\"throttled\"}"),
         1.0
