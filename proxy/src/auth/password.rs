@@ -74,8 +74,9 @@ impl PasswordChecker {
             .then_some(v.material)
     }
 
-    /// The login material when `password` matches `credential`, else `None`. PBKDF2 runs on a
-    /// blocking thread unless this password was verified against this credential recently.
+    /// The login material when `password` matches `credential`, else `None`, by PBKDF2 on a
+    /// blocking thread. Callers ask [`PasswordChecker::recall`] first, which knows a password
+    /// verified recently without the derivation; a match is remembered for it.
     pub async fn check(
         &self,
         tenant: &TenantId,
@@ -83,9 +84,6 @@ impl PasswordChecker {
         credential: Arc<Credential>,
         password: &str,
     ) -> Option<LoginMaterial> {
-        if let Some(material) = self.recall(tenant, user, &credential, password) {
-            return Some(material);
-        }
         let tag = hmac::sign(&self.key, password.as_bytes());
         let cache_key = (tenant.clone(), user.to_owned());
         let verifier = credential.verifier.clone();
