@@ -284,15 +284,11 @@ impl LocalBackend {
     /// fast shutdown's SIGTERM pending until its delay is over; the immediate shutdown's SIGQUIT
     /// ends it at once, as seen with Postgres 15).
     async fn stop_starting(&self, tenant: &TenantId, mut r: Running) {
-        let Some(pid) = r.child.id() else {
-            return;
-        };
-        info!(tenant = %tenant, pid, "stopping a server whose wake has not finished");
-        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGQUIT);
-        if tokio::time::timeout(self.settings.stop_timeout, r.child.wait())
-            .await
-            .is_err()
-        {
+        if let Some(pid) = r.child.id() {
+            info!(tenant = %tenant, pid, "stopping a server whose wake has not finished");
+        }
+        signal(&r, Signal::SIGQUIT);
+        if !self.exits_in_time(&mut r).await {
             warn!(tenant = %tenant, "immediate shutdown too slow: killing the postmaster");
             let _ = r.child.start_kill();
             let _ = r.child.wait().await;
@@ -301,20 +297,21 @@ impl LocalBackend {
 
     /// Stops a ready server with a fast shutdown, then an immediate one after `stop_timeout`.
     async fn stop_fast(&self, tenant: &TenantId, mut r: Running) {
-        let Some(pid) = r.child.id() else {
-            return;
-        };
         // SIGINT is Postgres's fast shutdown: it checkpoints cleanly, so the next start skips
         // crash recovery.
-        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGINT);
-        if tokio::time::timeout(self.settings.stop_timeout, r.child.wait())
-            .await
-            .is_err()
-        {
+        signal(&r, Signal::SIGINT);
+        if !self.exits_in_time(&mut r).await {
             warn!(tenant = %tenant, "fast shutdown too slow: immediate shutdown");
-            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGQUIT);
+            signal(&r, Signal::SIGQUIT);
             let _ = r.child.wait().await;
         }
+    }
+
+    /// Whether the server's postmaster exits within `stop_timeout`.
+    async fn exits_in_time(&self, r: &mut Running) -> bool {
+        tokio::time::timeout(self.settings.stop_timeout, r.child.wait())
+            .await
+            .is_ok()
     }
 
     fn log_tail(&self, tenant: &TenantId) -> String {
@@ -366,6 +363,13 @@ impl LocalBackend {
             )));
         }
         Ok(())
+    }
+}
+
+/// Sends `signal` to the server's postmaster, unless it has already been reaped.
+fn signal(r: &Running, signal: Signal) {
+    if let Some(pid) = r.child.id() {
+        let _ = kill(Pid::from_raw(pid as i32), signal);
     }
 }
 
