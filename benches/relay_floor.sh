@@ -26,8 +26,12 @@ dir="$(mktemp -d /tmp/pgwake-floor-XXXXXX)"
 chown postgres: "$dir"
 as_pg() { setpriv --reuid=postgres --regid=postgres --init-groups -- "$@"; }
 pids=()
+pg_pid=""
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  # Postgres last, with a fast shutdown, once the proxies' connections are gone.
+  [ -n "$pg_pid" ] && kill -INT "$pg_pid" 2>/dev/null || true
+  pids+=("$pg_pid")
   for p in "${pids[@]}"; do
     for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
   done
@@ -49,7 +53,7 @@ pg_port=$(pick_port)
 as_pg "$bin/initdb" -D "$dir/data" -U postgres -A trust >/dev/null
 setpriv --reuid=postgres --regid=postgres --init-groups -- "$bin/postgres" -D "$dir/data" -p "$pg_port" -k "$dir" -c listen_addresses=127.0.0.1 \
   -c shared_buffers=256MB -c max_connections=200 >"$dir/pg.log" 2>&1 &
-pids+=($!)
+pg_pid=$!
 wait_port "$pg_port"
 sleep 1
 "$bin/pgbench" -q -i -s 10 -h 127.0.0.1 -p "$pg_port" -U postgres postgres >/dev/null 2>&1

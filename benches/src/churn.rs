@@ -6,7 +6,10 @@
 //! - plaintext, trust: Postgres trusts loopback; pgwake's tenant is passthrough (no gateway
 //!   credentials), with `reuse_passthrough` and without.
 //!
-//! Each proxy row carries the proxy's CPU time per connection, read from /proc around each run.
+//! Each proxy row carries the proxy's CPU time per connection, read from /proc around each run,
+//! and every row pgbench's own CPU time per connection (its rusage), which bounds what any target
+//! can reach on these shared CPUs: the TLS handshake and SCRAM's key derivation are the client's
+//! work whatever it connects to.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -50,6 +53,8 @@ pub struct Row {
     pub tps: Vec<f64>,
     /// Proxy CPU per connection, µs, one per repetition (none for direct).
     pub cpu_us: Vec<f64>,
+    /// pgbench's own CPU (user + system) per connection, µs, one per repetition.
+    pub client_us: Vec<f64>,
 }
 
 /// `pgwake_backend_reuse_total` of one reuse gateway.
@@ -169,23 +174,28 @@ pub fn run(binary: &Path, opts: ChurnOptions) -> Result<ChurnResults> {
             name: p.name,
             tps: Vec::new(),
             cpu_us: Vec::new(),
+            client_us: Vec::new(),
         })
         .collect();
     for rep in 0..opts.reps as usize {
         for i in 0..plan.len() {
             // Rotated order spreads drift over every target.
             let idx = (i + rep) % plan.len();
-            let (tps, cpu) = measure(&pgbench, &plan[idx], &args)?;
+            let m = measure(&pgbench, &plan[idx], &args)?;
             crate::progress(format_args!(
-                "churn rep {}/{} {} / {}: {tps:.0} tps, {} µs proxy CPU per connection",
+                "churn rep {}/{} {} / {}: {:.0} tps, {} µs proxy and {:.0} µs pgbench CPU per \
+                 connection",
                 rep + 1,
                 opts.reps,
                 GROUPS[plan[idx].group].0,
                 plan[idx].name,
-                cpu.map_or("—".into(), |c| format!("{c:.0}")),
+                m.tps,
+                m.proxy_us.map_or("—".into(), |c| format!("{c:.0}")),
+                m.client_us,
             ));
-            rows[idx].tps.push(tps);
-            rows[idx].cpu_us.extend(cpu);
+            rows[idx].tps.push(m.tps);
+            rows[idx].cpu_us.extend(m.proxy_us);
+            rows[idx].client_us.push(m.client_us);
             sleep(Duration::from_secs(1));
         }
     }
@@ -208,15 +218,31 @@ pub fn run(binary: &Path, opts: ChurnOptions) -> Result<ChurnResults> {
     })
 }
 
-/// One pgbench run against `p`: its tps and the proxy's CPU µs per connection (if a proxy).
-fn measure(
-    pgbench: &crate::pgbench::Pgbench,
-    p: &Planned,
-    args: &[String],
-) -> Result<(f64, Option<f64>)> {
+/// What one pgbench run measured.
+struct Measured {
+    tps: f64,
+    /// The proxy's CPU µs per connection (none for direct).
+    proxy_us: Option<f64>,
+    /// pgbench's own CPU µs per connection.
+    client_us: f64,
+}
+
+/// CPU time (user + system) of this process's children that have been waited for, in µs.
+fn children_cpu_us() -> Result<f64> {
+    use nix::sys::resource::{UsageWho, getrusage};
+    let u = getrusage(UsageWho::RUSAGE_CHILDREN)?;
+    let us = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 * 1e6 + t.tv_usec() as f64;
+    Ok(us(u.user_time()) + us(u.system_time()))
+}
+
+/// One pgbench run against `p`. pgbench is the only child waited for meanwhile, so the change
+/// in the children's rusage is its CPU.
+fn measure(pgbench: &crate::pgbench::Pgbench, p: &Planned, args: &[String]) -> Result<Measured> {
     let t = &p.target;
     let before = t.proxy_pid.map(ProcSample::read).transpose()?;
+    let client_before = children_cpu_us()?;
     let summary = pgbench.run(&t.endpoint, GROUPS[p.group].1, args)?;
+    let client_us = (children_cpu_us()? - client_before) / summary.transactions.max(1) as f64;
     if summary.transactions == 0 || summary.failed > 0 {
         bail!("{}: {} failed transactions", p.name, summary.failed);
     }
@@ -231,7 +257,11 @@ fn measure(
         }
         None => None,
     };
-    Ok((summary.tps, cpu))
+    Ok(Measured {
+        tps: summary.tps,
+        proxy_us: cpu,
+        client_us,
+    })
 }
 
 /// The reuse counters of the gateway whose admin port is `admin`.
@@ -327,8 +357,9 @@ fn render_group(out: &mut String, title: &str, group: usize, rows: &[Row]) {
     let _ = writeln!(
         out,
         "\n### {title}\n\n\
-         | target | median tps | min–max | vs PgBouncer | proxy CPU µs/connection |\n\
-         |---|---:|---:|---:|---:|"
+         | target | median tps | min–max | vs PgBouncer | proxy CPU µs/connection | pgbench CPU \
+         µs/connection |\n\
+         |---|---:|---:|---:|---:|---:|"
     );
     for row in &rows {
         let med = median(&row.tps).unwrap_or(0.0);
@@ -336,23 +367,33 @@ fn render_group(out: &mut String, title: &str, group: usize, rows: &[Row]) {
         let max = row.tps.iter().copied().fold(0.0, f64::max);
         let ratio = bouncer.map_or("—".into(), |b| format!("{:.2}×", med / b));
         let cpu = median(&row.cpu_us).map_or("—".into(), |c| format!("{c:.0}"));
+        let client = median(&row.client_us).map_or("—".into(), |c| format!("{c:.0}"));
         let _ = writeln!(
             out,
-            "| {} | {med:.0} | {min:.0}–{max:.0} | {ratio} | {cpu} |",
+            "| {} | {med:.0} | {min:.0}–{max:.0} | {ratio} | {cpu} | {client} |",
             row.name
         );
     }
     let (goal_row, goal) = GOALS[group];
-    let ours = rows
-        .iter()
-        .find(|row| row.name == goal_row)
-        .and_then(|row| median(&row.tps));
-    if let (Some(ours), Some(b)) = (ours, bouncer) {
-        let ratio = ours / b;
+    let ours = rows.iter().find(|row| row.name == goal_row);
+    let ours_tps = ours.and_then(|row| median(&row.tps));
+    if let (Some(ours_tps), Some(b)) = (ours_tps, bouncer) {
+        let ratio = ours_tps / b;
         let verdict = if ratio >= goal { "met" } else { "not met" };
         let _ = writeln!(
             out,
             "\nGoal: {goal_row} ≥ {goal}× PgBouncer session mode: **{ratio:.2}×, {verdict}**."
         );
+        if let Some(client) = ours.and_then(|row| median(&row.client_us)) {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+            let ceiling = cpus * 1e6 / client;
+            let _ = writeln!(
+                out,
+                "\nCeiling: pgbench alone spends {client:.0} µs of CPU per connection in that row, \
+                 so on {cpus:.0} CPUs no target can pass {ceiling:.0} connections/s \
+                 ({:.2}× PgBouncer's median) even if the proxy and Postgres cost nothing.",
+                ceiling / b
+            );
+        }
     }
 }

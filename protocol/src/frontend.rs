@@ -88,6 +88,14 @@ pub fn execute(out: &mut Vec<u8>) {
     });
 }
 
+/// Appends a Close of prepared statement `name`.
+pub fn close_statement(out: &mut Vec<u8>, name: &str) {
+    message(out, b'C', |b| {
+        b.push(b'S');
+        cstr(b, name);
+    });
+}
+
 /// Appends a Sync.
 pub fn sync(out: &mut Vec<u8>) {
     message(out, b'S', |_| {});
@@ -162,6 +170,9 @@ mod tests {
         let mut out = Vec::new();
         sync(&mut out);
         assert_eq!(out, [b'S', 0, 0, 0, 4]);
+        let mut out = Vec::new();
+        close_statement(&mut out, "s1");
+        assert_eq!(out, [b'C', 0, 0, 0, 8, b'S', b's', b'1', 0]);
     }
 
     #[test]

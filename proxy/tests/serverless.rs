@@ -498,3 +498,77 @@ fn a_throttled_user_is_refused_over_http_even_with_a_recently_verified_password(
         1.0
     );
 }
+
+/// The rows of a `/sql` answer that must have succeeded.
+fn rows_of((status, body): (u16, String)) -> serde_json::Value {
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str::<serde_json::Value>(&body).unwrap()
+}
+
+#[test]
+fn repeated_sql_runs_prepared_and_survives_deallocate_and_changed_tables() {
+    let http = free_port();
+    // One pooled connection, so every request meets the same cache; room for two statements.
+    let section = "pool_max_per_key = 1\nstatement_cache = 2";
+    let gw = Gateway::start_local(&["theta"], &http_listener(http, section), "", &[]);
+    let conn = url("theta", LOCAL_PASSWORD);
+    let mut http_conn = KeepAlive::open(http);
+    let mut post = |sql: &str| rows_of(http_conn.post(&conn, &query_body(sql)));
+    post("create table t (a int)");
+    post("insert into t values (1)");
+    for _ in 0..2 {
+        assert_eq!(post("select * from t")["rows"][0]["a"], 1);
+    }
+    let prepared =
+        post("select statement from pg_prepared_statements where name like 'pgwake_sql_%'");
+    let texts: Vec<&str> = prepared["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["statement"].as_str())
+        .collect();
+    assert!(texts.contains(&"select * from t"), "{prepared}");
+
+    // Another session changes the table: the cached plan's result type no longer holds, and the
+    // request runs again parsed afresh instead of failing.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let client = common::local_session(&gw, "theta").await;
+        client
+            .batch_execute("alter table t add column b int default 7")
+            .await
+            .expect("alter");
+    });
+    post("select * from t");
+    let changed = post("select * from t");
+    assert_eq!(changed["rows"][0]["b"], 7, "{changed}");
+
+    // A batch that deallocates everything before a cached statement still succeeds.
+    let changed = post("select * from t");
+    assert_eq!(changed["rows"][0]["b"], 7, "{changed}");
+    let batch = serde_json::to_vec(&serde_json::json!({ "queries": [
+        { "query": "deallocate all", "params": [] },
+        { "query": "select * from t", "params": [] },
+    ]}))
+    .unwrap();
+    let answer = rows_of(http_conn.post(&conn, &batch));
+    assert_eq!(answer["results"][1]["rows"][0]["a"], 1, "{answer}");
+
+    // More distinct queries than room: the least recently used are closed on the backend.
+    let mut post = |sql: &str| rows_of(http_conn.post(&conn, &query_body(sql)));
+    for round in 0..2 {
+        for n in 1..=3 {
+            let r = post(&format!("select {n} as x"));
+            assert_eq!(r["rows"][0]["x"], n, "round {round}: {r}");
+        }
+    }
+    let count = post(
+        "select count(*)::int as n from pg_prepared_statements where name like 'pgwake_sql_%'",
+    );
+    assert_eq!(count["rows"][0]["n"], 2, "{count}");
+    assert!(
+        gw.log().lines().all(|l| !l.contains("ERROR")),
+        "{}",
+        gw.log()
+    );
+}

@@ -38,6 +38,11 @@ pub struct HttpConfig {
     /// Time a client has to send a request's whole body; a slower one is answered 408.
     #[serde(with = "humantime_serde")]
     pub body_timeout: Duration,
+    /// Statements each pooled connection keeps prepared by query text, so a repeated query
+    /// skips Postgres's parse and plan; 0 turns the cache off.
+    pub statement_cache: usize,
+    /// Longest query text the statement cache keeps; longer ones are parsed every time.
+    pub statement_cache_max_query: ByteSize,
 }
 
 impl Default for HttpConfig {
@@ -53,6 +58,8 @@ impl Default for HttpConfig {
             pool_acquire_timeout: Duration::from_secs(10),
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
+            statement_cache: 64,
+            statement_cache_max_query: ByteSize::kib(16),
         }
     }
 }

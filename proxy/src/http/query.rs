@@ -12,7 +12,7 @@ use serde_json::{Map, Number, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::spill::SpillBuffer;
-use crate::upstream::BackendConn;
+use crate::upstream::{BackendConn, CacheLimits, Prepared};
 
 pub use super::body::Statement;
 
@@ -32,6 +32,10 @@ pub enum QueryError {
     /// Postgres refused a statement; the connection is still usable.
     #[error("postgres error {}", .0.get("code").and_then(Value::as_str).unwrap_or("?"))]
     Postgres(Map<String, Value>),
+    /// A statement the cache named is gone or changed on the backend (a user's `DEALLOCATE`, a
+    /// table whose columns changed): nothing ran, and the request may run again uncached.
+    #[error("cached statement unusable: {}", .0.get("code").and_then(Value::as_str).unwrap_or("?"))]
+    StaleStatement(Map<String, Value>),
     /// The results grew past the response limit; the connection is mid-reply.
     #[error("response larger than {0} bytes")]
     TooLarge(usize),
@@ -53,6 +57,25 @@ pub struct Limits {
     pub max_response: usize,
     /// Largest single message from the backend other than a DataRow.
     pub max_message: usize,
+    /// The connection's statement cache.
+    pub statements: CacheLimits,
+}
+
+/// SQLSTATEs that a cached statement can cause where a freshly parsed one would not:
+/// `26000` (the statement is gone), `42P05` (a user's PREPARE took the name) and `0A000`
+/// ("cached plan must not change result type").
+const STALE_STATEMENT_CODES: [&str; 3] = ["26000", "42P05", "0A000"];
+
+/// Whether the first error, met in statement `at` (when in one), came from the cache.
+fn stale(fields: &Map<String, Value>, at: Option<usize>, plan: &[Prepared]) -> bool {
+    let code = fields
+        .get("code")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let cached = at
+        .and_then(|i| plan.get(i))
+        .is_some_and(|p| *p != Prepared::Unnamed);
+    cached && STALE_STATEMENT_CODES.contains(&code)
 }
 
 /// Runs `statements` (in one transaction opened by `begin`, when given) and writes the response
@@ -66,13 +89,14 @@ pub async fn run(
     limits: Limits,
     out: &mut SpillBuffer,
 ) -> Result<(), QueryError> {
-    let resets = send_request(conn, statements, begin).await?;
+    let (resets, plan) = send_request(conn, statements, begin, limits.statements).await?;
     let batch = begin.is_some();
     if batch {
         out.buf().extend_from_slice(b"{\"results\":[");
     }
     // Each statement (and each reset, BEGIN, COMMIT) ends with one ReadyForQuery.
     let mut first_error: Option<Map<String, Value>> = None;
+    let mut error_at = None;
     let mut rows_read = 0usize;
     let mut replies_left = resets + statements.len() + if batch { 2 } else { 0 };
     let mut reply = 0usize;
@@ -117,11 +141,18 @@ pub async fn run(
                 }
                 if first_error.is_none() {
                     first_error = Some(fields);
+                    error_at = in_statement.then(|| reply - first_statement);
                 }
             }
             // A setting the backend reports changed (`SET`, `set_config`, a function's side
             // effect): the next request must not inherit it.
             b'S' if in_statement => conn.needs_reset = true,
+            b'1' if in_statement => {
+                let i = reply - first_statement;
+                if let Prepared::New(name) = &plan[i] {
+                    conn.statements.confirm(&statements[i].query, name.clone());
+                }
+            }
             _ if !in_statement || first_error.is_some() => {}
             b'T' => current.fields(out.buf(), &body)?,
             b'D' => {
@@ -139,6 +170,9 @@ pub async fn run(
         }
     }
     if let Some(e) = first_error {
+        if stale(&e, error_at, &plan) {
+            return Err(QueryError::StaleStatement(e));
+        }
         return Err(QueryError::Postgres(e));
     }
     if batch {
@@ -147,31 +181,47 @@ pub async fn run(
     Ok(())
 }
 
-/// Writes the whole request in one go: the pending reset if any, BEGIN, every statement,
-/// COMMIT. Returns how many replies the reset adds.
+/// Writes the whole request in one go: the pending reset if any, the Close of statements
+/// evicted from the cache, BEGIN, every statement, COMMIT. Returns how many replies come before
+/// the batch's BEGIN or the first statement, and how each statement was sent.
 async fn send_request(
     conn: &mut BackendConn,
     statements: &[Statement],
     begin: Option<&str>,
-) -> Result<usize, QueryError> {
+    cache: CacheLimits,
+) -> Result<(usize, Vec<Prepared>), QueryError> {
+    // Refused before anything changes: the reset still due and the cache stay as they are.
+    for s in statements {
+        check(s)?;
+    }
     let mut request = Vec::with_capacity(256);
-    let resets = conn.take_reset(&mut request);
+    let mut leading = conn.take_reset(&mut request);
+    let mut evict = Vec::new();
+    let queries = statements.iter().map(|s| s.query.as_str());
+    let plan = conn.statements.plan(queries, cache, &mut evict);
+    if !evict.is_empty() {
+        for name in &evict {
+            frontend::close_statement(&mut request, name);
+        }
+        frontend::sync(&mut request);
+        leading += 1;
+    }
     if let Some(begin) = begin {
         frontend::query(&mut request, begin);
     }
-    for s in statements {
-        extended(&mut request, s)?;
+    for (s, p) in statements.iter().zip(&plan) {
+        extended(&mut request, s, p);
     }
     if begin.is_some() {
         frontend::query(&mut request, "COMMIT");
     }
     conn.stream.write_all(&request).await?;
     conn.stream.flush().await?;
-    Ok(resets)
+    Ok((leading, plan))
 }
 
-/// Appends Parse, Bind, Describe (portal), Execute and Sync for one statement.
-fn extended(out: &mut Vec<u8>, s: &Statement) -> Result<(), QueryError> {
+/// Refuses a statement the protocol cannot carry.
+fn check(s: &Statement) -> Result<(), QueryError> {
     if s.query.contains('\0') {
         return Err(QueryError::Postgres(client_error(
             "22021",
@@ -184,17 +234,24 @@ fn extended(out: &mut Vec<u8>, s: &Statement) -> Result<(), QueryError> {
             "too many parameters (at most 32767)",
         )));
     }
-    // The unnamed statement and portal, parameter types left to the server.
-    frontend::parse(out, "", &s.query, &[]);
+    Ok(())
+}
+
+/// Appends Parse (unless the statement is cached), Bind, Describe (portal), Execute and Sync
+/// for one statement.
+fn extended(out: &mut Vec<u8>, s: &Statement, prepared: &Prepared) {
+    // The unnamed portal, parameter types left to the server.
+    if !matches!(prepared, Prepared::Cached(_)) {
+        frontend::parse(out, prepared.name(), &s.query, &[]);
+    }
     frontend::bind(
         out,
-        "",
+        prepared.name(),
         s.params.iter().map(|p| p.as_deref().map(str::as_bytes)),
     );
     frontend::describe_portal(out);
     frontend::execute(out);
     frontend::sync(out);
-    Ok(())
 }
 
 /// An error object for a request the gateway refuses before Postgres sees it.

@@ -41,6 +41,11 @@ impl SpillBuffer {
         &mut self.mem
     }
 
+    /// The memory bound it was made with.
+    pub fn memory(&self) -> usize {
+        self.memory
+    }
+
     /// Bytes written so far, in memory and on disk.
     pub fn len(&self) -> u64 {
         self.spilled + self.mem.len() as u64

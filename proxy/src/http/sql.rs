@@ -24,7 +24,7 @@ use crate::config::BackendTls;
 use crate::error::SessionError;
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
-use crate::upstream::{BackendConn, OpenError, PoolError, PoolKey, Pooled};
+use crate::upstream::{BackendConn, CacheLimits, OpenError, PoolError, PoolKey, Pooled};
 use pgwake_routing::{Endpoint, TenantId};
 
 /// How far past `http.max_request_size` an oversized body is read and dropped before its 413.
@@ -236,6 +236,10 @@ async fn execute(
     let limits = Limits {
         max_response: state.config.max_response_size.as_u64() as usize,
         max_message: gw.connector.max_message(),
+        statements: CacheLimits {
+            capacity: state.config.statement_cache,
+            max_query: state.config.statement_cache_max_query.as_u64() as usize,
+        },
     };
     // Armed until the answer is complete: a client that goes away, or the query timeout, drops
     // it and so cancels the query on the backend.
@@ -243,8 +247,9 @@ async fn execute(
         conn.cancel.as_ref().and_then(|r| r.target()),
         gw.connector.connect_timeout(),
     );
-    let mut out = SpillBuffer::new(state.config.response_memory.as_u64() as usize);
-    let run = query::run(
+    let memory = state.config.response_memory.as_u64() as usize;
+    let mut out = SpillBuffer::new(memory);
+    let run = run_statements(
         &mut conn,
         &statements,
         begin.as_deref(),
@@ -270,6 +275,34 @@ async fn execute(
         .iter()
         .all(|s| super::stateless::leaves_no_state(&s.query));
     answer(&gw.metrics, conn, outcome, out, statements.len(), stateless).await
+}
+
+/// Runs the statements on `conn`; when a statement the cache named turns out gone or changed,
+/// forgets the cache and runs them once more, parsed afresh, into a new `out`.
+async fn run_statements(
+    conn: &mut BackendConn,
+    statements: &[query::Statement],
+    begin: Option<&str>,
+    shape: Shape,
+    limits: Limits,
+    out: &mut SpillBuffer,
+) -> Result<(), QueryError> {
+    let first = query::run(conn, statements, begin, shape, limits, out).await;
+    let Err(QueryError::StaleStatement(_)) = first else {
+        return first;
+    };
+    // Nothing ran. The reset in front of the retry drops whatever the backend still holds.
+    conn.statements.clear();
+    conn.needs_reset = true;
+    *out = SpillBuffer::new(out.memory());
+    let uncached = Limits {
+        statements: CacheLimits {
+            capacity: 0,
+            ..limits.statements
+        },
+        ..limits
+    };
+    query::run(conn, statements, begin, shape, uncached, out).await
 }
 
 /// Reads a request's headers and whole body, within `http.max_request_size` and
@@ -444,7 +477,7 @@ async fn answer(
             })?;
             Ok((body, len))
         }
-        Err(QueryError::Postgres(fields)) => {
+        Err(QueryError::Postgres(fields) | QueryError::StaleStatement(fields)) => {
             conn.needs_reset = true;
             conn.release();
             Err(Refusal::Error(fields))

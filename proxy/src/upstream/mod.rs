@@ -9,6 +9,7 @@ mod login;
 mod on_behalf;
 pub mod pool;
 pub mod reuse;
+mod statements;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +25,7 @@ pub use cap::BackendSlot;
 pub use connect::BackendLink;
 pub use pool::{BackendConn, PoolError, PoolKey, PoolSettings, PoolStats, Pooled};
 pub use reuse::{Returnable, close};
+pub use statements::{CacheLimits, Prepared};
 
 use self::cap::Caps;
 use self::login::{LoggedIn, ToClient, log_in};

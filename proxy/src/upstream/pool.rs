@@ -28,6 +28,7 @@ use tokio::io::{AsyncRead, BufReader, ReadBuf};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
+use super::statements::StatementCache;
 use crate::cancel::CancelRegistration;
 use crate::stream::Stream;
 
@@ -463,6 +464,8 @@ pub struct BackendConn {
     pub status: u8,
     /// Session state from an earlier user may remain: reset before the next use.
     pub needs_reset: bool,
+    /// Statements prepared on it for `/sql`, emptied by every reset.
+    pub statements: StatementCache,
     /// The thread whose event loop polls the connection.
     home: ThreadId,
 }
@@ -475,6 +478,7 @@ impl BackendConn {
             endpoint,
             status: b'I',
             needs_reset: false,
+            statements: StatementCache::default(),
             cancel: Some(cancel),
             home: std::thread::current().id(),
         }
@@ -488,6 +492,8 @@ impl BackendConn {
             return 0;
         }
         self.needs_reset = false;
+        // DISCARD ALL deallocates every prepared statement.
+        self.statements.clear();
         frontend::reset(out, self.status != b'I')
     }
 }
