@@ -247,8 +247,7 @@ async fn execute(
         conn.cancel.as_ref().and_then(|r| r.target()),
         gw.connector.connect_timeout(),
     );
-    let memory = state.config.response_memory.as_u64() as usize;
-    let mut out = SpillBuffer::new(memory);
+    let mut out = SpillBuffer::new(state.config.response_memory.as_u64() as usize);
     let run = run_statements(
         &mut conn,
         &statements,
@@ -291,8 +290,8 @@ async fn run_statements(
     let Err(QueryError::StaleStatement(_)) = first else {
         return first;
     };
-    // Nothing ran. The reset in front of the retry drops whatever the backend still holds.
-    conn.statements.clear();
+    // Nothing ran. The reset in front of the retry drops whatever the backend still holds, and
+    // empties the cache with it.
     conn.needs_reset = true;
     *out = SpillBuffer::new(out.memory());
     let uncached = Limits {
