@@ -159,6 +159,8 @@ async fn temporary_functions_and_setseed_pin_the_session() {
     )
     .await;
     assert!(!moved, "a temporary function pins the session");
+    let pins = |reason| gw.labelled_metric("pgwake_session_pins_total", &[("reason", reason)]);
+    assert!(pins("temp_objects") >= 1.0);
     let seven: i32 = c
         .query_one("select pg_temp.tf()", &[])
         .await
@@ -169,6 +171,7 @@ async fn temporary_functions_and_setseed_pin_the_session() {
     let c = connect(&gw).await;
     let moved = run_then_park(&gw, &c, "select setseed(0.5)").await;
     assert!(!moved, "setseed pins the session");
+    assert!(pins("random_seed") >= 1.0);
     let got: Vec<f64> = c
         .query("select random() from generate_series(1, 3)", &[])
         .await

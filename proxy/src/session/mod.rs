@@ -678,6 +678,7 @@ async fn snapshot(
     {
         Ok(s) => {
             if !s.pins.is_empty() {
+                gw.metrics.pinned(s.pins);
                 info!(pins = %s.pins.describe(), "session pinned to its backend connection");
             } else {
                 debug!(
