@@ -259,3 +259,48 @@ async fn a_parked_sessions_cancel_never_reaches_another_session() {
     r.expect("b's query ran to its end, untouched by a's cancels");
     assert_eq!(text(&b, "select 'b'").await.as_deref(), Some("b"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_statement_whose_rows_changed_while_parked_fails_with_0a000() {
+    let gw = gateway(None).await;
+    let other = connect(&gw).await;
+    other
+        .batch_execute("create table gt(a int, b int); insert into gt values (1, 2)")
+        .await
+        .unwrap();
+    let c = connect(&gw).await;
+    let stmt = c.prepare("select * from gt where b = $1").await.unwrap();
+    let unchanged = c.prepare("select b from gt").await.unwrap();
+    let before = parks(&gw);
+    c.query(&stmt, &[&2i32]).await.unwrap();
+    assert!(parked_since(&gw, before).await, "the session parks");
+    other
+        .batch_execute(
+            "alter table gt drop column a; alter table gt add column a int; update gt set a = 1",
+        )
+        .await
+        .unwrap();
+    // Postgres answers this for a cached statement whose result changed; drivers prepare
+    // again when they see it.
+    for _ in 0..2 {
+        let err = c.query(&stmt, &[&2i32]).await.unwrap_err();
+        let db = err.as_db_error().expect("a server error");
+        assert_eq!(db.code(), &SqlState::FEATURE_NOT_SUPPORTED, "{err}");
+        assert_eq!(db.message(), "cached plan must not change result type");
+        assert_eq!(db.routine(), Some("RevalidateCachedQuery"));
+    }
+    // A statement whose rows did not change works, and so does the stale one prepared again.
+    let row = c.query_one(&unchanged, &[]).await.unwrap();
+    assert_eq!(row.get::<_, i32>(0), 2);
+    let again = c.prepare("select * from gt where b = $1").await.unwrap();
+    let row = c.query_one(&again, &[&2i32]).await.unwrap();
+    let names: Vec<&str> = row.columns().iter().map(|c| c.name()).collect();
+    assert_eq!(names, ["b", "a"]);
+    assert_eq!((row.get::<_, i32>(0), row.get::<_, i32>(1)), (2, 1));
+    // Stale still after another move, until the client closes it.
+    let before = parks(&gw);
+    c.batch_execute("select 1").await.unwrap();
+    assert!(parked_since(&gw, before).await);
+    let err = c.query(&stmt, &[&2i32]).await.unwrap_err();
+    assert_eq!(err.code(), Some(&SqlState::FEATURE_NOT_SUPPORTED), "{err}");
+}
