@@ -304,3 +304,134 @@ async fn a_cached_statement_whose_rows_changed_while_parked_fails_with_0a000() {
     let err = c.query(&stmt, &[&2i32]).await.unwrap_err();
     assert_eq!(err.code(), Some(&SqlState::FEATURE_NOT_SUPPORTED), "{err}");
 }
+
+/// asyncpg with its statement cache: one query, a line on stdin, the same query again.
+const ASYNCPG_CACHED: &str = r#"
+import asyncio, sys, asyncpg
+async def main():
+    c = await asyncpg.connect(sys.argv[1])
+    async def run():
+        try:
+            r = await c.fetchrow(sys.argv[2])
+            return " ".join(f"{k}={v}" for k, v in r.items())
+        except Exception as e:
+            return f"error {type(e).__name__} {e}"
+    print(await run(), flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    print(await run(), flush=True)
+asyncio.run(main())
+"#;
+
+/// How to start one run of a driver program.
+type Launcher = Box<dyn Fn() -> std::process::Command>;
+
+/// The drivers that cache statements with their row descriptions, as programs that take the
+/// URL and query; `None` when the runtime is missing here.
+fn caching_drivers() -> Vec<(&'static str, Option<Launcher>)> {
+    use std::process::Command;
+    let python = Command::new("python3")
+        .args(["-c", "import asyncpg"])
+        .status()
+        .is_ok_and(|s| s.success());
+    let asyncpg = python.then(|| -> Launcher {
+        Box::new(|| {
+            let mut c = Command::new("python3");
+            c.args(["-c", ASYNCPG_CACHED]);
+            c
+        })
+    });
+    let go = std::env::var("PGWAKE_GO")
+        .ok()
+        .into_iter()
+        .chain(["go".to_owned(), "/usr/local/go/bin/go".to_owned()])
+        .find(|go| Command::new(go).arg("version").output().is_ok());
+    let pgx = go.map(|go| -> Launcher {
+        let bin = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("pgx-cached");
+        let built = Command::new(go)
+            .args(["build", "-o"])
+            .arg(&bin)
+            .arg(".")
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/pgx-cached"))
+            .status()
+            .unwrap();
+        assert!(built.success(), "go build of tests/pgx-cached");
+        Box::new(move || Command::new(&bin))
+    });
+    vec![("asyncpg", asyncpg), ("pgx", pgx)]
+}
+
+/// Runs a caching driver's two queries against `url`, with the table reshaped in between by
+/// `other`; through the gateway (`gw`), the session parks first. Returns the two lines printed.
+async fn reshaped_under(
+    mut command: std::process::Command,
+    url: &str,
+    table: &str,
+    other: &Client,
+    gw: Option<&Gateway>,
+) -> (String, String) {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::Stdio;
+    other
+        .batch_execute(&format!(
+            "create table {table}(a int, b int); insert into {table} values (1, 2)"
+        ))
+        .await
+        .unwrap();
+    let before = gw.map(parks);
+    let mut child = command
+        .arg(url)
+        .arg(format!("select * from {table} where b = 2"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    if let (Some(gw), Some(before)) = (gw, before) {
+        assert!(parked_since(gw, before).await, "the session parks: {first}");
+    }
+    other
+        .batch_execute(&format!(
+            "alter table {table} drop column a; alter table {table} add column a int; \
+             update {table} set a = 1"
+        ))
+        .await
+        .unwrap();
+    child.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
+    let mut second = String::new();
+    out.read_line(&mut second).unwrap();
+    assert!(child.wait().unwrap().success());
+    (first.trim().to_owned(), second.trim().to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asyncpg_and_pgx_meet_reshaped_tables_after_a_move_as_they_do_directly() {
+    let gw = gateway(None).await;
+    let through = connect(&gw).await;
+    let pg = tokio::task::spawn_blocking(common::backend).await.unwrap();
+    let (direct, conn) = tokio_postgres::connect(&pg.conn_str("postgres"), NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let gateway_url = format!(
+        "postgres://pgwake:{LOCAL_PASSWORD}@127.0.0.1:{}/m.postgres?sslmode=disable",
+        gw.port
+    );
+    let o = &pg.options;
+    let direct_url = format!(
+        "postgres://{}:{}@127.0.0.1:{}/postgres?sslmode=disable",
+        o.user, o.password, pg.port
+    );
+    for (driver, launcher) in caching_drivers() {
+        let Some(launch) = launcher else {
+            println!("{driver}: runtime missing here, skipped");
+            continue;
+        };
+        let table = format!("gt_{driver}");
+        let want = reshaped_under(launch(), &direct_url, &table, &direct, None).await;
+        let got = reshaped_under(launch(), &gateway_url, &table, &through, Some(&gw)).await;
+        println!("{driver}: directly {want:?}, through pgwake {got:?}");
+        assert_eq!(got, want, "{driver}");
+    }
+}
