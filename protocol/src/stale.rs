@@ -14,7 +14,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::frontend::error_fields;
+use crate::frontend::{error_fields, message};
 
 /// Bytes of a Bind or Describe read before its statement name must have ended.
 const NAME_WINDOW: usize = 1024;
@@ -215,16 +215,15 @@ fn result_changed() -> Vec<u8> {
         (b'L', "730"),
         (b'R', "RevalidateCachedQuery"),
     ];
-    let mut body = Vec::new();
-    for (code, value) in fields {
-        body.push(code);
-        body.extend_from_slice(value.as_bytes());
+    let mut out = Vec::new();
+    message(&mut out, b'E', |body| {
+        for (code, value) in fields {
+            body.push(code);
+            body.extend_from_slice(value.as_bytes());
+            body.push(0);
+        }
         body.push(0);
-    }
-    body.push(0);
-    let mut out = vec![b'E'];
-    out.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
-    out.extend_from_slice(&body);
+    });
     out
 }
 
