@@ -235,6 +235,7 @@ impl Metrics {
         let r = Registrar(Registry::new());
         let (to_backend, to_client) = r.relayed_bytes();
         let pooling = Pooling::register(&r);
+        let moving = Moving::register(&r);
         let metrics = Metrics {
             connections_accepted: r.counter(
                 "pgwake_connections_accepted_total",
@@ -293,34 +294,11 @@ impl Metrics {
                 "Client authentications at the gateway, by outcome (ok, failed, throttled, error).",
                 &["outcome"],
             ),
-            sessions_parked: r.gauge(
-                "pgwake_sessions_parked",
-                "Client sessions parked now: connected, without a backend connection.",
-            ),
-            parks: r.counter_vec(
-                "pgwake_parks_total",
-                "Sessions that left their backend connection, by reason (idle_sleep, \
-                 backend_ended, migrate, session_idle).",
-                &["reason"],
-            ),
-            revivals: r.counter_vec(
-                "pgwake_revivals_total",
-                "Sessions logged back in to a backend, by why they had left (idle_sleep, \
-                 backend_ended, migrate, session_idle) and outcome (ok, error).",
-                &["reason", "outcome"],
-            ),
-            session_pins: r.counter_vec(
-                "pgwake_session_pins_total",
-                "Snapshots that found a session pinned to its backend connection, by reason \
-                 (a snapshot with several reasons counts under each).",
-                &["reason"],
-            ),
-            revival_duration: r.histogram(
-                "pgwake_revival_duration_seconds",
-                "Time a successful revival took: wake (if any), login, restoring settings and \
-                 statements.",
-                REVIVAL_BUCKETS,
-            ),
+            sessions_parked: moving.sessions_parked,
+            parks: moving.parks,
+            revivals: moving.revivals,
+            session_pins: moving.session_pins,
+            revival_duration: moving.revival_duration,
             http_pool_open: pooling.http_pool_open,
             http_pool_idle: pooling.http_pool_idle,
             http_ok: pooling.http_requests.with_label_values(&["200"]),
@@ -527,6 +505,50 @@ const WAKE_BUCKETS: &[f64] = &[
 const REVIVAL_BUCKETS: &[f64] = &[
     0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
+
+/// The metrics of sessions that leave their backend connection: parks, revivals, pins.
+struct Moving {
+    sessions_parked: IntGauge,
+    parks: IntCounterVec,
+    revivals: IntCounterVec,
+    session_pins: IntCounterVec,
+    revival_duration: Histogram,
+}
+
+impl Moving {
+    fn register(r: &Registrar) -> Moving {
+        Moving {
+            sessions_parked: r.gauge(
+                "pgwake_sessions_parked",
+                "Client sessions parked now: connected, without a backend connection.",
+            ),
+            parks: r.counter_vec(
+                "pgwake_parks_total",
+                "Sessions that left their backend connection, by reason (idle_sleep, \
+                 backend_ended, migrate, session_idle).",
+                &["reason"],
+            ),
+            revivals: r.counter_vec(
+                "pgwake_revivals_total",
+                "Sessions logged back in to a backend, by why they had left (idle_sleep, \
+                 backend_ended, migrate, session_idle) and outcome (ok, error).",
+                &["reason", "outcome"],
+            ),
+            session_pins: r.counter_vec(
+                "pgwake_session_pins_total",
+                "Snapshots that found a session pinned to its backend connection, by reason \
+                 (a snapshot with several reasons counts under each).",
+                &["reason"],
+            ),
+            revival_duration: r.histogram(
+                "pgwake_revival_duration_seconds",
+                "Time a successful revival took: wake (if any), login, restoring settings and \
+                 statements.",
+                REVIVAL_BUCKETS,
+            ),
+        }
+    }
+}
 
 /// The metrics of backend connections held apart from sessions: the `/sql` pool and reuse.
 struct Pooling {
