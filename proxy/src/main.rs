@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use pgwake::app::StopRequest;
 use pgwake::app::quickstart::{self, QuickstartOptions};
 use pgwake::config::Config;
 use pgwake_routing::TenantId;
@@ -29,6 +30,10 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the gateway in the foreground until SIGTERM or SIGINT.
+    ///
+    /// SIGTERM drains: sessions get limits.shutdown_grace to finish. SIGINT (Ctrl-C) ends idle
+    /// sessions at once and lets open transactions finish within the grace. A second signal
+    /// ends the remaining sessions now.
     Serve {
         /// TOML configuration file.
         #[arg(long, short)]
@@ -91,20 +96,32 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 /// Serves until SIGTERM or SIGINT; `banner` is printed once the listeners are up.
+///
+/// SIGTERM (an orchestrator) drains: sessions get `limits.shutdown_grace`. SIGINT (Ctrl-C, a
+/// person waiting) ends idle sessions at once and lets open transactions finish within the
+/// grace. Either signal a second time ends the remaining sessions now.
 fn serve(cfg: Config, banner: Option<String>) -> anyhow::Result<()> {
     runtime()?.block_on(async {
-        let shutdown = CancellationToken::new();
+        let stop = StopRequest::default();
         let mut term = signal(SignalKind::terminate()).context("install SIGTERM handler")?;
         let mut int = signal(SignalKind::interrupt()).context("install SIGINT handler")?;
-        let trigger = shutdown.clone();
+        let trigger = stop.clone();
         tokio::spawn(async move {
             tokio::select! {
                 _ = term.recv() => info!("SIGTERM received"),
-                _ = int.recv() => info!("SIGINT received"),
+                _ = int.recv() => {
+                    info!("SIGINT received");
+                    trigger.end_idle.cancel();
+                }
             }
-            trigger.cancel();
+            trigger.drain.cancel();
+            tokio::select! {
+                _ = term.recv() => info!("SIGTERM received again"),
+                _ = int.recv() => info!("SIGINT received again"),
+            }
+            trigger.now.cancel();
         });
-        pgwake::app::run(cfg, shutdown, banner).await
+        pgwake::app::run(cfg, stop, banner).await
     })
 }
 
@@ -154,7 +171,11 @@ fn run() -> anyhow::Result<()> {
         Command::CheckConfig { config } => {
             let cfg = load(&config)?;
             runtime()?
-                .block_on(pgwake::app::build(&cfg, CancellationToken::new()))
+                .block_on(pgwake::app::build(
+                    &cfg,
+                    CancellationToken::new(),
+                    CancellationToken::new(),
+                ))
                 .context("the configuration cannot be served")?;
             let discovery = match cfg.kubernetes.discover {
                 true => " plus labelled Clusters",

@@ -15,7 +15,7 @@ use pgwake_routing::{
 use tokio_util::sync::CancellationToken;
 
 pub use backends::local_settings;
-pub use run::run;
+pub use run::{StopRequest, run};
 
 use crate::auth::CredentialError;
 use crate::auth::password::PasswordChecker;
@@ -90,8 +90,13 @@ impl Gateway {
 }
 
 /// Builds the gateway; fails on unusable certificates, a local backend that cannot run here, or
-/// an unreachable Kubernetes configuration.
-pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gateway, BuildError> {
+/// an unreachable Kubernetes configuration. Sessions end when `terminate` fires, and as soon as
+/// they are at rest once `end_idle` does.
+pub async fn build(
+    config: &Config,
+    terminate: CancellationToken,
+    end_idle: CancellationToken,
+) -> Result<Gateway, BuildError> {
     let certificates = match &config.tls {
         Some(t) => Some(Arc::new(ServerCertificates::load(t)?)),
         None => None,
@@ -150,7 +155,7 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
         &coordinator,
         &cancels,
         &metrics,
-        &terminate,
+        (&terminate, &end_idle),
     )?;
     let pipeline = Arc::new(Pipeline {
         router,
@@ -209,7 +214,7 @@ fn sessions(
     coordinator: &Arc<WakeCoordinator>,
     cancels: &Arc<CancelMap>,
     metrics: &Arc<Metrics>,
-    terminate: &CancellationToken,
+    (terminate, end_idle): (&CancellationToken, &CancellationToken),
 ) -> Result<Sessions, BuildError> {
     let keys = config
         .revival
@@ -229,6 +234,7 @@ fn sessions(
         },
         snapshot_timeout: config.limits.login_timeout,
         terminate: terminate.clone(),
+        end_idle: end_idle.clone(),
         metrics: metrics.clone(),
     })
 }
