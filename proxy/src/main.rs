@@ -47,6 +47,8 @@ enum Command {
     },
     /// Set up a gateway with local Postgres tenants in a folder (reused on later runs), print how
     /// to connect, and serve in the foreground.
+    ///
+    /// On a later run the folder's pgwake.toml is used; ports given still apply, for this run.
     Quickstart {
         /// Folder for config, certificate and data directories.
         #[arg(long, default_value = ".pgwake")]
@@ -54,13 +56,14 @@ enum Command {
         /// Tenants to create on the first run, comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "alpha")]
         tenants: Vec<String>,
-        /// Postgres listener port (first run; later runs override the config when given).
+        /// Postgres listener port [default in a new folder: 6432].
         #[arg(long)]
         port: Option<u16>,
-        /// Admin listener port (likewise).
+        /// Admin listener port [default in a new folder: 9090].
         #[arg(long)]
         admin_port: Option<u16>,
-        /// HTTPS listener port for POST /sql and WebSocket (serverless drivers; likewise).
+        /// HTTPS listener port for POST /sql and WebSocket, for serverless drivers [default in a
+        /// new folder: 8443].
         #[arg(long)]
         http_port: Option<u16>,
         /// Idle time before a tenant sleeps (first run), e.g. 30s or 5m.
@@ -80,9 +83,6 @@ enum Command {
         config: PathBuf,
     },
 }
-
-/// Default port of the quickstart's HTTPS listener.
-const QUICKSTART_HTTP_PORT: u16 = 8443;
 
 fn load(path: &std::path::Path) -> anyhow::Result<Config> {
     Config::load(path).with_context(|| format!("invalid configuration in {}", path.display()))
@@ -236,26 +236,12 @@ fn run() -> anyhow::Result<()> {
             let opts = QuickstartOptions {
                 dir: dir.clone(),
                 tenants,
-                port: port.unwrap_or(6432),
-                admin_port: admin_port.unwrap_or(9090),
-                http_port: http_port.unwrap_or(QUICKSTART_HTTP_PORT),
+                port,
+                admin_port,
+                http_port,
                 idle_timeout: idle_timeout.into(),
             };
-            let path = runtime()?.block_on(quickstart::prepare(&opts))?;
-            let mut cfg = load(&path)?;
-            if let Some(p) = port {
-                cfg.listen.postgres.set_port(p);
-            }
-            if let (Some(p), Some(admin)) = (admin_port, cfg.listen.admin.as_mut()) {
-                admin.set_port(p);
-            }
-            // Folders from before the quickstart served HTTP get the listener too.
-            let http = cfg.listen.http.get_or_insert_with(|| {
-                SocketAddr::new(cfg.listen.postgres.ip(), QUICKSTART_HTTP_PORT)
-            });
-            if let Some(p) = http_port {
-                http.set_port(p);
-            }
+            let cfg = runtime()?.block_on(quickstart::prepare(&opts))?;
             let banner = quickstart::banner(&cfg, &dir);
             serve(cfg, Some(banner))
         }

@@ -3,33 +3,41 @@
 //! directory per tenant.
 
 use std::fs;
+use std::net::SocketAddr;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
 use pgwake_routing::TenantId;
-use pgwake_routing::backend::{LocalBackend, can_enter, server_account};
+use pgwake_routing::backend::{ClaimError, LocalBackend, can_enter, server_account};
 use rand::Rng;
 
 use super::local_settings;
 use crate::config::Config;
 
-/// What the quickstart was asked for.
+/// What the quickstart was asked for. Ports given apply to an existing folder too, for this
+/// run (its `pgwake.toml` keeps its own).
 pub struct QuickstartOptions {
     /// Folder for config, certificates and (when the server account can enter it) data.
     pub dir: PathBuf,
     /// Tenants to create (first run only).
     pub tenants: Vec<TenantId>,
-    /// Postgres listener port.
-    pub port: u16,
-    /// Admin listener port.
-    pub admin_port: u16,
-    /// HTTP listener port (`POST /sql` and WebSocket).
-    pub http_port: u16,
-    /// Idle time before a tenant sleeps.
+    /// Postgres listener port (default 6432 in a new folder).
+    pub port: Option<u16>,
+    /// Admin listener port (default 9090 in a new folder).
+    pub admin_port: Option<u16>,
+    /// HTTP listener port, `POST /sql` and WebSocket (default 8443 in a new folder).
+    pub http_port: Option<u16>,
+    /// Idle time before a tenant sleeps (first run).
     pub idle_timeout: Duration,
 }
+
+/// Defaults of a new quickstart folder.
+const DEFAULT_PORT: u16 = 6432;
+const DEFAULT_ADMIN_PORT: u16 = 9090;
+/// Default port of the HTTPS listener (also given to folders written before it existed).
+pub const DEFAULT_HTTP_PORT: u16 = 8443;
 
 /// Where data directories go when the server account cannot enter the quickstart folder.
 const SHARED_DATA_ROOT: &str = "/var/lib/pgwake";
@@ -38,9 +46,13 @@ const SHARED_DATA_ROOT: &str = "/var/lib/pgwake";
 pub const CA_FILE: &str = "ca.pem";
 
 /// Writes `dir/pgwake.toml`, the certificates and the data directories unless they exist, and
-/// returns the config path. A folder from an earlier version (a self-signed `cert.pem` and no
-/// CA) gets a CA and a certificate signed by it.
-pub async fn prepare(opts: &QuickstartOptions) -> anyhow::Result<PathBuf> {
+/// returns the configuration to serve: the folder's, with what `opts` gives applied. A folder
+/// from an earlier version (a self-signed `cert.pem` and no CA) gets a CA and a certificate
+/// signed by it.
+///
+/// Nothing is stopped or created while another gateway serves the folder's tenants, and a busy
+/// port is reported, naming the flag that changes it, before any data directory is made.
+pub async fn prepare(opts: &QuickstartOptions) -> anyhow::Result<Config> {
     fs::create_dir_all(&opts.dir).with_context(|| format!("create {}", opts.dir.display()))?;
     let dir =
         fs::canonicalize(&opts.dir).with_context(|| format!("open {}", opts.dir.display()))?;
@@ -49,19 +61,50 @@ pub async fn prepare(opts: &QuickstartOptions) -> anyhow::Result<PathBuf> {
         write_certificates(&dir)?;
     }
     if !config_path.exists() {
-        let data_dir = choose_data_dir(&dir)?;
-        let password: String = rand::rng()
-            .sample_iter(rand::distr::Alphanumeric)
-            .take(20)
-            .map(char::from)
-            .collect();
-        let tenants: String = opts
-            .tenants
-            .iter()
-            .map(|t| format!("\n[[tenant]]\nid = \"{t}\"\nbackend = {{ kind = \"local\" }}\n"))
-            .collect();
-        let text = format!(
-            r#"# Written by `pgwake quickstart`; edit freely, later runs reuse it.
+        write_config(&dir, &config_path, opts)?;
+    }
+    let mut config = Config::load(&config_path)
+        .with_context(|| format!("invalid configuration in {}", config_path.display()))?;
+    apply(&mut config, opts);
+    let backend = match &config.local {
+        Some(local) => {
+            let backend = LocalBackend::new(local_settings(local, config.wake.wake_timeout))?;
+            backend.claim().map_err(|e| match e {
+                ClaimError::InUse { pid, .. } => anyhow::anyhow!(
+                    "{e} (a quickstart on {dir}): stop it first ({}), or use another --dir",
+                    match pid {
+                        Some(p) => format!("Ctrl-C where it runs, or kill {p}"),
+                        None => "Ctrl-C where it runs".into(),
+                    },
+                    dir = dir.display()
+                ),
+                ClaimError::Io(_) => anyhow::anyhow!("local.data_dir: {e}"),
+            })?;
+            Some(backend)
+        }
+        None => None,
+    };
+    check_ports(&config)?;
+    if let Some(backend) = backend {
+        for t in &config.tenants {
+            backend.stop_stale(&t.id).await;
+            backend.ensure_initialized(&t.id).await?;
+        }
+    }
+    Ok(config)
+}
+
+/// Writes the `pgwake.toml` of a new folder.
+fn write_config(dir: &Path, config_path: &Path, opts: &QuickstartOptions) -> anyhow::Result<()> {
+    let data_dir = choose_data_dir(dir)?;
+    let password: String = rand::rng()
+        .sample_iter(rand::distr::Alphanumeric)
+        .take(20)
+        .map(char::from)
+        .collect();
+    let tenants: String = opts.tenants.iter().map(tenant_table).collect();
+    let text = format!(
+        r#"# Written by `pgwake quickstart`; edit freely, later runs reuse it.
 [listen]
 postgres = "127.0.0.1:{port}"
 admin = "127.0.0.1:{admin}"
@@ -83,24 +126,59 @@ data_dir = "{data_dir}"
 superuser = "pgwake"
 password = "{password}"
 {tenants}"#,
-            port = opts.port,
-            admin = opts.admin_port,
-            http = opts.http_port,
-            idle = humantime::format_duration(opts.idle_timeout),
-        );
-        fs::write(&config_path, text).context("write pgwake.toml")?;
-        fs::set_permissions(&config_path, fs::Permissions::from_mode(0o600))?;
+        port = opts.port.unwrap_or(DEFAULT_PORT),
+        admin = opts.admin_port.unwrap_or(DEFAULT_ADMIN_PORT),
+        http = opts.http_port.unwrap_or(DEFAULT_HTTP_PORT),
+        idle = humantime::format_duration(opts.idle_timeout),
+    );
+    fs::write(config_path, text).context("write pgwake.toml")?;
+    fs::set_permissions(config_path, fs::Permissions::from_mode(0o600))?;
+    Ok(())
+}
+
+/// The `[[tenant]]` table of a quickstart tenant.
+fn tenant_table(id: &TenantId) -> String {
+    format!("\n[[tenant]]\nid = \"{id}\"\nbackend = {{ kind = \"local\" }}\n")
+}
+
+/// Applies the ports given for this run; gives a folder written before the quickstart served
+/// HTTP its listener.
+fn apply(config: &mut Config, opts: &QuickstartOptions) {
+    if let Some(p) = opts.port {
+        config.listen.postgres.set_port(p);
     }
-    let config = Config::load(&config_path)
-        .with_context(|| format!("invalid configuration in {}", config_path.display()))?;
-    if let Some(local) = &config.local {
-        let backend = LocalBackend::new(local_settings(local, config.wake.wake_timeout))?;
-        for t in &config.tenants {
-            backend.stop_stale(&t.id).await;
-            backend.ensure_initialized(&t.id).await?;
+    if let (Some(p), Some(admin)) = (opts.admin_port, config.listen.admin.as_mut()) {
+        admin.set_port(p);
+    }
+    let ip = config.listen.postgres.ip();
+    let http = config
+        .listen
+        .http
+        .get_or_insert_with(|| SocketAddr::new(ip, DEFAULT_HTTP_PORT));
+    if let Some(p) = opts.http_port {
+        http.set_port(p);
+    }
+}
+
+/// Fails when a listener's address is taken, naming the flag that moves it: found before any
+/// data directory is created, rather than after.
+fn check_ports(config: &Config) -> anyhow::Result<()> {
+    let listeners = [
+        (Some(config.listen.postgres), "--port"),
+        (config.listen.admin, "--admin-port"),
+        (config.listen.http, "--http-port"),
+    ];
+    for (addr, flag) in listeners {
+        let Some(addr) = addr else { continue };
+        if let Err(e) = std::net::TcpListener::bind(addr) {
+            anyhow::bail!(
+                "cannot listen on {addr} ({e}): another program or quickstart uses port \
+                 {port}; pick a free one with {flag} <port>",
+                port = addr.port()
+            );
         }
     }
-    Ok(config_path)
+    Ok(())
 }
 
 /// `data` inside the quickstart folder, unless the gateway is root and the account the servers

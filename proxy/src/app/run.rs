@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use pgwake_routing::backend::ClaimError;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -51,6 +52,13 @@ pub async fn run(
     let peer_listener = bind_some("listen.peer", config.listen.peer).await?;
     let http_listener = bind_some("listen.http", config.listen.http).await?;
     if let Some(local) = &gateway.local {
+        local.claim().map_err(|e| match e {
+            ClaimError::InUse { pid, .. } => anyhow::anyhow!(
+                "{e}: stop it first{}, or set local.data_dir to another folder",
+                pid.map(|p| format!(" (kill {p})")).unwrap_or_default()
+            ),
+            ClaimError::Io(_) => anyhow::anyhow!("local.data_dir: {e}"),
+        })?;
         for t in gateway.pipeline().router.directory.all() {
             local.stop_stale(&t.id).await;
         }
