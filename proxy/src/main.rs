@@ -48,14 +48,16 @@ enum Command {
     /// Set up a gateway with local Postgres tenants in a folder (reused on later runs), print how
     /// to connect, and serve in the foreground.
     ///
-    /// On a later run the folder's pgwake.toml is used; ports given still apply, for this run.
+    /// On a later run the folder's pgwake.toml is used; the options given still apply: ports and
+    /// --idle-timeout for this run, --tenants adds the tenants the folder lacks to pgwake.toml.
     Quickstart {
         /// Folder for config, certificate and data directories.
         #[arg(long, default_value = ".pgwake")]
         dir: PathBuf,
-        /// Tenants to create on the first run, comma-separated.
-        #[arg(long, value_delimiter = ',', default_value = "alpha")]
-        tenants: Vec<String>,
+        /// Tenants to serve, comma-separated [default in a new folder: alpha]. Tenants the
+        /// folder lacks are added to its pgwake.toml; those it has stay.
+        #[arg(long, value_delimiter = ',')]
+        tenants: Option<Vec<String>>,
         /// Postgres listener port [default in a new folder: 6432].
         #[arg(long)]
         port: Option<u16>,
@@ -66,9 +68,9 @@ enum Command {
         /// new folder: 8443].
         #[arg(long)]
         http_port: Option<u16>,
-        /// Idle time before a tenant sleeps (first run), e.g. 30s or 5m.
-        #[arg(long, default_value = "60s")]
-        idle_timeout: humantime::Duration,
+        /// Idle time before a tenant sleeps, e.g. 30s or 5m [default in a new folder: 60s].
+        #[arg(long)]
+        idle_timeout: Option<humantime::Duration>,
     },
     /// Print a line for a static credentials file: the user and a SCRAM-SHA-256 verifier of the
     /// password read from standard input (one line), so the file never holds the password.
@@ -229,9 +231,8 @@ fn run() -> anyhow::Result<()> {
             idle_timeout,
         } => {
             let tenants = tenants
-                .iter()
-                .map(|t| TenantId::parse(t))
-                .collect::<Result<Vec<_>, _>>()
+                .map(|t| t.iter().map(|t| TenantId::parse(t)).collect())
+                .transpose()
                 .context("--tenants")?;
             let opts = QuickstartOptions {
                 dir: dir.clone(),
@@ -239,7 +240,7 @@ fn run() -> anyhow::Result<()> {
                 port,
                 admin_port,
                 http_port,
-                idle_timeout: idle_timeout.into(),
+                idle_timeout: idle_timeout.map(Into::into),
             };
             let cfg = runtime()?.block_on(quickstart::prepare(&opts))?;
             let banner = quickstart::banner(&cfg, &dir);

@@ -53,6 +53,22 @@ impl Quickstart {
         self.banner = banner;
     }
 
+    /// The quickstart's admin API: a tenant's state.
+    fn tenant_state(&self, tenant: &str) -> String {
+        let out = Command::new("curl")
+            .args(["-sS", "--fail-with-body"])
+            .arg(format!("http://127.0.0.1:{}/v1/tenants", self.ports[1]))
+            .output()
+            .expect("curl");
+        let list: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("tenants: {e}: {}", String::from_utf8_lossy(&out.stdout)));
+        list.as_array()
+            .and_then(|a| a.iter().find(|t| t["id"] == tenant))
+            .and_then(|t| t["state"].as_str())
+            .unwrap_or_default()
+            .to_owned()
+    }
+
     fn log(&self) -> String {
         log(self.home.path())
     }
@@ -556,6 +572,36 @@ fn a_second_quickstart_leaves_a_live_one_alone_and_names_a_busy_port_before_init
         !initialized,
         "initdb ran before the busy port was found: {stderr}"
     );
+}
+
+#[test]
+fn a_later_run_applies_the_tenants_and_idle_timeout_it_is_given() {
+    let mut qs = Quickstart::start("alpha");
+    qs.stop();
+    qs.restart_with(&["--tenants", "alpha,beta", "--idle-timeout", "1s"]);
+    qs.tenants = "alpha,beta".into();
+    let beta = qs.printed("beta");
+    assert_eq!(psql(&beta.url, "select current_database()"), "postgres");
+    assert!(
+        qs.banner.contains("A tenant sleeps after 1s"),
+        "{}",
+        qs.banner
+    );
+    // Kept for later runs: beta is the folder's now.
+    let config = std::fs::read_to_string(qs.dir().join("pgwake.toml")).unwrap();
+    assert!(config.contains("id = \"beta\""), "{config}");
+    // The idle timeout given applies: beta sleeps well before the folder's 60 s.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while qs.tenant_state("beta") != "asleep" {
+        assert!(
+            Instant::now() < deadline,
+            "beta still {} 30 s after its client left: {}",
+            qs.tenant_state("beta"),
+            qs.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    qs.stop();
 }
 
 #[test]

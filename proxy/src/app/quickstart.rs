@@ -12,32 +12,36 @@ use anyhow::Context;
 use pgwake_routing::TenantId;
 use pgwake_routing::backend::{ClaimError, LocalBackend, can_enter, server_account};
 use rand::Rng;
+use tracing::info;
 
 use super::local_settings;
 use crate::config::Config;
 
-/// What the quickstart was asked for. Ports given apply to an existing folder too, for this
-/// run (its `pgwake.toml` keeps its own).
+/// What the quickstart was asked for. Every value given applies to an existing folder too:
+/// ports and the idle timeout for this run (its `pgwake.toml` keeps its own), tenants added
+/// to its `pgwake.toml` for good.
 pub struct QuickstartOptions {
     /// Folder for config, certificates and (when the server account can enter it) data.
     pub dir: PathBuf,
-    /// Tenants to create (first run only).
-    pub tenants: Vec<TenantId>,
+    /// Tenants to serve (default: `alpha` in a new folder).
+    pub tenants: Option<Vec<TenantId>>,
     /// Postgres listener port (default 6432 in a new folder).
     pub port: Option<u16>,
     /// Admin listener port (default 9090 in a new folder).
     pub admin_port: Option<u16>,
     /// HTTP listener port, `POST /sql` and WebSocket (default 8443 in a new folder).
     pub http_port: Option<u16>,
-    /// Idle time before a tenant sleeps (first run).
-    pub idle_timeout: Duration,
+    /// Idle time before a tenant sleeps (default 60 s in a new folder).
+    pub idle_timeout: Option<Duration>,
 }
 
 /// Defaults of a new quickstart folder.
+const DEFAULT_TENANT: &str = "alpha";
 const DEFAULT_PORT: u16 = 6432;
 const DEFAULT_ADMIN_PORT: u16 = 9090;
 /// Default port of the HTTPS listener (also given to folders written before it existed).
 pub const DEFAULT_HTTP_PORT: u16 = 8443;
+const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Where data directories go when the server account cannot enter the quickstart folder.
 const SHARED_DATA_ROOT: &str = "/var/lib/pgwake";
@@ -62,6 +66,8 @@ pub async fn prepare(opts: &QuickstartOptions) -> anyhow::Result<Config> {
     }
     if !config_path.exists() {
         write_config(&dir, &config_path, opts)?;
+    } else if let Some(tenants) = &opts.tenants {
+        add_tenants(&config_path, tenants)?;
     }
     let mut config = Config::load(&config_path)
         .with_context(|| format!("invalid configuration in {}", config_path.display()))?;
@@ -102,7 +108,14 @@ fn write_config(dir: &Path, config_path: &Path, opts: &QuickstartOptions) -> any
         .take(20)
         .map(char::from)
         .collect();
-    let tenants: String = opts.tenants.iter().map(tenant_table).collect();
+    let default_tenants = [TenantId::parse(DEFAULT_TENANT)?];
+    let tenants: String = opts
+        .tenants
+        .as_deref()
+        .unwrap_or(&default_tenants)
+        .iter()
+        .map(tenant_table)
+        .collect();
     let text = format!(
         r#"# Written by `pgwake quickstart`; edit freely, later runs reuse it.
 [listen]
@@ -129,7 +142,7 @@ password = "{password}"
         port = opts.port.unwrap_or(DEFAULT_PORT),
         admin = opts.admin_port.unwrap_or(DEFAULT_ADMIN_PORT),
         http = opts.http_port.unwrap_or(DEFAULT_HTTP_PORT),
-        idle = humantime::format_duration(opts.idle_timeout),
+        idle = humantime::format_duration(opts.idle_timeout.unwrap_or(DEFAULT_IDLE_TIMEOUT)),
     );
     fs::write(config_path, text).context("write pgwake.toml")?;
     fs::set_permissions(config_path, fs::Permissions::from_mode(0o600))?;
@@ -141,8 +154,46 @@ fn tenant_table(id: &TenantId) -> String {
     format!("\n[[tenant]]\nid = \"{id}\"\nbackend = {{ kind = \"local\" }}\n")
 }
 
-/// Applies the ports given for this run; gives a folder written before the quickstart served
-/// HTTP its listener.
+/// Appends to an existing `pgwake.toml` the tenants of `wanted` it does not have yet; tenants
+/// it has and `wanted` does not name stay (their data too).
+fn add_tenants(config_path: &Path, wanted: &[TenantId]) -> anyhow::Result<()> {
+    let config = Config::load(config_path)
+        .with_context(|| format!("invalid configuration in {}", config_path.display()))?;
+    let missing: Vec<&TenantId> = wanted
+        .iter()
+        .filter(|w| !config.tenants.iter().any(|t| &t.id == *w))
+        .collect();
+    let unnamed: Vec<String> = config
+        .tenants
+        .iter()
+        .filter(|t| !wanted.contains(&t.id))
+        .map(|t| t.id.to_string())
+        .collect();
+    if !unnamed.is_empty() {
+        info!(
+            tenants = %unnamed.join(","),
+            config = %config_path.display(),
+            "tenants not named by --tenants stay: remove their [[tenant]] tables to stop serving them"
+        );
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let mut text = fs::read_to_string(config_path).context("read pgwake.toml")?;
+    if !text.ends_with('\n') {
+        text.push('\n');
+    }
+    for id in &missing {
+        text.push_str(&tenant_table(id));
+    }
+    fs::write(config_path, text).context("write pgwake.toml")?;
+    let added: Vec<String> = missing.iter().map(|t| t.to_string()).collect();
+    info!(tenants = %added.join(","), config = %config_path.display(), "tenants added");
+    Ok(())
+}
+
+/// Applies the ports and idle timeout given for this run; gives a folder written before the
+/// quickstart served HTTP its listener.
 fn apply(config: &mut Config, opts: &QuickstartOptions) {
     if let Some(p) = opts.port {
         config.listen.postgres.set_port(p);
@@ -157,6 +208,9 @@ fn apply(config: &mut Config, opts: &QuickstartOptions) {
         .get_or_insert_with(|| SocketAddr::new(ip, DEFAULT_HTTP_PORT));
     if let Some(p) = opts.http_port {
         http.set_port(p);
+    }
+    if let Some(idle) = opts.idle_timeout {
+        config.wake.idle_timeout = idle;
     }
 }
 
