@@ -130,6 +130,8 @@ key = "key.pem"
 [routing]
 sni_suffix = "db.localtest"
 rules = ["sni", "options", "database", "user", "password"]
+# Listening on loopback only: a client naming a tenant that does not exist is told so.
+unknown_tenant = "reveal"
 
 [wake]
 idle_timeout = "{idle}"
