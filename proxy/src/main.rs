@@ -69,8 +69,8 @@ enum Command {
         #[arg(long)]
         http_port: Option<u16>,
         /// Idle time before a tenant sleeps, e.g. 30s or 5m [default in a new folder: 60s].
-        #[arg(long)]
-        idle_timeout: Option<humantime::Duration>,
+        #[arg(long, value_parser = parse_duration)]
+        idle_timeout: Option<std::time::Duration>,
     },
     /// Print a line for a static credentials file: the user and a SCRAM-SHA-256 verifier of the
     /// password read from standard input (one line), so the file never holds the password.
@@ -84,6 +84,11 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+}
+
+/// A duration option, written as in the configuration ("30s", "5m").
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    pgwake::config::duration::parse(text).map_err(|e| e.to_string())
 }
 
 fn load(path: &std::path::Path) -> anyhow::Result<Config> {
@@ -240,7 +245,7 @@ fn run() -> anyhow::Result<()> {
                 port,
                 admin_port,
                 http_port,
-                idle_timeout: idle_timeout.map(Into::into),
+                idle_timeout,
             };
             let cfg = runtime()?.block_on(quickstart::prepare(&opts))?;
             let banner = quickstart::banner(&cfg, &dir);

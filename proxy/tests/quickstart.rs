@@ -604,6 +604,82 @@ fn a_later_run_applies_the_tenants_and_idle_timeout_it_is_given() {
     qs.stop();
 }
 
+/// `pgwake check-config` on `text` (written to `dir/pgwake.toml`): its exit status and stderr.
+fn check_config(dir: &Path, text: &str) -> (bool, String) {
+    std::fs::write(dir.join("pgwake.toml"), text).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_pgwake"))
+        .args(["check-config", "--config"])
+        .arg(dir.join("pgwake.toml"))
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn config_errors_are_one_line_each_naming_the_key_as_written() {
+    let home = tempfile::tempdir().unwrap();
+    let head = "[listen]\npostgres = \"127.0.0.1:6432\"\nallow_plaintext = true\n";
+    for (extra, key, problem) in [
+        (
+            "[wake]\nidle_timout = \"1m\"\n",
+            "wake.idle_timout",
+            "unknown key",
+        ),
+        (
+            "[wake]\nidle_timeout = \"1 minute\"\n",
+            "wake.idle_timeout",
+            "invalid duration \"1 minute\"",
+        ),
+    ] {
+        let (ok, stderr) = check_config(home.path(), &format!("{head}{extra}"));
+        assert!(!ok, "{extra} accepted");
+        let config = home.path().join("pgwake.toml");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.starts_with(&format!(
+                "pgwake: invalid configuration in {}: {key}: {problem}",
+                config.display(),
+            )),
+            "{stderr}"
+        );
+        assert!(
+            !stderr.contains("default.") && !stderr.contains('`'),
+            "{stderr}"
+        );
+    }
+
+    if !is_root() {
+        skipped("config_errors: unreachable data_dir", "needs root");
+        return;
+    }
+    // A data_dir under a closed folder: said once, and not created.
+    std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let data = home.path().join("nested/data");
+    let (ok, stderr) = check_config(
+        home.path(),
+        &format!(
+            "{head}[local]\ndata_dir = \"{}\"\npassword = \"x\"\n\
+             [[tenant]]\nid = \"alpha\"\nbackend = {{ kind = \"local\" }}\n",
+            data.display()
+        ),
+    );
+    assert!(!ok);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert_eq!(
+        stderr.matches("cannot reach local.data_dir").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(
+        !home.path().join("nested").exists(),
+        "the refused folder was created"
+    );
+}
+
 #[test]
 fn printed_strings_work_in_every_driver() {
     let qs = Quickstart::start("alpha");

@@ -38,9 +38,10 @@ pub enum BuildError {
     /// Certificates or keys are unusable.
     #[error(transparent)]
     Tls(#[from] tls::TlsError),
-    /// The local backend cannot run here.
+    /// The local backend cannot run here (the message is the whole story: no source, so a
+    /// chain of causes does not print it twice).
     #[error("local backend: {0}")]
-    Local(#[from] pgwake_routing::BackendError),
+    Local(pgwake_routing::BackendError),
     /// The Kubernetes client could not be configured.
     #[error("kubernetes: {0}")]
     Kubernetes(String),
@@ -59,13 +60,19 @@ pub enum BuildError {
     #[error("peer: {0}")]
     Peer(String),
     /// A credential source is unusable.
-    #[error("tenant {tenant}: credentials: {source}")]
+    #[error("tenant {tenant}: credentials: {problem}")]
     Credentials {
         /// The tenant.
         tenant: String,
         /// What is wrong.
-        source: CredentialError,
+        problem: CredentialError,
     },
+}
+
+impl From<pgwake_routing::BackendError> for BuildError {
+    fn from(e: pgwake_routing::BackendError) -> Self {
+        BuildError::Local(e)
+    }
 }
 
 /// The gateway built from a configuration: the front its listeners share (holding the pipeline

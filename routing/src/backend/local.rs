@@ -121,6 +121,17 @@ fn pid_text(pid: Option<u32>) -> String {
     pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
 }
 
+/// The server account cannot enter `data_dir` or a folder above it.
+fn unreachable_data_dir(settings: &LocalSettings) -> BackendError {
+    let name = settings.run_as.as_deref().unwrap_or("postgres");
+    BackendError::Unavailable(format!(
+        "the {name} account cannot reach local.data_dir {} (a folder above it, such as a home \
+         folder with mode 700, is closed to it): set local.data_dir to a folder outside it, for \
+         example /var/lib/pgwake/<name>",
+        settings.data_dir.display()
+    ))
+}
+
 fn io_error(context: &str, e: impl std::fmt::Display) -> BackendError {
     BackendError::StartFailed(format!("{context}: {e}"))
 }
@@ -140,6 +151,17 @@ impl LocalBackend {
             })?,
         };
         let account = server_account(settings.run_as.as_deref())?;
+        // Looked at before anything is created, so a refused folder is not left behind.
+        let existing = settings
+            .data_dir
+            .ancestors()
+            .find(|a| a.exists())
+            .unwrap_or(Path::new("/"));
+        if let Some(account) = account
+            && !can_enter(account, existing)
+        {
+            return Err(unreachable_data_dir(&settings));
+        }
         fs::create_dir_all(&settings.data_dir).map_err(|e| io_error("create local.data_dir", e))?;
         let backend = LocalBackend {
             settings,
@@ -154,13 +176,7 @@ impl LocalBackend {
         if let Some(account) = account
             && !can_enter(account, &data_dir)
         {
-            let name = backend.settings.run_as.as_deref().unwrap_or("postgres");
-            return Err(BackendError::Unavailable(format!(
-                "the {name} account cannot reach local.data_dir {} (a folder above it, such as \
-                 a home folder with mode 700, is closed to it): set local.data_dir to a folder \
-                 outside it, for example /var/lib/pgwake/<name>",
-                data_dir.display()
-            )));
+            return Err(unreachable_data_dir(&backend.settings));
         }
         Ok(backend)
     }
