@@ -71,6 +71,10 @@ enum Command {
         /// Idle time before a tenant sleeps, e.g. 30s or 5m [default in a new folder: 60s].
         #[arg(long, value_parser = parse_duration)]
         idle_timeout: Option<std::time::Duration>,
+        /// Remove the quickstart in --dir instead of serving it: its data directories (also
+        /// those under /var/lib/pgwake) and the folder. Refused while it runs.
+        #[arg(long, conflicts_with_all = ["tenants", "port", "admin_port", "http_port", "idle_timeout"])]
+        remove: bool,
     },
     /// Print a line for a static credentials file: the user and a SCRAM-SHA-256 verifier of the
     /// password read from standard input (one line), so the file never holds the password.
@@ -234,7 +238,13 @@ fn run() -> anyhow::Result<()> {
             admin_port,
             http_port,
             idle_timeout,
+            remove,
         } => {
+            if remove {
+                let removed = runtime()?.block_on(quickstart::remove(&dir))?;
+                println!("{removed}");
+                return Ok(());
+            }
             let tenants = tenants
                 .map(|t| t.iter().map(|t| TenantId::parse(t)).collect())
                 .transpose()

@@ -531,6 +531,17 @@ fn a_second_quickstart_leaves_a_live_one_alone_and_names_a_busy_port_before_init
         "names the live quickstart and the way out: {stderr}"
     );
     assert!(!stderr.contains("stopping a postmaster"), "{stderr}");
+    // Nor can it be removed while it runs.
+    let out = Command::new(env!("CARGO_BIN_EXE_pgwake"))
+        .args(["quickstart", "--dir", "qs", "--remove"])
+        .current_dir(qs.home.path())
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("nothing removed"), "{stderr}");
+    assert!(qs.dir().join("pgwake.toml").exists());
     assert_eq!(
         qs.postmasters(),
         postmasters,
@@ -602,6 +613,23 @@ fn a_later_run_applies_the_tenants_and_idle_timeout_it_is_given() {
         std::thread::sleep(Duration::from_millis(100));
     }
     qs.stop();
+
+    // Removed with one command, data directories (wherever they went) included.
+    let (dir, data) = (qs.dir(), qs.data_dir());
+    let out = Command::new(env!("CARGO_BIN_EXE_pgwake"))
+        .args(["quickstart", "--dir", "qs", "--remove"])
+        .current_dir(qs.home.path())
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains(&data.display().to_string()), "{stdout}");
+    assert!(!dir.exists() && !data.exists(), "{stdout}");
 }
 
 /// `pgwake check-config` on `text` (written to `dir/pgwake.toml`): its exit status and stderr.

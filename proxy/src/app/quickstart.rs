@@ -100,6 +100,55 @@ pub async fn prepare(opts: &QuickstartOptions) -> anyhow::Result<Config> {
     Ok(config)
 }
 
+/// Removes what `pgwake quickstart` made in `dir`: stops the Postgres servers a gateway that is
+/// gone left running, deletes the data directories (inside the folder or under
+/// `/var/lib/pgwake`) and the folder itself. Refused while a gateway serves the folder. Returns
+/// what was removed, one line each.
+pub async fn remove(dir: &Path) -> anyhow::Result<String> {
+    let config_path = dir.join("pgwake.toml");
+    if !config_path.exists() {
+        anyhow::bail!(
+            "{} holds no quickstart (no pgwake.toml): nothing removed",
+            dir.display()
+        );
+    }
+    let dir = fs::canonicalize(dir).with_context(|| format!("open {}", dir.display()))?;
+    let config = Config::load(&config_path)
+        .with_context(|| format!("invalid configuration in {}", config_path.display()))?;
+    let mut removed = Vec::new();
+    if let Some(local) = &config.local {
+        let backend = LocalBackend::new(local_settings(local, config.wake.wake_timeout))?;
+        backend.claim().map_err(|e| match e {
+            ClaimError::InUse { .. } => {
+                anyhow::anyhow!("{e}: stop it first (Ctrl-C where it runs); nothing removed")
+            }
+            ClaimError::Io(_) => anyhow::anyhow!("local.data_dir: {e}"),
+        })?;
+        for t in &config.tenants {
+            backend.stop_stale(&t.id).await;
+        }
+        let data = &local.data_dir;
+        // Only folders the quickstart chose: a hand-edited data_dir may hold other data.
+        let ours = data.starts_with(&dir) || data.parent() == Some(Path::new(SHARED_DATA_ROOT));
+        if ours && data.exists() {
+            fs::remove_dir_all(data).with_context(|| format!("remove {}", data.display()))?;
+            removed.push(format!("removed {} (data directories)", data.display()));
+        } else if data.exists() {
+            removed.push(format!(
+                "kept {}: local.data_dir points outside the quickstart's folders; remove it \
+                 yourself if it is no longer needed",
+                data.display()
+            ));
+        }
+    }
+    fs::remove_dir_all(&dir).with_context(|| format!("remove {}", dir.display()))?;
+    removed.push(format!(
+        "removed {} (config, certificates and keys)",
+        dir.display()
+    ));
+    Ok(removed.join("\n"))
+}
+
 /// Writes the `pgwake.toml` of a new folder.
 fn write_config(dir: &Path, config_path: &Path, opts: &QuickstartOptions) -> anyhow::Result<()> {
     let data_dir = choose_data_dir(dir)?;
