@@ -40,9 +40,11 @@ pub const ERROR_KINDS: &[&str] = &[
     "routing",
     "shutdown",
     "startup_timeout",
+    "tenant_forbidden",
     "tenant_full",
     "tls_handshake",
     "tls_reload",
+    "unknown_tenant",
     "wake_failed",
     "wake_queue_full",
     "wake_timeout",
@@ -51,7 +53,9 @@ pub const ERROR_KINDS: &[&str] = &[
 /// Outcomes of `pgwake_backend_waits_total`, each started at zero.
 const BACKEND_WAIT_OUTCOMES: &[&str] = &["kept", "slot", "timeout", "queue_full"];
 /// Outcomes of `pgwake_auth_attempts_total`, each started at zero.
-const AUTH_OUTCOMES: &[&str] = &["ok", "failed", "throttled", "error"];
+/// `unknown_tenant`: the mock exchange of a client naming a tenant that does not exist or
+/// refuses its address, which the client sees as a failed password.
+const AUTH_OUTCOMES: &[&str] = &["ok", "failed", "throttled", "error", "unknown_tenant"];
 /// Reasons a session leaves its backend (`pgwake_parks_total`, `pgwake_revivals_total`).
 const PARK_REASONS: &[&str] = &["idle_sleep", "backend_ended", "migrate", "session_idle"];
 /// Outcomes of wakes and revivals.

@@ -57,6 +57,9 @@ pub struct Sessions {
     pub snapshot_timeout: Duration,
     /// Fires when sessions must end (grace period over).
     pub terminate: CancellationToken,
+    /// Fires when sessions must end as soon as they are at rest (a shutdown that does not wait
+    /// for idle clients); parked sessions end at once.
+    pub end_idle: CancellationToken,
     /// Metrics.
     pub metrics: Arc<Metrics>,
 }
@@ -282,7 +285,11 @@ impl<'g> Live<'g> {
             gw.metrics.bytes_backend_to_client.clone(),
         );
         let stream = &mut self.current.stream;
-        relay(client, stream, settings, counters, &gw.terminate, watch).await
+        let ending = relay::Ending {
+            terminate: &gw.terminate,
+            when_idle: &gw.end_idle,
+        };
+        relay(client, stream, settings, counters, ending, watch).await
     }
 
     /// Cancels the query of a client that went away mid-query: Postgres would run it to its end.
@@ -759,6 +766,7 @@ async fn wait_parked(client: &mut Stream, gw: &Sessions) -> Parked {
             Ok(n) => Parked::Message(buf[..n].to_vec()),
         },
         _ = gw.terminate.cancelled() => Parked::Terminated,
+        _ = gw.end_idle.cancelled() => Parked::Terminated,
     }
 }
 

@@ -411,7 +411,16 @@ async fn changed(rx: Option<&mut watch::Receiver<u64>>) {
     std::future::pending().await
 }
 
-/// Relays until either side ends, `terminate` fires or the watch hands the session back; on
+/// When the gateway's shutdown ends a relay.
+#[derive(Clone, Copy)]
+pub struct Ending<'a> {
+    /// Now, at the next message boundary.
+    pub terminate: &'a CancellationToken,
+    /// As soon as the session is at rest (no transaction open, nothing in flight).
+    pub when_idle: &'a CancellationToken,
+}
+
+/// Relays until either side ends, `ending` says so or the watch hands the session back; on
 /// termination the client gets FATAL `57P01` at the next message boundary. Both streams are
 /// closed only when the session ends, not when it is handed back.
 pub async fn relay(
@@ -419,7 +428,7 @@ pub async fn relay(
     backend: &mut Stream,
     settings: RelaySettings,
     counters: (IntCounter, IntCounter),
-    terminate: &CancellationToken,
+    ending: Ending<'_>,
     watch: SessionWatch<'_>,
 ) -> RelayEnd {
     let SessionWatch {
@@ -438,8 +447,10 @@ pub async fn relay(
         Err(e) => return RelayEnd::ClientFrame(e),
     };
     let mut shutdown = Shutdown {
-        terminated: Box::pin(terminate.cancelled()),
+        terminated: Box::pin(ending.terminate.cancelled()),
+        idle_ends: Box::pin(ending.when_idle.cancelled()),
         boundary_wait: None,
+        client_cut: false,
     };
     let mut handback = Handback {
         park: Box::pin(changed(park)),
@@ -457,13 +468,16 @@ pub async fn relay(
         }
         c2b.moved = false;
         b2c.moved = false;
-        let client_poll = c2b.poll_copy(
-            cx,
-            Pin::new(&mut *client),
-            Pin::new(&mut *backend),
-            &mut ClientTap(tracker),
-            false,
-        );
+        let client_poll = match shutdown.client_cut {
+            true => Poll::Pending,
+            false => c2b.poll_copy(
+                cx,
+                Pin::new(&mut *client),
+                Pin::new(&mut *backend),
+                &mut ClientTap(tracker),
+                false,
+            ),
+        };
         if c2b.moved
             && let Some(f) = on_client_activity.take()
         {
@@ -499,6 +513,11 @@ pub async fn relay(
             && b2c.drained()
             && !c2b.need_flush
             && !b2c.need_flush;
+        if shutdown.end_if_idle(cx, at_rest, &mut b2c) {
+            // The FATAL goes out on the next turn, from the backend's direction.
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
         handback.poll(cx, at_rest, c2b.moved || b2c.moved)
     })
     .await;
@@ -555,11 +574,16 @@ fn backend_end(r: Result<(), PumpError>, b2c: &Pump, terminating: bool) -> Relay
     }
 }
 
-/// The gateway's shutdown as a relay sees it: once `terminated` fires, FATAL `57P01` goes to
-/// the client at the next message boundary, and the run ends after a bounded wait for one.
+/// The gateway's shutdown as a relay sees it: once `terminated` fires, or `idle_ends` has fired
+/// and the session is at rest, FATAL `57P01` goes to the client at the next message boundary,
+/// and the run ends after a bounded wait for one.
 struct Shutdown<T> {
     terminated: Pin<Box<T>>,
+    idle_ends: Pin<Box<T>>,
     boundary_wait: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The client's bytes are no longer read: the session was ended at rest, and a query sent
+    /// after that decision must not run without its client hearing the result.
+    client_cut: bool,
 }
 
 impl<T: Future<Output = ()>> Shutdown<T> {
@@ -568,18 +592,34 @@ impl<T: Future<Output = ()>> Shutdown<T> {
         self.boundary_wait.is_some()
     }
 
+    /// Queues the FATAL for the client and starts the wait for a boundary.
+    fn begin(&mut self, b2c: &mut Pump) {
+        b2c.inject = Some(
+            ErrorMessage::fatal(
+                sqlstate::ADMIN_SHUTDOWN,
+                "terminating connection because the gateway is shutting down",
+            )
+            .to_bytes()
+            .to_vec(),
+        );
+        self.boundary_wait = Some(Box::pin(tokio::time::sleep(TERMINATE_BOUNDARY_WAIT)));
+    }
+
+    /// Begins the shutdown of a session `at_rest` once idle sessions are to end; true when it
+    /// did.
+    fn end_if_idle(&mut self, cx: &mut Context<'_>, at_rest: bool, b2c: &mut Pump) -> bool {
+        if !at_rest || self.started() || self.idle_ends.as_mut().poll(cx).is_pending() {
+            return false;
+        }
+        self.client_cut = true;
+        self.begin(b2c);
+        true
+    }
+
     /// Ready with [`RelayEnd::Terminated`] once the wait for a boundary is over.
     fn poll(&mut self, cx: &mut Context<'_>, b2c: &mut Pump) -> Poll<RelayEnd> {
         if self.boundary_wait.is_none() && self.terminated.as_mut().poll(cx).is_ready() {
-            b2c.inject = Some(
-                ErrorMessage::fatal(
-                    sqlstate::ADMIN_SHUTDOWN,
-                    "terminating connection because the gateway is shutting down",
-                )
-                .to_bytes()
-                .to_vec(),
-            );
-            self.boundary_wait = Some(Box::pin(tokio::time::sleep(TERMINATE_BOUNDARY_WAIT)));
+            self.begin(b2c);
         }
         match self
             .boundary_wait
