@@ -132,9 +132,11 @@ fn note_at(w: &[u8], found: &mut Findings) {
         };
         let rest = skip_space(rest);
         match rest.first() {
-            Some(b'\'') => match setting_name(&rest[1..]) {
-                Some((name, after)) if after.first() == Some(&b'\'') => found.names.push(name),
-                _ => found.computed = true,
+            Some(b'\'') => match literal_name(&rest[1..]) {
+                // A built-in setting (no dot) shows in pg_settings: nothing to remember.
+                Some(name) if name.contains('.') => found.names.push(name),
+                Some(_) => {}
+                None => found.computed = true,
             },
             Some(b'$') if rest.get(1).is_some_and(u8::is_ascii_digit) => found.bound = true,
             _ => found.computed = true,
@@ -150,9 +152,35 @@ fn note_at(w: &[u8], found: &mut Findings) {
                 rest = skip_space(after);
             }
         }
-        if let Some((name, _)) = setting_name(rest) {
+        let quoted = rest.strip_prefix(b"\"").and_then(|q| {
+            let end = q.iter().position(|&b| b == b'"')?;
+            setting_name(&q[..end]).filter(|(_, after)| after.is_empty())
+        });
+        if let Some((name, _)) = quoted.or_else(|| setting_name(rest)) {
             found.names.push(name);
         }
+    }
+}
+
+/// The name in a string literal whose opening quote ends before `w`, when the literal is the
+/// whole argument (`'app.x'` then `,` or `)`), folded to lower case: a setting name, dotted or
+/// not. `None` when the argument is computed (`'app.' || x`) or not a plain name.
+fn literal_name(w: &[u8]) -> Option<String> {
+    let len = w
+        .iter()
+        .take_while(|&&b| b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b == b'.')
+        .count();
+    let after = w.get(len)?;
+    let next = skip_space(&w[len + 1..]).first();
+    let whole = *after == b'\'' && matches!(next, Some(b',') | Some(b')'));
+    if !whole || len == 0 {
+        return None;
+    }
+    let name = &w[..len];
+    if name.contains(&b'.') {
+        setting_name(name).map(|(n, _)| n)
+    } else {
+        Some(String::from_utf8_lossy(name).to_ascii_lowercase())
     }
 }
 
@@ -193,8 +221,10 @@ fn setting_name(w: &[u8]) -> Option<(String, &[u8])> {
     })
 }
 
-/// The custom setting names among the text-format parameters of a Bind whose first bytes are
-/// `body` (a parameter cut off by the end of `body` is not read).
+/// The custom setting names among the parameters of a Bind whose first bytes are `body` (a
+/// parameter cut off by the end of `body` is not read). Binary parameters count too: a text
+/// parameter's binary form is its text, and anything else that happens to read as a name is
+/// only a name to ask about.
 pub(crate) fn bind_setting_names(body: &[u8]) -> Vec<String> {
     let mut out = Vec::new();
     let mut rest = body;
@@ -211,20 +241,15 @@ pub(crate) fn bind_setting_names(body: &[u8]) -> Vec<String> {
     let Some(formats) = int16(rest) else {
         return out;
     };
-    let codes: Vec<u16> = rest[2..]
-        .chunks_exact(2)
-        .take(formats)
-        .map(|c| u16::from_be_bytes([c[0], c[1]]))
-        .collect();
-    if codes.len() < formats {
+    let Some(after_formats) = rest.get(2 + 2 * formats..) else {
         return out;
-    }
-    rest = &rest[2 + 2 * formats..];
+    };
+    rest = after_formats;
     let Some(count) = int16(rest) else {
         return out;
     };
     rest = &rest[2..];
-    for i in 0..count {
+    for _ in 0..count {
         let Some(len) = rest
             .get(..4)
             .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
@@ -238,13 +263,7 @@ pub(crate) fn bind_setting_names(body: &[u8]) -> Vec<String> {
         let Some(value) = rest.get(..len) else {
             return out;
         };
-        let binary = match codes.len() {
-            0 => false,
-            1 => codes[0] == 1,
-            _ => codes.get(i) == Some(&1),
-        };
-        if !binary
-            && let Some((name, after)) = setting_name(value)
+        if let Some((name, after)) = setting_name(value)
             && after.is_empty()
         {
             out.push(name);
@@ -301,6 +320,20 @@ mod tests {
     }
 
     #[test]
+    fn built_in_names_and_quoted_names() {
+        let f = watch(
+            b'Q',
+            &query(
+                "select set_config('search_path', 'x', false), set_config( 'TimeZone' ,'UTC', false)",
+            ),
+            3,
+        );
+        assert!(f.names.is_empty() && !f.computed, "{f:?}");
+        let f = watch(b'Q', &query("SET \"App.MixedCase\" = 'v'"), 4);
+        assert_eq!(f.names, ["app.mixedcase"]);
+    }
+
+    #[test]
     fn computed_names_and_setseed() {
         let f = watch(
             b'Q',
@@ -342,11 +375,13 @@ mod tests {
     fn bound_names_in_text_parameters() {
         let body = bind(&[], &[Some(b"App.Tenant"), None, Some(b"acme")]);
         assert_eq!(bind_setting_names(&body), ["app.tenant"]);
+        // tokio-postgres sends a text parameter in binary form, which is the same bytes.
         let body = bind(&[0, 1], &[Some(b"app.a"), Some(b"app.b")]);
+        assert_eq!(bind_setting_names(&body), ["app.a", "app.b"]);
+        let body = bind(&[1], &[Some(b"app.a"), Some(&7i32.to_be_bytes())]);
         assert_eq!(bind_setting_names(&body), ["app.a"]);
-        let body = bind(&[1], &[Some(b"app.a")]);
-        assert!(bind_setting_names(&body).is_empty());
-        assert!(bind_setting_names(&body[..body.len() - 2]).is_empty());
+        assert!(bind_setting_names(&body[..body.len() - 6]).len() == 1);
+        assert!(bind_setting_names(&body[..8]).is_empty());
         assert!(bind_setting_names(&bind(&[], &[Some(b"app.x y")])).is_empty());
     }
 }

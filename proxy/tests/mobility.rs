@@ -41,6 +41,17 @@ async fn connect(gw: &Gateway) -> Client {
     client
 }
 
+/// A second session for another user's statements (DDL, functions, roles): it holds a
+/// temporary table, so it never parks and every park counted is the session under test's.
+async fn connect_other(gw: &Gateway) -> Client {
+    let other = connect(gw).await;
+    other
+        .batch_execute("create temp table stay_here()")
+        .await
+        .unwrap();
+    other
+}
+
 fn parks(gw: &Gateway) -> f64 {
     gw.labelled_metric("pgwake_parks_total", &[("reason", "session_idle")])
 }
@@ -117,7 +128,7 @@ async fn a_prepare_after_a_write_never_runs_the_write_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settings_made_by_bound_parameters_functions_and_long_texts_survive() {
     let gw = gateway(None).await;
-    let other = connect(&gw).await;
+    let other = connect_other(&gw).await;
     other
         .batch_execute(
             "create function set_tenant(t text) returns void language plpgsql as \
@@ -198,7 +209,7 @@ async fn temporary_functions_and_setseed_pin_the_session() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_cannot_be_restored_fails_at_its_use_not_at_the_revival() {
     let gw = gateway(None).await;
-    let other = connect(&gw).await;
+    let other = connect_other(&gw).await;
     other
         .batch_execute("create table t7(a int); insert into t7 values (1); create role r0")
         .await
@@ -263,7 +274,7 @@ async fn a_parked_sessions_cancel_never_reaches_another_session() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cached_statement_whose_rows_changed_while_parked_fails_with_0a000() {
     let gw = gateway(None).await;
-    let other = connect(&gw).await;
+    let other = connect_other(&gw).await;
     other
         .batch_execute("create table gt(a int, b int); insert into gt values (1, 2)")
         .await

@@ -31,7 +31,7 @@ use crate::wire::read_message;
 /// relations.
 const SNAPSHOT_SQL: &str = "\
 SELECT 's', name, current_setting(name), NULL FROM pg_settings \
- WHERE source = 'session' AND name NOT IN \
+ WHERE source IN ('session', 'database', 'user', 'database user') AND name NOT IN \
  ('transaction_isolation', 'transaction_read_only', 'transaction_deferrable') \
 UNION ALL SELECT 'a', 'session_authorization', current_setting('session_authorization'), NULL \
 UNION ALL SELECT 'r', 'role', current_setting('role'), NULL \
