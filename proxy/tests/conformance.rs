@@ -21,7 +21,7 @@
 //! ```
 //!
 //! `PGWAKE_CONFORMANCE_ONLY=name1,name2` runs only the scenarios whose names contain one of
-//! these words.
+//! these words; `PGWAKE_CONFORMANCE_KEEP_LOG=<file>` keeps the gateway's log (debug level) there.
 //!
 //! The generator (`generated_sequences`) makes random sequences of session-state steps with
 //! proptest and compares them the same way; CI runs `PGWAKE_CONFORMANCE_SEQUENCES` (default
@@ -58,6 +58,13 @@ use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 /// Local tenants (each its own Postgres) that run scenarios side by side.
 const SHARDS: usize = 2;
 
+/// Copies the gateway's log where `PGWAKE_CONFORMANCE_KEEP_LOG` says, if it says.
+fn keep_log(lab: &lab::Lab) {
+    if let Ok(to) = std::env::var("PGWAKE_CONFORMANCE_KEEP_LOG") {
+        std::fs::copy(lab.log_path(), &to).expect("copy the gateway's log");
+    }
+}
+
 #[test]
 fn scenarios() {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -73,6 +80,7 @@ fn scenarios() {
     let lab = Arc::new(lab::Lab::start(SHARDS));
     let dbs = run::Databases::Fresh("c".into());
     let outcomes = rt.block_on(run::run_all(lab.clone(), Arc::new(all), dbs, false));
+    keep_log(&lab);
     let table = run::summary(&outcomes);
     println!("\n{table}");
     let differing: Vec<&str> = outcomes
@@ -131,6 +139,7 @@ fn generated_sequences() {
     };
     let outcomes = rt.block_on(run::run_all(lab.clone(), sequences.clone(), dbs, true));
     let took = started.elapsed();
+    keep_log(&lab);
     drop(rt);
     let differing: Vec<usize> = (0..outcomes.len())
         .filter(|&i| !outcomes[i].differences.is_empty())

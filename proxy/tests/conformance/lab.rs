@@ -359,7 +359,9 @@ pub struct Mover<'l> {
     pub lab: &'l Lab,
     pub tenant: String,
     pub tail: LogTail,
+    /// A session of the same tenant (another database) that keeps it busy while it pings.
     pub pinger: Arc<Client>,
+    pinging: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
 }
 
 impl<'l> Mover<'l> {
@@ -374,6 +376,29 @@ impl<'l> Mover<'l> {
             tenant: tenant.to_owned(),
             tail: LogTail::new(lab.log_path()),
             pinger,
+            pinging: None,
+        }
+    }
+
+    /// Keeps the tenant busy (a query every 60 ms on the pinger) until [`Mover::report`], so
+    /// it does not sleep in a gap meant for another kind of move.
+    fn start_pinging(&mut self) {
+        let busy = Arc::new(AtomicBool::new(true));
+        let (flag, pinger) = (busy.clone(), self.pinger.clone());
+        let task = tokio::spawn(async move {
+            while flag.load(Ordering::Relaxed) {
+                let _ = pinger.simple_query("SELECT 1").await;
+                tokio::time::sleep(Duration::from_millis(60)).await;
+            }
+        });
+        self.pinging = Some((busy, task));
+    }
+
+    /// Stops the pinger (the end of a gap, or of a scenario that ended inside one).
+    pub async fn stop_pinging(&mut self) {
+        if let Some((busy, task)) = self.pinging.take() {
+            busy.store(false, Ordering::Relaxed);
+            let _ = task.await;
         }
     }
 
@@ -401,7 +426,8 @@ impl<'l> Mover<'l> {
             Duration::from_secs(4)
         };
         match kind {
-            MoveKind::Migrate | MoveKind::Stay => {}
+            MoveKind::Stay => {}
+            MoveKind::Migrate => self.start_pinging(),
             MoveKind::Sleep => {
                 self.wait_lines(peer, IDLE_TIMEOUT + SNAPSHOT_AFTER + margin, settled)
                     .await;
@@ -421,16 +447,7 @@ impl<'l> Mover<'l> {
                 }
             }
             MoveKind::SessionIdle => {
-                let busy = Arc::new(AtomicBool::new(true));
-                let pinging = {
-                    let (busy, pinger) = (busy.clone(), self.pinger.clone());
-                    tokio::spawn(async move {
-                        while busy.load(Ordering::Relaxed) {
-                            let _ = pinger.simple_query("SELECT 1").await;
-                            tokio::time::sleep(Duration::from_millis(60)).await;
-                        }
-                    })
-                };
+                self.start_pinging();
                 self.wait_lines(peer, PARK_AFTER + margin, settled).await;
                 if self.tail.report(kind).moved {
                     // Another session of the same user and database takes the kept connection.
@@ -444,8 +461,6 @@ impl<'l> Mover<'l> {
                     // Its hand-back (pin check and reset) finishes before the next session asks.
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
-                busy.store(false, Ordering::Relaxed);
-                let _ = pinging.await;
             }
         }
     }
@@ -472,6 +487,7 @@ impl<'l> Mover<'l> {
 
     /// What the gap did, once the next step has run.
     pub async fn report(&mut self, kind: MoveKind, peer: &str) -> GapReport {
+        self.stop_pinging().await;
         // The revival's lines are written as the step's answer goes out: give them a moment.
         tokio::time::sleep(Duration::from_millis(20)).await;
         self.tail.poll(peer);

@@ -281,14 +281,12 @@ pub async fn run_scenario(
             });
         }
         if d.main.dead || g.main.dead {
-            if d.main.dead != g.main.dead {
-                // Already a difference (one side's answer ends with the connection); the rest of
-                // the scenario cannot be compared.
-                break;
-            }
+            // A connection that ended on one side is already a difference (its answer says
+            // so); the rest of the scenario cannot be compared.
             break;
         }
     }
+    mover.stop_pinging().await;
     if d.main.notifications != g.main.notifications {
         out.differences.push(Difference {
             step: sc.steps.len(),

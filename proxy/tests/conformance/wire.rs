@@ -157,7 +157,15 @@ impl WireClient {
             local,
         };
         let mut startup = 196_608u32.to_be_bytes().to_vec();
-        for (k, v) in [("user", &login.user), ("database", &login.database)] {
+        // The parameters tokio-postgres sends, in its order: the other sessions of a scenario
+        // (tokio-postgres) then share the gateway's reuse key with this one, so a backend
+        // connection this session leaves can serve them.
+        let params = [
+            ("client_encoding", "UTF8"),
+            ("user", &login.user),
+            ("database", &login.database),
+        ];
+        for (k, v) in params {
             cstr(&mut startup, k);
             cstr(&mut startup, v);
         }
