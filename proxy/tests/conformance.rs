@@ -116,9 +116,14 @@ fn generated_sequences() {
         TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes),
     );
     let strategy = generate::sequence();
-    let sequences: Vec<run::Scenario> = (0..count)
-        .map(|i| {
-            let mut s = strategy.new_tree(&mut runner).unwrap().current();
+    let items: Vec<generate::Items> = (0..count)
+        .map(|_| strategy.new_tree(&mut runner).unwrap().current())
+        .collect();
+    let sequences: Vec<run::Scenario> = items
+        .iter()
+        .enumerate()
+        .map(|(i, it)| {
+            let mut s = generate::scenario(it);
             s.name = format!("#{i} {}", s.name);
             s
         })
@@ -137,10 +142,13 @@ fn generated_sequences() {
         setup: generate::SETUP.into(),
         reset: generate::RESET.into(),
     };
-    let outcomes = rt.block_on(run::run_all(lab.clone(), sequences.clone(), dbs, true));
+    let outcomes = rt.block_on(run::run_all(
+        lab.clone(),
+        sequences.clone(),
+        dbs.clone(),
+        true,
+    ));
     let took = started.elapsed();
-    keep_log(&lab);
-    drop(rt);
     let differing: Vec<usize> = (0..outcomes.len())
         .filter(|&i| !outcomes[i].differences.is_empty())
         .collect();
@@ -150,6 +158,19 @@ fn generated_sequences() {
             println!("  {step}");
         }
     }
+    if let Some(&first) = differing.first() {
+        let smaller = rt.block_on(shrink(&lab, &dbs, &items[first]));
+        println!(
+            "sequence #{first} shrunk to {} of its {} steps, still differing:",
+            smaller.len(),
+            items[first].len()
+        );
+        for (mv, g) in &smaller {
+            println!("  [{}] {g:?}", mv.label());
+        }
+    }
+    keep_log(&lab);
+    drop(rt);
     println!("\n{}", run::totals(&outcomes));
     println!(
         "{count} sequences in {:.0} s (seed {seed}); {} differ",
@@ -161,4 +182,30 @@ fn generated_sequences() {
         "{} of {count} sequences differ (PGWAKE_CONFORMANCE_SEED={seed} replays them)",
         differing.len()
     );
+}
+
+/// Longest the shrinking of a differing sequence may run, in runs of a candidate.
+const SHRINK_RUNS: usize = 30;
+
+/// Drops abstract steps of a differing sequence one at a time while it still differs (on the
+/// first shard), so the report ends with a short case.
+async fn shrink(lab: &lab::Lab, dbs: &run::Databases, items: &generate::Items) -> generate::Items {
+    let tenant = lab.tenants[0].clone();
+    let mut mover = lab::Mover::new(lab, &tenant).await;
+    let mut best = items.clone();
+    let mut runs = 0;
+    let mut i = 0;
+    while i < best.len() && runs < SHRINK_RUNS {
+        let mut candidate = best.clone();
+        candidate.remove(i);
+        runs += 1;
+        let sc = generate::scenario(&candidate);
+        let o = run::run_on_shard(lab, &mut mover, (0, &tenant), dbs, (runs, &sc)).await;
+        if o.differences.is_empty() {
+            i += 1;
+        } else {
+            best = candidate;
+        }
+    }
+    best
 }

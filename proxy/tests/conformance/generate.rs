@@ -256,25 +256,31 @@ fn gen_move() -> impl Strategy<Value = MoveKind> {
     ]
 }
 
-/// A sequence of 2 to 6 abstract steps, each with the move before it, ending with a probe.
-pub fn sequence() -> impl Strategy<Value = Scenario> {
-    prop::collection::vec((gen_move(), gen_step()), 2..=6).prop_map(|items| {
-        let mut steps = Vec::new();
-        for (mv, g) in &items {
-            for s in g.steps() {
-                if s.is_main() {
-                    steps.push(force(*mv));
-                }
-                steps.push(s);
+/// A generated sequence: abstract steps, each with the move before it.
+pub type Items = Vec<(MoveKind, GenStep)>;
+
+/// A sequence of 2 to 6 abstract steps, each with the move before it.
+pub fn sequence() -> impl Strategy<Value = Items> {
+    prop::collection::vec((gen_move(), gen_step()), 2..=6)
+}
+
+/// The scenario of a sequence: its client steps, a migrate and a probe of the whole state.
+pub fn scenario(items: &[(MoveKind, GenStep)]) -> Scenario {
+    let mut steps = Vec::new();
+    for (mv, g) in items {
+        for s in g.steps() {
+            if s.is_main() {
+                steps.push(force(*mv));
             }
+            steps.push(s);
         }
-        steps.push(force(MoveKind::Migrate));
-        steps.push(probe());
-        let name: Vec<String> = items.iter().map(|(_, g)| format!("{g:?}")).collect();
-        Scenario {
-            name: name.join(" → "),
-            setup: String::new(),
-            steps,
-        }
-    })
+    }
+    steps.push(force(MoveKind::Migrate));
+    steps.push(probe());
+    let name: Vec<String> = items.iter().map(|(_, g)| format!("{g:?}")).collect();
+    Scenario {
+        name: name.join(" → "),
+        setup: String::new(),
+        steps,
+    }
 }

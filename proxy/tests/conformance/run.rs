@@ -307,6 +307,32 @@ pub async fn run_scenario(
     out
 }
 
+/// Runs scenario number `i` on `shard` (its tenant's name beside it) in the database `dbs`
+/// gives it.
+pub async fn run_on_shard(
+    lab: &Lab,
+    mover: &mut Mover<'_>,
+    (shard, tenant): (usize, &str),
+    dbs: &Databases,
+    (i, sc): (usize, &Scenario),
+) -> Outcome {
+    match dbs {
+        Databases::Fresh(prefix) => {
+            let db = format!("{prefix}{i}");
+            let o = run_scenario(lab, mover, sc, (&db, true), i).await;
+            let (direct, gateway) = sides(lab, tenant);
+            direct.drop_db(&db).await;
+            gateway.drop_db(&db).await;
+            o
+        }
+        Databases::PerShard { prefix, reset, .. } => {
+            let db = format!("{prefix}{shard}");
+            on_both(lab, tenant, &db, reset).await;
+            run_scenario(lab, mover, sc, (&db, false), i).await
+        }
+    }
+}
+
 /// Runs scenarios on every shard of the lab at once (each shard takes the next one waiting),
 /// printing each scenario's block as it ends (only differing ones when `quiet`, with a progress
 /// line every 100); returns the outcomes in scenario order.
@@ -336,21 +362,7 @@ pub async fn run_all(
                 let Some(sc) = scenarios.get(i) else {
                     break;
                 };
-                let o = match &dbs {
-                    Databases::Fresh(prefix) => {
-                        let db = format!("{prefix}{i}");
-                        let o = run_scenario(&lab, &mut mover, sc, (&db, true), i).await;
-                        let (direct, gateway) = sides(&lab, &tenant);
-                        direct.drop_db(&db).await;
-                        gateway.drop_db(&db).await;
-                        o
-                    }
-                    Databases::PerShard { prefix, reset, .. } => {
-                        let db = format!("{prefix}{shard}");
-                        on_both(&lab, &tenant, &db, reset).await;
-                        run_scenario(&lab, &mut mover, sc, (&db, false), i).await
-                    }
-                };
+                let o = run_on_shard(&lab, &mut mover, (shard, &tenant), &dbs, (i, sc)).await;
                 if !quiet || !o.differences.is_empty() {
                     print!("{}", o.render());
                 }
