@@ -40,6 +40,9 @@ pub struct RevivalConfig {
     pub revive_timeout: Duration,
     /// Named prepared statements a session may hold and still be moved.
     pub max_statements: usize,
+    /// Custom settings (`prefix.name`) a session may name and still be moved: Postgres cannot
+    /// list them, so the gateway remembers each name it sees a session use.
+    pub max_custom_settings: usize,
     /// Largest recorded session state (settings and statement texts) a session may have and
     /// still be moved.
     pub max_snapshot: ByteSize,
@@ -56,6 +59,7 @@ impl Default for RevivalConfig {
             pinned: PinnedPolicy::KeepAwake,
             revive_timeout: Duration::from_secs(30),
             max_statements: 1000,
+            max_custom_settings: 256,
             max_snapshot: ByteSize::kib(256),
         }
     }
