@@ -322,7 +322,11 @@ impl LogTail {
             } else if l.contains("session revived") {
                 r.revivals.push(reason());
             } else if l.contains("revival failed") {
-                r.failed = Some(field(l, "error").unwrap_or_else(|| l.clone()));
+                // The error is a sentence; the reason field follows it.
+                let error = l
+                    .split_once(" error=")
+                    .map(|(_, e)| e.split_once(" reason=").map_or(e, |(e, _)| e).to_owned());
+                r.failed = Some(error.unwrap_or_else(|| l.clone()));
             } else if l.contains("session pinned") {
                 // The pins are the line's last field, words and all.
                 let pins = l.split_once(" pins=").map(|(_, p)| p.trim().to_owned());

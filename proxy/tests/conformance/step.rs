@@ -74,7 +74,8 @@ pub enum Step {
     CloseStmt(String),
     /// A driver-level cached statement keyed by its text: prepared on first use under a name of
     /// the driver's, executed with the cached description; on `0A000` outside a transaction
-    /// the driver drops it, prepares again and retries once (asyncpg's habit).
+    /// the driver drops it, prepares again and retries once (asyncpg's habit; other errors
+    /// reach the application).
     Driver {
         sql: String,
         params: Vec<Option<String>>,
@@ -436,8 +437,18 @@ impl MainSession {
                     tokio::time::sleep(after).await;
                     wire::send_cancel(port, key).await;
                 });
+                let start = out.len();
                 let r = self.collect(out, None).await;
                 let _ = canceller.await;
+                // Postgres sends a query's RowDescription when its execution starts, so whether
+                // one comes before the 57014 is timing (a cancel during planning, or while the
+                // gateway waits for a wake, gets none): only the outcome is compared.
+                let cancelled = out[start..]
+                    .iter()
+                    .any(|e| matches!(e, Event::Error { code, .. } if code == "57014"));
+                if cancelled {
+                    out.retain(|e| !matches!(e, Event::RowDesc(_)));
+                }
                 // A cancel already on its way could still hit the next query.
                 tokio::time::sleep(Duration::from_millis(150)).await;
                 r
@@ -519,9 +530,11 @@ impl MainSession {
             let cached = self.cache.described.get(&name).cloned();
             let start = out.len();
             self.exec_cached(&name, params, cached, out).await?;
-            let stale = out[start..].iter().any(
-                |e| matches!(e, Event::Error { code, .. } if code == "0A000" || code == "26000"),
-            );
+            // asyncpg retries on this error only (InvalidCachedStatementError); any other,
+            // `26000` included, reaches the application.
+            let stale = out[start..]
+                .iter()
+                .any(|e| matches!(e, Event::Error { code, .. } if code == "0A000"));
             if !(stale && attempt == 0 && self.status == 'I') {
                 return Ok(());
             }
