@@ -2,7 +2,7 @@
 //! and readers for the few answers it inspects.
 
 /// Appends one message: tag, length, body.
-fn message(out: &mut Vec<u8>, tag: u8, body: impl FnOnce(&mut Vec<u8>)) {
+pub(crate) fn message(out: &mut Vec<u8>, tag: u8, body: impl FnOnce(&mut Vec<u8>)) {
     out.push(tag);
     let at = out.len();
     out.extend_from_slice(&[0; 4]);

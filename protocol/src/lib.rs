@@ -16,6 +16,7 @@ pub mod revival;
 pub mod scram;
 pub mod sql_text;
 pub mod sqlstate;
+pub mod stale;
 pub mod startup;
 mod text_watch;
 pub mod tracker;

@@ -15,6 +15,7 @@
 use std::collections::{BTreeSet, VecDeque};
 use std::time::Instant;
 
+use crate::stale::{Advance, StaleStatements};
 use crate::text_watch::{Findings, TextWatch, bind_setting_names};
 
 /// Bytes kept of a client message whose payload matters (statement names, query text, the
@@ -285,6 +286,8 @@ pub struct SessionTracker {
     setting_statements: BTreeSet<Box<str>>,
     /// The unnamed statement does so.
     unnamed_sets_setting: bool,
+    /// Statements made again on this backend connection whose rows changed.
+    stale: StaleStatements,
     client_messages: u64,
     last_activity: Option<Instant>,
 }
@@ -314,6 +317,7 @@ impl SessionTracker {
             text: TextWatch::default(),
             setting_statements: BTreeSet::new(),
             unnamed_sets_setting: false,
+            stale: StaleStatements::default(),
             client_messages: 0,
             last_activity: None,
         }
@@ -509,6 +513,7 @@ impl SessionTracker {
                 if let Some(i) = self.ops.iter().position(|o| matches!(o, Op::Close(_)))
                     && let Some(Op::Close(Some(name))) = self.ops.remove(i)
                 {
+                    self.stale.forget(&name);
                     self.statements.remove(&name);
                 }
             }
@@ -534,8 +539,12 @@ impl SessionTracker {
             b"UNLISTEN" => self.pins.remove(Pins::LISTEN),
             b"DECLARE CURSOR" => self.pins.insert(Pins::HELD_CURSOR),
             b"CLOSE CURSOR" | b"CLOSE CURSOR ALL" => self.pins.remove(Pins::HELD_CURSOR),
-            b"DEALLOCATE ALL" => self.statements.clear(),
+            b"DEALLOCATE ALL" => {
+                self.stale.forget_all();
+                self.statements.clear();
+            }
             b"DISCARD ALL" => {
+                self.stale.forget_all();
                 self.statements.clear();
                 self.pins.remove(
                     Pins::LISTEN | Pins::HELD_CURSOR | Pins::TEMP_OBJECTS | Pins::ADVISORY_LOCK,
@@ -550,6 +559,7 @@ impl SessionTracker {
                 match op.flatten() {
                     Some(SqlStatementOp::Prepare(name)) if tag == b"PREPARE" => self.remember(name),
                     Some(SqlStatementOp::Deallocate(name)) if tag == b"DEALLOCATE" => {
+                        self.stale.forget(&name);
                         self.statements.remove(&name);
                     }
                     // A multi-statement query or a name the tracker could not read: the
@@ -642,9 +652,33 @@ impl SessionTracker {
         self.pins.insert(pins);
     }
 
-    /// The backend connection was replaced by a fresh one holding these statements (after a
-    /// revival): in-stream state starts over, status idle.
-    pub fn reset_for_new_backend<'a>(&mut self, statements: impl IntoIterator<Item = &'a str>) {
+    /// True when `name` was made again on this backend connection with rows that differ from
+    /// what the client was told.
+    pub fn is_stale(&self, name: &str) -> bool {
+        self.stale.contains(name)
+    }
+
+    /// Edits client bytes on their way to the backend while statements are stale (see
+    /// [`StaleStatements::client`]); `None` when none is.
+    pub fn filter_client(&mut self, data: &mut [u8]) -> Option<Advance> {
+        self.stale.active().then(|| self.stale.client(data))
+    }
+
+    /// Edits backend bytes on their way to the client while statements are stale (see
+    /// [`StaleStatements::backend`]); `None` when none is.
+    pub fn filter_backend(&mut self, data: &mut [u8]) -> Option<Advance> {
+        self.stale.active().then(|| self.stale.backend(data))
+    }
+
+    /// The backend connection was replaced by a fresh one holding these statements, of which
+    /// `stale` describe other rows than the client was told (after a revival): in-stream state
+    /// starts over, status idle.
+    pub fn reset_for_new_backend<'a>(
+        &mut self,
+        statements: impl IntoIterator<Item = &'a str>,
+        stale: impl IntoIterator<Item = &'a str>,
+    ) {
+        self.stale = StaleStatements::start(stale.into_iter().map(Into::into));
         self.backend = Reader::default();
         self.status = TxStatus::Idle;
         self.ops.clear();

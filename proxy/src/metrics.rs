@@ -157,6 +157,7 @@ pub struct Metrics {
     pub sessions_parked: IntGauge,
     parks: IntCounterVec,
     revivals: IntCounterVec,
+    session_pins: IntCounterVec,
     revival_duration: Histogram,
     reuse: IntCounterVec,
     reuse_returns: IntCounterVec,
@@ -308,6 +309,12 @@ impl Metrics {
                  backend_ended, migrate, session_idle) and outcome (ok, error).",
                 &["reason", "outcome"],
             ),
+            session_pins: r.counter_vec(
+                "pgwake_session_pins_total",
+                "Snapshots that found a session pinned to its backend connection, by reason \
+                 (a snapshot with several reasons counts under each).",
+                &["reason"],
+            ),
             revival_duration: r.histogram(
                 "pgwake_revival_duration_seconds",
                 "Time a successful revival took: wake (if any), login, restoring settings and \
@@ -342,6 +349,9 @@ impl Metrics {
             for outcome in OUTCOMES {
                 self.revivals.with_label_values(&[reason, outcome]);
             }
+        }
+        for (_, _, reason) in pgwake_protocol::Pins::ALL {
+            self.session_pins.with_label_values(&[reason]);
         }
         for outcome in REUSE_OUTCOMES {
             self.reuse.with_label_values(&[outcome]);
@@ -413,6 +423,13 @@ impl Metrics {
     /// Counts a session leaving its backend connection.
     pub fn parked(&self, reason: &'static str) {
         self.parks.with_label_values(&[reason]).inc();
+    }
+
+    /// Counts a snapshot that found a session pinned, under each of its reasons.
+    pub fn pinned(&self, pins: pgwake_protocol::Pins) {
+        for reason in pins.labels() {
+            self.session_pins.with_label_values(&[reason]).inc();
+        }
     }
 
     /// Records a revival: its reason, and its duration when it succeeded.

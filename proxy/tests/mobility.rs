@@ -159,6 +159,8 @@ async fn temporary_functions_and_setseed_pin_the_session() {
     )
     .await;
     assert!(!moved, "a temporary function pins the session");
+    let pins = |reason| gw.labelled_metric("pgwake_session_pins_total", &[("reason", reason)]);
+    assert!(pins("temp_objects") >= 1.0);
     let seven: i32 = c
         .query_one("select pg_temp.tf()", &[])
         .await
@@ -169,6 +171,7 @@ async fn temporary_functions_and_setseed_pin_the_session() {
     let c = connect(&gw).await;
     let moved = run_then_park(&gw, &c, "select setseed(0.5)").await;
     assert!(!moved, "setseed pins the session");
+    assert!(pins("random_seed") >= 1.0);
     let got: Vec<f64> = c
         .query("select random() from generate_series(1, 3)", &[])
         .await
@@ -255,4 +258,180 @@ async fn a_parked_sessions_cancel_never_reaches_another_session() {
     let (b, r) = sleeping.await.unwrap();
     r.expect("b's query ran to its end, untouched by a's cancels");
     assert_eq!(text(&b, "select 'b'").await.as_deref(), Some("b"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_statement_whose_rows_changed_while_parked_fails_with_0a000() {
+    let gw = gateway(None).await;
+    let other = connect(&gw).await;
+    other
+        .batch_execute("create table gt(a int, b int); insert into gt values (1, 2)")
+        .await
+        .unwrap();
+    let c = connect(&gw).await;
+    let stmt = c.prepare("select * from gt where b = $1").await.unwrap();
+    let unchanged = c.prepare("select b from gt").await.unwrap();
+    let before = parks(&gw);
+    c.query(&stmt, &[&2i32]).await.unwrap();
+    assert!(parked_since(&gw, before).await, "the session parks");
+    other
+        .batch_execute(
+            "alter table gt drop column a; alter table gt add column a int; update gt set a = 1",
+        )
+        .await
+        .unwrap();
+    // Postgres answers this for a cached statement whose result changed; drivers prepare
+    // again when they see it.
+    for _ in 0..2 {
+        let err = c.query(&stmt, &[&2i32]).await.unwrap_err();
+        let db = err.as_db_error().expect("a server error");
+        assert_eq!(db.code(), &SqlState::FEATURE_NOT_SUPPORTED, "{err}");
+        assert_eq!(db.message(), "cached plan must not change result type");
+        assert_eq!(db.routine(), Some("RevalidateCachedQuery"));
+    }
+    // A statement whose rows did not change works, and so does the stale one prepared again.
+    let row = c.query_one(&unchanged, &[]).await.unwrap();
+    assert_eq!(row.get::<_, i32>(0), 2);
+    let again = c.prepare("select * from gt where b = $1").await.unwrap();
+    let row = c.query_one(&again, &[&2i32]).await.unwrap();
+    let names: Vec<&str> = row.columns().iter().map(|c| c.name()).collect();
+    assert_eq!(names, ["b", "a"]);
+    assert_eq!((row.get::<_, i32>(0), row.get::<_, i32>(1)), (2, 1));
+    // Stale still after another move, until the client closes it.
+    let before = parks(&gw);
+    c.batch_execute("select 1").await.unwrap();
+    assert!(parked_since(&gw, before).await);
+    let err = c.query(&stmt, &[&2i32]).await.unwrap_err();
+    assert_eq!(err.code(), Some(&SqlState::FEATURE_NOT_SUPPORTED), "{err}");
+}
+
+/// asyncpg with its statement cache: one query, a line on stdin, the same query again.
+const ASYNCPG_CACHED: &str = r#"
+import asyncio, sys, asyncpg
+async def main():
+    c = await asyncpg.connect(sys.argv[1])
+    async def run():
+        try:
+            r = await c.fetchrow(sys.argv[2])
+            return " ".join(f"{k}={v}" for k, v in r.items())
+        except Exception as e:
+            return f"error {type(e).__name__} {e}"
+    print(await run(), flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    print(await run(), flush=True)
+asyncio.run(main())
+"#;
+
+/// How to start one run of a driver program.
+type Launcher = Box<dyn Fn() -> std::process::Command>;
+
+/// The drivers that cache statements with their row descriptions, as programs that take the
+/// URL and query; `None` when the runtime is missing here.
+fn caching_drivers() -> Vec<(&'static str, Option<Launcher>)> {
+    use std::process::Command;
+    let python = Command::new("python3")
+        .args(["-c", "import asyncpg"])
+        .status()
+        .is_ok_and(|s| s.success());
+    let asyncpg = python.then(|| -> Launcher {
+        Box::new(|| {
+            let mut c = Command::new("python3");
+            c.args(["-c", ASYNCPG_CACHED]);
+            c
+        })
+    });
+    let go = std::env::var("PGWAKE_GO")
+        .ok()
+        .into_iter()
+        .chain(["go".to_owned(), "/usr/local/go/bin/go".to_owned()])
+        .find(|go| Command::new(go).arg("version").output().is_ok());
+    let pgx = go.map(|go| -> Launcher {
+        let bin = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("pgx-cached");
+        let built = Command::new(go)
+            .args(["build", "-o"])
+            .arg(&bin)
+            .arg(".")
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/pgx-cached"))
+            .status()
+            .unwrap();
+        assert!(built.success(), "go build of tests/pgx-cached");
+        Box::new(move || Command::new(&bin))
+    });
+    vec![("asyncpg", asyncpg), ("pgx", pgx)]
+}
+
+/// Runs a caching driver's two queries against `url`, with the table reshaped in between by
+/// `other`; through the gateway (`gw`), the session parks first. Returns the two lines printed.
+async fn reshaped_under(
+    mut command: std::process::Command,
+    url: &str,
+    table: &str,
+    other: &Client,
+    gw: Option<&Gateway>,
+) -> (String, String) {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::Stdio;
+    other
+        .batch_execute(&format!(
+            "create table {table}(a int, b int); insert into {table} values (1, 2)"
+        ))
+        .await
+        .unwrap();
+    let before = gw.map(parks);
+    let mut child = command
+        .arg(url)
+        .arg(format!("select * from {table} where b = 2"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    if let (Some(gw), Some(before)) = (gw, before) {
+        assert!(parked_since(gw, before).await, "the session parks: {first}");
+    }
+    other
+        .batch_execute(&format!(
+            "alter table {table} drop column a; alter table {table} add column a int; \
+             update {table} set a = 1"
+        ))
+        .await
+        .unwrap();
+    child.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
+    let mut second = String::new();
+    out.read_line(&mut second).unwrap();
+    assert!(child.wait().unwrap().success());
+    (first.trim().to_owned(), second.trim().to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asyncpg_and_pgx_meet_reshaped_tables_after_a_move_as_they_do_directly() {
+    let gw = gateway(None).await;
+    let through = connect(&gw).await;
+    let pg = tokio::task::spawn_blocking(common::backend).await.unwrap();
+    let (direct, conn) = tokio_postgres::connect(&pg.conn_str("postgres"), NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let gateway_url = format!(
+        "postgres://pgwake:{LOCAL_PASSWORD}@127.0.0.1:{}/m.postgres?sslmode=disable",
+        gw.port
+    );
+    let o = &pg.options;
+    let direct_url = format!(
+        "postgres://{}:{}@127.0.0.1:{}/postgres?sslmode=disable",
+        o.user, o.password, pg.port
+    );
+    for (driver, launcher) in caching_drivers() {
+        let Some(launch) = launcher else {
+            println!("{driver}: runtime missing here, skipped");
+            continue;
+        };
+        let table = format!("gt_{driver}");
+        let want = reshaped_under(launch(), &direct_url, &table, &direct, None).await;
+        let got = reshaped_under(launch(), &gateway_url, &table, &through, Some(&gw)).await;
+        println!("{driver}: directly {want:?}, through pgwake {got:?}");
+        assert_eq!(got, want, "{driver}");
+    }
 }

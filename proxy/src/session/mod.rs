@@ -465,7 +465,8 @@ impl<'g> Live<'g> {
                     self.park_rx = self.current.claim.park_requests();
                     self.migrate_rx = self.current.claim.migrate_requests();
                     let names = restored.statements.iter().map(String::as_str);
-                    self.tracker.reset_for_new_backend(names);
+                    let stale = restored.stale.iter().map(String::as_str);
+                    self.tracker.reset_for_new_backend(names, stale);
                     self.snap = Some(snapshot);
                     return Ok(self);
                 }
@@ -678,6 +679,7 @@ async fn snapshot(
     {
         Ok(s) => {
             if !s.pins.is_empty() {
+                gw.metrics.pinned(s.pins);
                 info!(pins = %s.pins.describe(), "session pinned to its backend connection");
             } else {
                 debug!(

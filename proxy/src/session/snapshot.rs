@@ -252,6 +252,12 @@ pub async fn take_snapshot(
         wait,
     )
     .await?;
+    // A statement already stale on this connection stays so wherever the session goes next.
+    for s in snap.statements.iter_mut() {
+        if tracker.is_stale(&s.name) {
+            s.described = Described::Failed;
+        }
+    }
     Ok(snap)
 }
 
@@ -385,10 +391,13 @@ enum Step<'a> {
 /// The outcome of a restore: which statements the new backend connection holds.
 #[derive(Debug, Default)]
 pub struct Restored {
-    /// Names of the prepared statements made again, as the client knew them.
+    /// Names of the prepared statements made again.
     pub statements: Vec<String>,
-    /// Pieces left out (settings refused, statements that no longer parse or describe other
-    /// rows): each fails where it is used.
+    /// Those of them whose rows are described differently from what the client was told: their
+    /// next use fails with `0A000`, as Postgres fails a cached statement whose result changed.
+    pub stale: Vec<String>,
+    /// Pieces left out (settings refused, statements that no longer parse): each fails where
+    /// it is used.
     pub left_out: usize,
 }
 
@@ -441,7 +450,6 @@ pub async fn restore(
     backend.write_all(&out).await?;
     backend.flush().await?;
     let wait = deadline.saturating_duration_since(Instant::now());
-    let mut mismatched = Vec::new();
     let mut described = Described::Failed;
     let mut failure = None;
     let mut steps = steps.into_iter();
@@ -463,25 +471,21 @@ pub async fn restore(
                     failure.take(),
                     std::mem::replace(&mut described, Described::Failed),
                 );
-                judge(current, answer, &mut restored, &mut mismatched)?;
+                judge(current, answer, &mut restored)?;
                 step = steps.next();
             }
             _ => {}
         }
-    }
-    if !mismatched.is_empty() {
-        drop_statements(backend, &mismatched, max_message, deadline, wait).await?;
     }
     Ok(restored)
 }
 
 /// Takes in the answer to one restore step: the error it met, and for a protocol statement how
 /// its rows are described now.
-fn judge<'a>(
-    step: Step<'a>,
+fn judge(
+    step: Step<'_>,
     (failure, described): (Option<ErrorFields>, Described),
     restored: &mut Restored,
-    mismatched: &mut Vec<&'a str>,
 ) -> Result<(), StateError> {
     match (step, failure) {
         (Step::Identity(what), Some(e)) => {
@@ -503,39 +507,13 @@ fn judge<'a>(
         }
         (Step::Statement(s), None) => {
             // Its rows no longer look as the client was told: a driver would decode them under
-            // the wrong names and types. Left out, its next use fails instead.
-            debug!(statement = %s.name, "a prepared statement now describes other rows; left out");
-            restored.left_out += 1;
-            mismatched.push(&s.name);
+            // the wrong names and types, so its use fails as Postgres fails it.
+            debug!(statement = %s.name, "a prepared statement now describes other rows");
+            restored.statements.push(s.name.clone());
+            restored.stale.push(s.name.clone());
         }
     }
     Ok(())
-}
-
-/// Closes statements that were made again but describe other rows than the client knows.
-async fn drop_statements(
-    backend: &mut Stream,
-    names: &[&str],
-    max_message: usize,
-    deadline: Instant,
-    wait: Duration,
-) -> Result<(), StateError> {
-    let mut out = Vec::new();
-    for name in names {
-        frontend::close_statement(&mut out, name);
-    }
-    frontend::sync(&mut out);
-    backend.write_all(&out).await?;
-    backend.flush().await?;
-    loop {
-        let msg = timeout_at(deadline, read_message(backend, max_message))
-            .await
-            .map_err(|_| StateError::Timeout(wait))??
-            .ok_or_else(|| StateError::Protocol("message length out of range".into()))?;
-        if msg.tag() == b'Z' {
-            return Ok(());
-        }
-    }
 }
 
 #[cfg(test)]
