@@ -101,6 +101,10 @@ pub struct Side {
     pub port: u16,
     /// The database name as the client gives it (with the tenant prefix through the gateway).
     pub prefix: String,
+    /// The application name every session of a scenario gives at login: part of the gateway's
+    /// reuse key, so a scenario's sessions share backend connections with each other and never
+    /// with an earlier scenario's (whose leftovers are no move's doing).
+    pub app: String,
 }
 
 impl Side {
@@ -110,14 +114,15 @@ impl Side {
             user: "pgwake".into(),
             password: LOCAL_PASSWORD.into(),
             database: format!("{}{db}", self.prefix),
+            application_name: self.app.clone(),
         }
     }
 
     pub fn conninfo(&self, db: &str) -> String {
         format!(
             "host=127.0.0.1 port={} user=pgwake password={LOCAL_PASSWORD} dbname={}{db} \
-             sslmode=disable connect_timeout=60",
-            self.port, self.prefix
+             application_name={} sslmode=disable connect_timeout=60",
+            self.port, self.prefix, self.app
         )
     }
 
@@ -366,6 +371,8 @@ pub struct Mover<'l> {
     /// A session of the same tenant (another database) that keeps it busy while it pings.
     pub pinger: Arc<Client>,
     pinging: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
+    /// The application name of the scenario running (the hand-off session gives it too).
+    pub app: String,
 }
 
 impl<'l> Mover<'l> {
@@ -373,6 +380,7 @@ impl<'l> Mover<'l> {
         let side = Side {
             port: lab.gw.port,
             prefix: format!("{tenant}."),
+            app: "pinger".into(),
         };
         let pinger = Arc::new(side.connect("postgres").await.expect("pinger login"));
         Mover {
@@ -381,6 +389,7 @@ impl<'l> Mover<'l> {
             tail: LogTail::new(lab.log_path()),
             pinger,
             pinging: None,
+            app: String::new(),
         }
     }
 
@@ -458,6 +467,7 @@ impl<'l> Mover<'l> {
                     let side = Side {
                         port: self.lab.gw.port,
                         prefix: format!("{}.", self.tenant),
+                        app: self.app.clone(),
                     };
                     if let Ok(c) = side.connect(db).await {
                         let _ = c.simple_query("SELECT 1").await;

@@ -165,16 +165,18 @@ pub enum Databases {
     },
 }
 
-/// The direct side, and the gateway side through `tenant`.
-fn sides(lab: &Lab, tenant: &str) -> (Side, Side) {
+/// The direct side, and the gateway side through `tenant`, for sessions named `app`.
+fn sides(lab: &Lab, tenant: &str, app: &str) -> (Side, Side) {
     (
         Side {
             port: lab.direct.port,
             prefix: String::new(),
+            app: app.to_owned(),
         },
         Side {
             port: lab.gw.port,
             prefix: format!("{tenant}."),
+            app: app.to_owned(),
         },
     )
 }
@@ -182,22 +184,24 @@ fn sides(lab: &Lab, tenant: &str) -> (Side, Side) {
 /// Runs `sql` in `db` on both sides (a database's reset between generated sequences).
 async fn on_both(lab: &Lab, tenant: &str, db: &str, sql: &str) {
     let sql = sql.replace("{db}", db);
-    for side in <[Side; 2]>::from(sides(lab, tenant)) {
+    for side in <[Side; 2]>::from(sides(lab, tenant, "reset")) {
         let c = side.connect(db).await.expect("login for a reset");
         c.batch_execute(&sql).await.expect("reset");
     }
 }
 
-/// Runs one scenario in database `db` on both sides (made fresh when `fresh`); `rotation`
-/// picks the first move kind.
+/// Runs one scenario in database `db` on both sides (made fresh when `fresh`); its `number`
+/// picks the first move kind and names its sessions (no two scenarios share a number).
 pub async fn run_scenario(
     lab: &Lab,
     mover: &mut Mover<'_>,
     sc: &Scenario,
     (db, fresh): (&str, bool),
-    rotation: usize,
+    number: usize,
 ) -> Outcome {
-    let (direct, gateway) = sides(lab, &mover.tenant);
+    let app = format!("conformance{number}");
+    let (direct, gateway) = sides(lab, &mover.tenant, &app);
+    mover.app = app;
     let mut out = Outcome {
         name: sc.name.clone(),
         ..Outcome::default()
@@ -237,7 +241,7 @@ pub async fn run_scenario(
         if after_main && gap.is_none() && !g.main.dead {
             let kind = forced
                 .take()
-                .unwrap_or(MoveKind::ALL[(rotation + gaps) % MoveKind::ALL.len()]);
+                .unwrap_or(MoveKind::ALL[(number + gaps) % MoveKind::ALL.len()]);
             gaps += 1;
             mover.begin(kind, &peer, db, g.main.status != 'I').await;
             gap = Some(kind);
@@ -320,7 +324,7 @@ pub async fn run_on_shard(
         Databases::Fresh(prefix) => {
             let db = format!("{prefix}{i}");
             let o = run_scenario(lab, mover, sc, (&db, true), i).await;
-            let (direct, gateway) = sides(lab, tenant);
+            let (direct, gateway) = sides(lab, tenant, "admin");
             direct.drop_db(&db).await;
             gateway.drop_db(&db).await;
             o
@@ -352,7 +356,7 @@ pub async fn run_all(
             let mut mover = Mover::new(&lab, &tenant).await;
             if let Databases::PerShard { prefix, setup, .. } = &dbs {
                 let db = format!("{prefix}{shard}");
-                let (direct, gateway) = sides(&lab, &tenant);
+                let (direct, gateway) = sides(&lab, &tenant, "admin");
                 direct.create_db(&db, setup).await;
                 gateway.create_db(&db, setup).await;
             }

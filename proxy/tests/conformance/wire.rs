@@ -19,6 +19,7 @@ pub struct Login {
     pub user: String,
     pub password: String,
     pub database: String,
+    pub application_name: String,
 }
 
 /// One backend message: its tag and body.
@@ -164,6 +165,7 @@ impl WireClient {
             ("client_encoding", "UTF8"),
             ("user", &login.user),
             ("database", &login.database),
+            ("application_name", &login.application_name),
         ];
         for (k, v) in params {
             cstr(&mut startup, k);
