@@ -1,0 +1,286 @@
+//! Random session-state sequences (proptest strategies): settings changed every way a client
+//! can, prepared statements of every kind, roles, transactions, pins and schema changes by
+//! another session, with a random move (or none) before each main-session step and a full
+//! probe of the session's state at the end.
+
+use proptest::prelude::*;
+
+use super::dsl::*;
+use super::run::Scenario;
+use super::step::{MoveKind, Step};
+
+/// Run once in each generator database (after the base schema), on both sides.
+pub const SETUP: &str = "
+CREATE FUNCTION set_k(n text, v text) RETURNS void LANGUAGE plpgsql
+  AS $$ BEGIN PERFORM set_config(n, v, false); END $$;
+CREATE TABLE trig_t (n text, v text);
+CREATE FUNCTION trig_fn() RETURNS trigger LANGUAGE plpgsql
+  AS $$ BEGIN PERFORM set_config(NEW.n, NEW.v, false); RETURN NEW; END $$;
+CREATE TRIGGER trig_set BEFORE INSERT ON trig_t FOR EACH ROW EXECUTE FUNCTION trig_fn();
+GRANT ALL ON trig_t TO {db}_r, {db}_s;
+";
+
+/// Run before each sequence, on both sides: the tables a sequence may change, as they were.
+pub const RESET: &str = "
+DROP TABLE IF EXISTS gt;
+CREATE TABLE gt (a int, b int);
+INSERT INTO gt VALUES (1, 2);
+GRANT ALL ON gt TO {db}_r, {db}_s;
+TRUNCATE audit RESTART IDENTITY;
+TRUNCATE trig_t;
+";
+
+/// Custom setting names a sequence uses.
+const KEYS: [&str; 4] = ["app.k0", "app.k1", "app.tenant", "app.k3"];
+
+/// One abstract step; [`GenStep::steps`] makes client steps of it.
+#[derive(Clone, Debug)]
+pub enum GenStep {
+    /// Sets custom setting `key` to value `val` in way `how`.
+    SetCustom {
+        key: usize,
+        val: u8,
+        how: u8,
+    },
+    Reset {
+        key: usize,
+    },
+    ResetAll,
+    DiscardAll,
+    Builtin {
+        which: u8,
+        val: u8,
+    },
+    Role {
+        which: u8,
+    },
+    SqlPrepare {
+        n: u8,
+        after_insert: bool,
+    },
+    Deallocate {
+        n: u8,
+    },
+    Execute {
+        n: u8,
+    },
+    ProtoPrepare {
+        n: u8,
+    },
+    ProtoExec {
+        n: u8,
+    },
+    ProtoClose {
+        n: u8,
+    },
+    Driver {
+        which: u8,
+    },
+    Tx {
+        which: u8,
+    },
+    Pin {
+        which: u8,
+    },
+    OtherDdl {
+        which: u8,
+    },
+    Seed,
+    Insert,
+    Probe,
+}
+
+fn key(k: usize) -> &'static str {
+    KEYS[k % KEYS.len()]
+}
+
+impl GenStep {
+    fn steps(&self) -> Vec<Step> {
+        match *self {
+            GenStep::SetCustom { key: k, val, how } => {
+                let (k, v) = (key(k), format!("v{val}"));
+                vec![match how % 9 {
+                    0 => q(&format!("SET {k} = '{v}'")),
+                    1 => q(&format!("SET SESSION {k} TO '{v}'")),
+                    2 => q(&format!("SELECT set_config('{k}', '{v}', false)")),
+                    3 => ext("SELECT set_config($1, $2, false)", &[], &[k, &v]),
+                    4 => q(&format!("SELECT set_k('{k}', '{v}')")),
+                    5 => q(&format!(
+                        "DO $$ BEGIN PERFORM set_config('{k}', '{v}', false); END $$"
+                    )),
+                    6 => drv("INSERT INTO trig_t VALUES ($1, $2)", &[k, &v]),
+                    7 => q(&format!("BEGIN; SET LOCAL {k} = '{v}'; COMMIT")),
+                    _ => q(&format!("SELECT 1; SET {k} = '{v}'; SELECT 2")),
+                }]
+            }
+            GenStep::Reset { key: k } => vec![q(&format!("RESET {}", key(k)))],
+            GenStep::ResetAll => vec![q("RESET ALL")],
+            GenStep::DiscardAll => vec![q("DISCARD ALL")],
+            GenStep::Builtin { which, val } => {
+                let v = val % 3;
+                vec![q(&match which % 5 {
+                    0 => format!("SET statement_timeout = '{}s'", 10 + v),
+                    1 => format!("SET work_mem = '{}MB'", 4 + v),
+                    2 => format!(
+                        "SET TimeZone = '{}'",
+                        ["UTC", "Asia/Tokyo", "America/Lima"][v as usize]
+                    ),
+                    3 => format!(
+                        "SET search_path = {}",
+                        ["app, public", "public", "public, app"][v as usize]
+                    ),
+                    _ => format!(
+                        "SET DateStyle = '{}'",
+                        ["ISO, MDY", "SQL, DMY", "German"][v as usize]
+                    ),
+                })]
+            }
+            GenStep::Role { which } => vec![q(match which % 5 {
+                0 => "SET ROLE {db}_s",
+                1 => "RESET ROLE",
+                2 => "SET SESSION AUTHORIZATION {db}_r",
+                3 => "RESET SESSION AUTHORIZATION",
+                _ => "SET log_min_duration_statement = 5000",
+            })],
+            GenStep::SqlPrepare { n, after_insert } => {
+                let p = format!(
+                    "PREPARE sp{n}(int) AS SELECT $1 + {n} AS r, current_setting('app.k0', true) AS k0"
+                );
+                vec![q(&if after_insert {
+                    format!("INSERT INTO audit(note) VALUES ('prep{n}'); {p}")
+                } else {
+                    p
+                })]
+            }
+            GenStep::Deallocate { n } => vec![q(&format!("DEALLOCATE sp{n}"))],
+            GenStep::Execute { n } => vec![q(&format!("EXECUTE sp{n}({n})"))],
+            GenStep::ProtoPrepare { n } => vec![prep(
+                &format!("pp{n}"),
+                &format!("SELECT $1::int * {} AS r, * FROM gt", n + 1),
+                &[23],
+            )],
+            GenStep::ProtoExec { n } => vec![exec(&format!("pp{n}"), &["2"])],
+            GenStep::ProtoClose { n } => vec![close(&format!("pp{n}"))],
+            GenStep::Driver { which } => vec![match which % 3 {
+                0 => drv("SELECT * FROM gt WHERE a = $1", &["1"]),
+                1 => drv("SELECT name FROM items WHERE id = $1", &["1"]),
+                _ => drv("SELECT current_setting($1, true) AS v", &["app.tenant"]),
+            }],
+            GenStep::Tx { which } => vec![q(match which % 4 {
+                0 => "BEGIN",
+                1 => "COMMIT",
+                2 => "ROLLBACK",
+                _ => "SELECT 1/0",
+            })],
+            GenStep::Pin { which } => vec![q(match which % 6 {
+                0 => "SELECT pg_advisory_lock(1)",
+                1 => "SELECT pg_advisory_unlock_all()",
+                2 => "CREATE TEMP TABLE IF NOT EXISTS tmp (x int)",
+                3 => "DROP TABLE IF EXISTS tmp",
+                4 => {
+                    "CREATE OR REPLACE FUNCTION pg_temp.tf() RETURNS int LANGUAGE sql AS 'SELECT 1'"
+                }
+                _ => "DROP FUNCTION IF EXISTS pg_temp.tf()",
+            })],
+            GenStep::OtherDdl { which } => vec![side(match which % 4 {
+                0 => {
+                    "ALTER TABLE gt DROP COLUMN IF EXISTS a; ALTER TABLE gt ADD COLUMN a int; UPDATE gt SET a = 1"
+                }
+                1 => "ALTER TABLE gt ALTER COLUMN b TYPE bigint",
+                2 => {
+                    "DROP TABLE IF EXISTS gt; CREATE TABLE gt (a int, b int); INSERT INTO gt VALUES (1, 3); \
+                      GRANT ALL ON gt TO {db}_r, {db}_s"
+                }
+                _ => "ALTER TABLE gt ADD COLUMN IF NOT EXISTS c text DEFAULT 'c'",
+            })],
+            GenStep::Seed => vec![q("SELECT setseed(0.3)"), q("SELECT random()")],
+            GenStep::Insert => vec![q(
+                "INSERT INTO audit(note) VALUES ('w'); SELECT count(*) FROM audit",
+            )],
+            GenStep::Probe => vec![probe()],
+        }
+    }
+}
+
+/// Everything a client could notice about the session's state, in one query.
+fn probe() -> Step {
+    let keys: Vec<String> = KEYS
+        .iter()
+        .map(|k| format!("current_setting('{k}', true) AS \"{k}\""))
+        .collect();
+    q(&format!(
+        "SELECT {}, current_setting('statement_timeout') AS st, current_setting('work_mem') AS wm, \
+         current_setting('TimeZone') AS tz, current_setting('search_path') AS sp, \
+         current_setting('DateStyle') AS ds, current_setting('log_min_duration_statement') AS lmd, \
+         current_user, session_user, current_setting('role') AS role, \
+         (SELECT string_agg(name || ':' || parameter_types::text || ':' || from_sql, ',' ORDER BY name) \
+          FROM pg_prepared_statements) AS statements, \
+         (SELECT count(*) FROM audit) AS writes",
+        keys.join(", ")
+    ))
+}
+
+fn gen_step() -> impl Strategy<Value = GenStep> {
+    let k = 0..KEYS.len();
+    let n = 0u8..3;
+    prop_oneof![
+        6 => (k.clone(), 0u8..3, 0u8..9).prop_map(|(key, val, how)| GenStep::SetCustom { key, val, how }),
+        1 => k.prop_map(|key| GenStep::Reset { key }),
+        1 => Just(GenStep::ResetAll),
+        1 => Just(GenStep::DiscardAll),
+        3 => (0u8..5, 0u8..3).prop_map(|(which, val)| GenStep::Builtin { which, val }),
+        2 => (0u8..5).prop_map(|which| GenStep::Role { which }),
+        2 => (n.clone(), any::<bool>()).prop_map(|(n, after_insert)| GenStep::SqlPrepare { n, after_insert }),
+        1 => n.clone().prop_map(|n| GenStep::Deallocate { n }),
+        2 => n.clone().prop_map(|n| GenStep::Execute { n }),
+        2 => n.clone().prop_map(|n| GenStep::ProtoPrepare { n }),
+        2 => n.clone().prop_map(|n| GenStep::ProtoExec { n }),
+        1 => n.prop_map(|n| GenStep::ProtoClose { n }),
+        2 => (0u8..3).prop_map(|which| GenStep::Driver { which }),
+        2 => (0u8..4).prop_map(|which| GenStep::Tx { which }),
+        1 => (0u8..6).prop_map(|which| GenStep::Pin { which }),
+        2 => (0u8..4).prop_map(|which| GenStep::OtherDdl { which }),
+        1 => Just(GenStep::Seed),
+        1 => Just(GenStep::Insert),
+        2 => Just(GenStep::Probe),
+    ]
+}
+
+/// The move before a main step: none (most often, so sequences stay quick), or one kind.
+fn gen_move() -> impl Strategy<Value = MoveKind> {
+    prop_oneof![
+        3 => Just(MoveKind::Stay),
+        3 => Just(MoveKind::Migrate),
+        1 => Just(MoveKind::SessionIdle),
+        1 => Just(MoveKind::Sleep),
+    ]
+}
+
+/// A generated sequence: abstract steps, each with the move before it.
+pub type Items = Vec<(MoveKind, GenStep)>;
+
+/// A sequence of 2 to 6 abstract steps, each with the move before it.
+pub fn sequence() -> impl Strategy<Value = Items> {
+    prop::collection::vec((gen_move(), gen_step()), 2..=6)
+}
+
+/// The scenario of a sequence: its client steps, a migrate and a probe of the whole state.
+pub fn scenario(items: &[(MoveKind, GenStep)]) -> Scenario {
+    let mut steps = Vec::new();
+    for (mv, g) in items {
+        for s in g.steps() {
+            if s.is_main() {
+                steps.push(force(*mv));
+            }
+            steps.push(s);
+        }
+    }
+    steps.push(force(MoveKind::Migrate));
+    steps.push(probe());
+    let name: Vec<String> = items.iter().map(|(_, g)| format!("{g:?}")).collect();
+    Scenario {
+        name: name.join(" → "),
+        setup: String::new(),
+        steps,
+    }
+}
