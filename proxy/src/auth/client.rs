@@ -31,7 +31,7 @@ async fn read_password_message(client: &mut Stream, max: usize) -> Result<Vec<u8
 /// Authenticates `user` with SCRAM-SHA-256 (or -PLUS when `channel_binding` is given, i.e. the
 /// client link is TLS). An unknown user (`credential` is `None`) goes through a mock exchange
 /// that fails exactly like a wrong password. `reserve` is called when the proof arrives, before
-/// it is checked (the throttle's reservation).
+/// it is checked (the throttle's reservation, which may wait on another attempt's outcome).
 pub async fn authenticate_client(
     client: &mut Stream,
     user: &str,
@@ -39,7 +39,7 @@ pub async fn authenticate_client(
     channel_binding: Option<Vec<u8>>,
     mock_key: &[u8],
     max_message: usize,
-    reserve: impl FnOnce() -> Result<(), SessionError>,
+    reserve: impl AsyncFnOnce() -> Result<(), SessionError>,
 ) -> Result<LoginMaterial, SessionError> {
     let scram_error = |e: pgwake_protocol::scram::ScramError| match e.kind() {
         ScramErrorKind::InvalidPassword => SessionError::AuthFailed(user.to_owned()),
@@ -70,7 +70,7 @@ pub async fn authenticate_client(
 
     let response = read_password_message(client, max_message).await?;
     // The proof is here: it counts against the throttle before it is checked.
-    reserve()?;
+    reserve().await?;
     let (server_final, client_key) = server.finish(&response).map_err(scram_error)?;
     let credential = credential.ok_or_else(|| SessionError::AuthFailed(user.to_owned()))?;
     let mut out = msg::authentication_sasl_final(&server_final);

@@ -11,7 +11,7 @@ use tokio::io::AsyncWriteExt;
 
 use crate::auth::client::authenticate_client;
 use crate::auth::password::PasswordChecker;
-use crate::auth::throttle::Throttle;
+use crate::auth::throttle::{Reservation, Throttle};
 use crate::auth::{CredentialSource, LoginMaterial, NoUsers};
 use crate::config::UnknownTenant;
 use crate::error::SessionError;
@@ -64,10 +64,11 @@ impl Authenticator {
         })?;
         // The certificate this client's handshake was served, even if a reload came since.
         let channel_binding = client.channel_binding().map(<[u8]>::to_vec);
-        let reserve = || {
-            self.throttle
-                .reserve(peer.ip(), tenant, user)
-                .map_err(SessionError::Throttled)
+        let mut reservation = None;
+        let reserve = async || {
+            let r = self.throttle.reserve(peer.ip(), tenant, user).await;
+            reservation = Some(r.map_err(SessionError::Throttled)?);
+            Ok(())
         };
         let result = authenticate_client(
             client,
@@ -79,7 +80,7 @@ impl Authenticator {
             reserve,
         )
         .await;
-        self.attempt_done(peer, tenant, user, &result);
+        self.attempt_done(peer, tenant, user, reservation, &result);
         self.share_outcome(peer, tenant, source, user, &result)
             .await;
         result
@@ -143,26 +144,29 @@ impl Authenticator {
             .and_then(|c| self.passwords.recall(tenant, user, c, password))
         {
             let result = Ok(material);
-            self.attempt_done(peer, tenant, user, &result);
+            self.attempt_done(peer, tenant, user, None, &result);
             self.share_outcome(peer, tenant, source, user, &result)
                 .await;
             return result;
         }
-        let result = match self.throttle.reserve(peer.ip(), tenant, user) {
-            Err(wait) => Err(SessionError::Throttled(wait)),
-            Ok(()) => match credential {
-                Some(c) => self.passwords.check(tenant, user, c, password).await,
-                // The same key derivation as for a known user, so timing tells nothing.
-                None => {
-                    self.passwords
-                        .check_unknown(&self.mock_key, user, password)
-                        .await;
-                    None
-                }
+        let (reservation, result) = match self.throttle.reserve(peer.ip(), tenant, user).await {
+            Err(wait) => (None, Err(SessionError::Throttled(wait))),
+            Ok(r) => {
+                let material = match credential {
+                    Some(c) => self.passwords.check(tenant, user, c, password).await,
+                    // The same key derivation as for a known user, so timing tells nothing.
+                    None => {
+                        self.passwords
+                            .check_unknown(&self.mock_key, user, password)
+                            .await;
+                        None
+                    }
+                };
+                let result = material.ok_or_else(|| SessionError::AuthFailed(user.to_owned()));
+                (Some(r), result)
             }
-            .ok_or_else(|| SessionError::AuthFailed(user.to_owned())),
         };
-        self.attempt_done(peer, tenant, user, &result);
+        self.attempt_done(peer, tenant, user, reservation, &result);
         self.share_outcome(peer, tenant, source, user, &result)
             .await;
         result
@@ -239,18 +243,23 @@ impl Authenticator {
             .await;
     }
 
-    /// Counts an authentication attempt's outcome and tells the local throttle.
+    /// Counts an authentication attempt's outcome and settles it with the local throttle: a
+    /// success takes its `reservation` (if it made one) back, anything else leaves it counted.
     fn attempt_done<T>(
         &self,
         peer: SocketAddr,
         tenant: &TenantId,
         user: &str,
+        reservation: Option<Reservation<'_>>,
         result: &Result<T, SessionError>,
     ) {
         match result {
             Ok(_) => {
                 self.metrics.auth_attempt("ok");
-                self.throttle.success(peer.ip(), tenant, user);
+                match reservation {
+                    Some(r) => r.success(),
+                    None => self.throttle.success(peer.ip(), tenant, user),
+                }
             }
             Err(SessionError::AuthFailed(_)) => self.metrics.auth_attempt("failed"),
             Err(SessionError::Throttled(_)) => self.metrics.auth_attempt("throttled"),

@@ -1,0 +1,180 @@
+//! Hostile clients at the edge, round two: what one client's failures, idle connections or
+//! slow reads must never cost others. Every attack here is bounded in count and time and talks
+//! to loopback only; clients that must look like different hosts bind their own loopback
+//! addresses (127.0.0.0/8 all reach the gateway's 127.0.0.1).
+
+mod common;
+
+use std::net::SocketAddr;
+
+use common::{Gateway, LOCAL_PASSWORD, startup_packet};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+/// A TCP connection to the gateway's `port` from the loopback address `source`.
+async fn connect_from(source: &str, port: u16) -> TcpStream {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket
+        .bind(SocketAddr::new(source.parse().unwrap(), 0))
+        .unwrap();
+    socket
+        .connect(SocketAddr::from(([127, 0, 0, 1], port)))
+        .await
+        .unwrap()
+}
+
+/// Reads one backend message: (tag, body).
+async fn read_message(s: &mut TcpStream) -> Option<(u8, Vec<u8>)> {
+    let mut head = [0u8; 5];
+    s.read_exact(&mut head).await.ok()?;
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    let mut body = vec![0u8; len.checked_sub(4)?];
+    s.read_exact(&mut body).await.ok()?;
+    Some((head[0], body))
+}
+
+/// The SQLSTATE of an ErrorResponse body.
+fn sqlstate(body: &[u8]) -> String {
+    body.split(|&b| b == 0)
+        .find_map(|f| f.strip_prefix(b"C"))
+        .map(|c| String::from_utf8_lossy(c).into_owned())
+        .unwrap_or_default()
+}
+
+/// A whole plaintext SCRAM login as `user` on `<tenant>.postgres` from `source`: "" once the
+/// gateway said AuthenticationOk, else the SQLSTATE of its refusal.
+async fn scram_login(source: &str, port: u16, tenant: &str, user: &str, password: &str) -> String {
+    use pgwake_protocol::scram::{Nonce, ScramClient, ScramKeys};
+    let mut s = connect_from(source, port).await;
+    let database = format!("{tenant}.postgres");
+    let startup = startup_packet(&[("user", user), ("database", &database)], 196_608);
+    s.write_all(&startup).await.unwrap();
+    match read_message(&mut s).await {
+        Some((b'R', _)) => {}
+        Some((b'E', body)) => return sqlstate(&body),
+        other => panic!("unexpected answer to the startup: {other:?}"),
+    }
+    let client = ScramClient::new(Nonce::from_random(rand::random()));
+    let first =
+        pgwake_protocol::auth::sasl_initial_response("SCRAM-SHA-256", &client.client_first());
+    s.write_all(&first).await.unwrap();
+    let (tag, body) = read_message(&mut s).await.expect("SASLContinue");
+    assert_eq!((tag, &body[..4]), (b'R', &11u32.to_be_bytes()[..]));
+    let challenge = client.handle_server_first(&body[4..]).unwrap();
+    let keys = ScramKeys::from_password(password, challenge.salt(), challenge.iterations());
+    let (_, client_final) = challenge.client_final(&keys).unwrap();
+    s.write_all(&pgwake_protocol::auth::sasl_response(&client_final))
+        .await
+        .unwrap();
+    loop {
+        match read_message(&mut s).await {
+            Some((b'E', body)) => return sqlstate(&body),
+            // AuthenticationOk: the password was accepted (the wake and the rest follow).
+            Some((b'R', body)) if body[..4] == 0u32.to_be_bytes() => return String::new(),
+            Some(_) => {}
+            None => return "closed".into(),
+        }
+    }
+}
+
+/// `POST /sql` of `select 1` as `user` on `tenant` from `source`: (status, body).
+async fn post_sql_from(
+    source: &str,
+    http: u16,
+    tenant: &str,
+    user: &str,
+    password: &str,
+) -> (u16, String) {
+    let body = br#"{"query":"select 1","params":[]}"#;
+    let mut s = connect_from(source, http).await;
+    let head = format!(
+        "POST /sql HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+         Content-Type: application/json\r\n\
+         Neon-Connection-String: postgresql://{user}:{password}@{tenant}.{}:5432/postgres\r\n\
+         Content-Length: {}\r\n\r\n",
+        common::SNI_SUFFIX,
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(body).await.unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned());
+    (status, body.unwrap_or_default())
+}
+
+/// Plaintext local tenant `edge` reachable from 127.0.0.8/29 only, an HTTP listener, and a
+/// throttle that allows three failures and then waits long (so nothing here outlives a block).
+async fn throttled_gateway() -> (Gateway, u16) {
+    let http = pgwake_testkit::free_port();
+    let extra = format!(
+        "allow_plaintext = true\nhttp = \"127.0.0.1:{http}\"\n\
+         [auth]\nthrottle_free_failures = 3\nthrottle_base = \"30s\"\n"
+    );
+    let mut tenants = Gateway::local_tenants(&["edge"], "");
+    tenants.push_str("allow = [\"127.0.0.8/29\"]\n");
+    let gw = tokio::task::spawn_blocking(move || Gateway::launch(&extra, &tenants, &[]))
+        .await
+        .unwrap();
+    (gw, http)
+}
+
+/// Item 2: three wrong guesses from one source, over TCP or `/sql`, or from a source the
+/// tenant's allow list refuses, used to lock the user out from every source. Now the guesser
+/// alone waits, and the right password from anywhere that did not fail gets in every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guesses_from_one_source_never_lock_the_user_out_of_another() {
+    let (gw, http) = throttled_gateway().await;
+    let port = gw.port;
+
+    // Over TCP: 127.0.0.9 guesses until it is throttled; 127.0.0.10 logs in ten times, and
+    // the guesser stays throttled in between.
+    for _ in 0..3 {
+        assert_eq!(
+            scram_login("127.0.0.9", port, "edge", "pgwake", "wrong").await,
+            "28P01"
+        );
+    }
+    let mut good = Vec::new();
+    for _ in 0..10 {
+        good.push(scram_login("127.0.0.10", port, "edge", "pgwake", LOCAL_PASSWORD).await);
+        let guess = scram_login("127.0.0.9", port, "edge", "pgwake", LOCAL_PASSWORD).await;
+        assert_eq!(guess, "28000", "the guesser waits, right password or not");
+    }
+    eprintln!("TCP logins from a source that did not fail: {good:?}");
+    assert!(good.iter().all(String::is_empty), "{good:?}");
+
+    // Over /sql, with the account now under attack: a new guessing source (127.0.0.11) has
+    // its first guess evaluated and is then throttled at once, while 127.0.0.12, which did
+    // not fail, queries with the right password every time.
+    let (status, body) = post_sql_from("127.0.0.11", http, "edge", "pgwake", "wrong").await;
+    assert!(status == 400 && body.contains("28P01"), "{status} {body}");
+    let (status, body) = post_sql_from("127.0.0.11", http, "edge", "pgwake", "wrong").await;
+    assert!(
+        body.contains("28000"),
+        "the /sql guesser waits: {status} {body}"
+    );
+    for _ in 0..5 {
+        let (status, body) =
+            post_sql_from("127.0.0.12", http, "edge", "pgwake", LOCAL_PASSWORD).await;
+        assert_eq!(status, 200, "{body}");
+    }
+
+    // A source the allow list refuses is answered as a wrong password; its failures count
+    // against itself only.
+    for _ in 0..4 {
+        scram_login("127.0.0.30", port, "edge", "pgwake", "wrong").await;
+        post_sql_from("127.0.0.30", http, "edge", "pgwake", "wrong").await;
+    }
+    for _ in 0..5 {
+        assert_eq!(
+            scram_login("127.0.0.13", port, "edge", "pgwake", LOCAL_PASSWORD).await,
+            ""
+        );
+        let (status, body) =
+            post_sql_from("127.0.0.14", http, "edge", "pgwake", LOCAL_PASSWORD).await;
+        assert_eq!(status, 200, "{body}");
+    }
+}
