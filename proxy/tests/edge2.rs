@@ -6,6 +6,7 @@
 mod common;
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use common::{Gateway, LOCAL_PASSWORD, startup_packet};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -176,5 +177,62 @@ async fn guesses_from_one_source_never_lock_the_user_out_of_another() {
         let (status, body) =
             post_sql_from("127.0.0.14", http, "edge", "pgwake", LOCAL_PASSWORD).await;
         assert_eq!(status, 200, "{body}");
+    }
+}
+
+/// Item 3: sessions parked while their tenant sleeps used to keep their places under the
+/// tenant's `max_backend_connections`, so with two parked the next client waited
+/// `backend_wait_timeout` for a slot no one would give up (FATAL 53300), and a parked session
+/// could not come back. A closed backend connection gives up its place at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_parked_by_sleep_hold_no_backend_slots() {
+    let config = "allow_plaintext = true
+[wake]
+idle_timeout = \"1s\"
+idle_check_interval = \"100ms\"
+[revival]
+snapshot_after = \"200ms\"
+[limits]
+backend_wait_timeout = \"2s\"
+";
+    let tenants = format!(
+        "{}max_backend_connections = 2\n",
+        Gateway::local_tenants(&["capped"], "")
+    );
+    let gw = tokio::task::spawn_blocking(move || Gateway::launch(config, &tenants, &[]))
+        .await
+        .unwrap();
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user=pgwake password={LOCAL_PASSWORD} dbname=capped.postgres \
+         sslmode=disable connect_timeout=30",
+        gw.port
+    );
+    let a = common::connect_plain(&conninfo).await;
+    let b = common::connect_plain(&conninfo).await;
+    for c in [&a, &b] {
+        c.batch_execute("set application_name = 'parked'")
+            .await
+            .unwrap();
+    }
+    let gw = tokio::task::spawn_blocking(move || {
+        gw.wait_state("capped", "asleep", Duration::from_secs(20));
+        gw
+    })
+    .await
+    .unwrap();
+    let t = gw.tenant("capped");
+    assert_eq!((&t["connections"], &t["parked"]), (&0.into(), &2.into()));
+
+    // A new client gets a slot (and wakes the tenant), then leaves.
+    let newcomer = gw.select_one("capped", "pgwake", LOCAL_PASSWORD).await;
+    let newcomer = newcomer.map_err(|e| match e.as_db_error() {
+        Some(db) => format!("{}: {}", db.code().code(), db.message()),
+        None => e.to_string(),
+    });
+    assert_eq!(newcomer, Ok(1));
+    // Both parked sessions come back, each within the cap.
+    for c in [&a, &b] {
+        let row = c.query_one("show application_name", &[]).await.unwrap();
+        assert_eq!(row.get::<_, String>(0), "parked");
     }
 }
