@@ -236,3 +236,98 @@ backend_wait_timeout = \"2s\"
         assert_eq!(row.get::<_, String>(0), "parked");
     }
 }
+
+/// The HTTP/2 connection preface and an empty SETTINGS frame: all an idle HTTP/2 client sends.
+const H2_PREFACE_AND_SETTINGS: &[u8] =
+    b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+
+/// An HTTP/2 client that opens, sends its preface and SETTINGS and then says nothing; `None`
+/// when the gateway did not take the connection.
+async fn idle_h2(http: u16) -> Option<TcpStream> {
+    let mut s = TcpStream::connect(("127.0.0.1", http)).await.ok()?;
+    s.write_all(H2_PREFACE_AND_SETTINGS).await.ok()?;
+    Some(s)
+}
+
+/// Reads until the gateway closes the connection.
+async fn until_closed(mut s: TcpStream) {
+    let mut buf = [0u8; 512];
+    while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {}
+}
+
+/// psql logs in and runs `select 1`; its error output otherwise.
+fn psql_select_one(gw: &Gateway, tenant: &str) -> Result<(), String> {
+    let out = std::process::Command::new(pgwake_testkit::pg_bin_dir().unwrap().join("psql"))
+        .args(["-X", "-A", "-t", "-w", "-c", "select 1"])
+        .arg(format!(
+            "host=127.0.0.1 port={} user=pgwake dbname={tenant}.postgres sslmode=disable \
+             connect_timeout=10",
+            gw.port
+        ))
+        .env("PGPASSWORD", LOCAL_PASSWORD)
+        .output()
+        .expect("run psql");
+    match out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "1" {
+        true => Ok(()),
+        false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+    }
+}
+
+/// Item 1: HTTP connections counted against no cap and an HTTP/2 connection that sent its
+/// preface had no idle deadline, so 300 of them took every descriptor of a gateway limited
+/// to 256 (psql logins and /healthz failed, and they stayed open). Now they count as
+/// connections logging in (the oldest is ended to make room) and an idle one is closed after
+/// `http.header_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_http2_connections_exhaust_nothing_and_are_closed() {
+    let http = pgwake_testkit::free_port();
+    let extra = format!(
+        "allow_plaintext = true\nhttp = \"127.0.0.1:{http}\"\n[http]\nheader_timeout = \"3s\"\n"
+    );
+    let tenants = Gateway::local_tenants(&["edge"], "");
+    let gw = tokio::task::spawn_blocking(move || {
+        Gateway::launch_under(&["prlimit", "--nofile=256"], &extra, &tenants, &[])
+    })
+    .await
+    .unwrap();
+    let gw = std::sync::Arc::new(gw);
+    // Wake the tenant first: what follows is about descriptors, not the wake.
+    let first = {
+        let gw = gw.clone();
+        tokio::task::spawn_blocking(move || psql_select_one(&gw, "edge"))
+            .await
+            .unwrap()
+    };
+    first.expect("psql before the attack");
+
+    let mut idle = Vec::new();
+    for _ in 0..300 {
+        if let Some(s) = idle_h2(http).await {
+            idle.push(s);
+        }
+    }
+    let during = {
+        let gw = gw.clone();
+        tokio::task::spawn_blocking(move || {
+            let logins: Vec<_> = (0..3).map(|_| psql_select_one(&gw, "edge")).collect();
+            let health = gw.http_get("/healthz").map(|(s, _)| s);
+            (logins, health)
+        })
+        .await
+        .unwrap()
+    };
+    let sql = post_sql_from("127.0.0.1", http, "edge", "pgwake", LOCAL_PASSWORD).await;
+    eprintln!(
+        "with 300 idle HTTP/2 connections: psql {:?}, /healthz {:?}, /sql {}",
+        during.0, during.1, sql.0
+    );
+    assert!(during.0.iter().all(Result::is_ok), "{:?}", during.0);
+    assert_eq!(during.1, Some(200));
+    assert_eq!(sql.0, 200, "{}", sql.1);
+
+    // Every idle connection is closed: made room for newer ones, or idle past its deadline.
+    let closing = futures_util::future::join_all(idle.into_iter().map(until_closed));
+    tokio::time::timeout(Duration::from_secs(30), closing)
+        .await
+        .expect("idle HTTP/2 connections were left open");
+}

@@ -31,8 +31,8 @@ pub struct HttpConfig {
     /// How long a request waits for a pool slot when the bounds are reached.
     #[serde(with = "humantime_serde")]
     pub pool_acquire_timeout: Duration,
-    /// Time a client has to send a request's headers (HTTP/1.1), and the longest a kept-alive
-    /// connection may sit idle between requests.
+    /// Time a client has to send a request's headers (HTTP/1.1), and the longest a connection
+    /// (HTTP/1.1 kept alive, or HTTP/2) may sit with no request in flight.
     #[serde(with = "humantime_serde")]
     pub header_timeout: Duration,
     /// Time a client has to send a request's whole body; a slower one is answered 408.

@@ -15,6 +15,7 @@ mod websocket;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -25,11 +26,13 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span};
 
+use crate::capacity::ClientSlot;
 use crate::config::HttpConfig;
 use crate::front::{Front, Shards, accept_next};
 use crate::tls::ServerCertificates;
@@ -85,11 +88,51 @@ fn full(bytes: Bytes) -> Body {
         .boxed_unsync()
 }
 
+/// What one HTTP connection's serving loop learns from its requests: how many are in flight
+/// (a connection with none is idle, and closed after `http.header_timeout`) and whether one of
+/// them logged in (the connection then no longer counts as logging in).
+#[derive(Default)]
+pub(crate) struct ConnActivity {
+    in_flight: AtomicUsize,
+    authenticated: AtomicBool,
+    changed: Notify,
+}
+
+impl ConnActivity {
+    /// Counts a request in flight until the guard drops (with the response body, once sent).
+    fn busy(self: &Arc<Self>) -> Busy {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.changed.notify_one();
+        Busy(self.clone())
+    }
+
+    /// A request on this connection passed the password check.
+    pub(crate) fn logged_in(&self) {
+        self.authenticated.store(true, Ordering::Release);
+        self.changed.notify_one();
+    }
+
+    fn quiet(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) == 0
+    }
+}
+
+/// A request in flight on its connection.
+struct Busy(Arc<ConnActivity>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.0.changed.notify_one();
+    }
+}
+
 /// Accepts HTTP connections until `stop` fires; each runs as a task in `tasks` on one of the
 /// session threads, like a Postgres connection, so that its requests, the pooled backend
 /// connections they use and the tasks they spawn (HTTP/2 streams, WebSocket sessions) share one
-/// event loop. Shutdown waits for requests and WebSocket sessions in flight like for TCP
-/// sessions.
+/// event loop. Each counts against the client connection caps like a Postgres connection: as
+/// logging in (the oldest such is ended to make room) until one of its requests logs in.
+/// Shutdown waits for requests and WebSocket sessions in flight like for TCP sessions.
 pub async fn serve(
     listener: TcpListener,
     state: Arc<HttpState>,
@@ -115,11 +158,15 @@ pub async fn serve(
         })
     };
     while let Some((tcp, peer)) = accept_next(&listener, &stop, "http").await {
+        let (slot, evicted) = state.front.capacity.open();
+        if evicted {
+            state.front.metrics.error("login_evicted");
+        }
         let state = state.clone();
         let conn_tasks = tasks.clone();
         let stop = stop.clone();
         shards.spawn(&tasks, tcp, move |tcp| {
-            connection(tcp, peer, state, conn_tasks, stop)
+            connection(tcp, peer, state, conn_tasks, stop, slot)
         });
     }
     reaper.abort();
@@ -127,18 +174,30 @@ pub async fn serve(
 }
 
 /// Names the connection's client (a trusted load balancer's PROXY header, or the socket), then
-/// serves it in a span carrying that address.
+/// serves it in a span carrying that address; a connection past the gateway's cap is closed,
+/// and one still logging in is ended when it must make room for newer ones.
 async fn connection(
     mut tcp: TcpStream,
     socket_peer: SocketAddr,
     state: Arc<HttpState>,
     tasks: TaskTracker,
     stop: CancellationToken,
+    mut slot: ClientSlot,
 ) {
-    let _ = tcp.set_nodelay(true);
     let front = &state.front;
+    if slot.check_gateway().is_err() {
+        front.metrics.error("gateway_full");
+        return;
+    }
+    let _ = tcp.set_nodelay(true);
+    let evicted = slot.eviction();
     let header_deadline = tokio::time::Instant::now() + front.startup_timeout;
-    let interrupted = stop.cancelled();
+    let interrupted = async {
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = evicted.cancelled() => {}
+        }
+    };
     let named = front.client_address(&mut tcp, socket_peer, header_deadline, interrupted);
     let Some(peer) = named.await else {
         return;
@@ -147,9 +206,12 @@ async fn connection(
     if peer != socket_peer {
         span.record("via", tracing::field::display(socket_peer));
     }
-    serve_connection(tcp, peer, state, tasks, stop)
-        .instrument(span)
-        .await
+    let serve = serve_connection(tcp, peer, state, tasks, stop, &mut slot);
+    tokio::select! {
+        _ = serve.instrument(span) => {}
+        // Never once a request logged in.
+        _ = evicted.cancelled() => debug!("http connection ended to make room for newer ones"),
+    }
 }
 
 async fn serve_connection(
@@ -158,6 +220,7 @@ async fn serve_connection(
     state: Arc<HttpState>,
     tasks: TaskTracker,
     stop: CancellationToken,
+    slot: &mut ClientSlot,
 ) {
     let gw = state.front.clone();
     let deadline = gw.startup_timeout;
@@ -200,10 +263,25 @@ async fn serve_connection(
         }
     };
     let header_timeout = state.config.header_timeout;
+    let activity = Arc::new(ConnActivity::default());
+    let requests = activity.clone();
     let service = service_fn(move |req: Request<Incoming>| {
         let state = state.clone();
         let tasks = tasks.clone();
-        async move { Ok::<_, Infallible>(route(req, peer, tls, state, tasks).await) }
+        let activity = requests.clone();
+        async move {
+            let busy = activity.busy();
+            let response = route(req, peer, tls, state, tasks, &activity).await;
+            // Busy until the body is sent (or the connection drops it).
+            let response = response.map(|body| {
+                body.map_frame(move |f| {
+                    let _busy = &busy;
+                    f
+                })
+                .boxed_unsync()
+            });
+            Ok::<_, Infallible>(response)
+        }
     });
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // A client that trickles its headers (or holds a kept-alive connection idle) is closed.
@@ -213,16 +291,35 @@ async fn serve_connection(
         .header_read_timeout(header_timeout);
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
-    tokio::select! {
-        r = conn.as_mut() => {
-            if let Err(e) = r {
-                debug!(error = %e, "http connection ended with an error");
+    loop {
+        // Every version and phase has the same deadline: with no request in flight (an HTTP/2
+        // connection that sent its preface and SETTINGS, a kept-alive one), the connection is
+        // closed `header_timeout` after its last request ended.
+        let quiet = activity.quiet();
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    debug!(error = %e, "http connection ended with an error");
+                }
+                return;
             }
-        }
-        _ = stop.cancelled() => {
-            // Shutdown: finish requests in flight, take no more on this connection.
-            conn.as_mut().graceful_shutdown();
-            let _ = conn.await;
+            _ = stop.cancelled() => {
+                // Shutdown: finish requests in flight, take no more on this connection.
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+                return;
+            }
+            _ = activity.changed.notified() => {
+                if activity.authenticated.load(Ordering::Acquire) {
+                    slot.logged_in();
+                }
+            }
+            _ = tokio::time::sleep(header_timeout), if quiet => {
+                debug!(idle = ?header_timeout, "http connection idle; closing it");
+                conn.as_mut().graceful_shutdown();
+                let _ = tokio::time::timeout(header_timeout, conn.as_mut()).await;
+                return;
+            }
         }
     }
 }
@@ -233,12 +330,13 @@ async fn route(
     tls: bool,
     state: Arc<HttpState>,
     tasks: TaskTracker,
+    activity: &ConnActivity,
 ) -> Response<Body> {
     if websocket::is_upgrade(&req) {
         return websocket::upgrade(req, peer, tls, state, tasks);
     }
     let answer = match (req.method(), req.uri().path()) {
-        (&Method::POST, "/sql") => return sql::handle(req, peer, &state).await,
+        (&Method::POST, "/sql") => return sql::handle(req, peer, &state, activity).await,
         (&Method::OPTIONS, "/sql") => preflight(),
         (_, "/sql") => plain(StatusCode::METHOD_NOT_ALLOWED, "use POST /sql"),
         _ => plain(

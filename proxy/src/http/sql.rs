@@ -17,7 +17,7 @@ use tracing::{Instrument, debug, info};
 
 use super::query::{self, Limits, QueryError, Shape, client_error};
 use super::spill::SpillBuffer;
-use super::{Body, HttpState, json, plain};
+use super::{Body, ConnActivity, HttpState, json, plain};
 use crate::auth::LoginMaterial;
 use crate::cancel::CancelOnDrop;
 use crate::config::BackendTls;
@@ -174,9 +174,10 @@ pub async fn handle(
     req: Request<Incoming>,
     peer: SocketAddr,
     state: &Arc<HttpState>,
+    conn: &ConnActivity,
 ) -> Response<Body> {
     let span = tracing::info_span!("sql", tenant = tracing::field::Empty);
-    let result = execute(req, peer, state).instrument(span).await;
+    let result = execute(req, peer, state, conn).instrument(span).await;
     state.record_pool();
     let response = match result {
         Ok((body, len)) => super::cors(Response::builder().status(StatusCode::OK))
@@ -202,6 +203,7 @@ async fn execute(
     req: Request<Incoming>,
     peer: SocketAddr,
     state: &Arc<HttpState>,
+    conn: &ConnActivity,
 ) -> Result<(Body, u64), Refusal> {
     let gw = &state.front.pipeline;
     let (headers, body) = read_request(req, state).await?;
@@ -225,6 +227,7 @@ async fn execute(
         None
     };
     let login = admit(gw, peer, &target).await?;
+    conn.logged_in();
     let admission = gw
         .coordinator
         .ensure_awake(&login.tenant)
