@@ -331,3 +331,94 @@ async fn idle_http2_connections_exhaust_nothing_and_are_closed() {
         .await
         .expect("idle HTTP/2 connections were left open");
 }
+
+/// Resident memory of process `pid`, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS in /proc/<pid>/status");
+    kib * 1024
+}
+
+const MIB: u64 = 1024 * 1024;
+
+/// A `POST /sql` as pgwake on tenant `edge` with `password` whose head declares a body of
+/// `declared` bytes, of which `sent` are sent (a JSON object with a long `params` string);
+/// the status and body of the answer.
+async fn post_body(http: u16, password: &str, declared: usize, sent: usize) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", http)).await.unwrap();
+    let head = format!(
+        "POST /sql HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+         Content-Type: application/json\r\n\
+         Neon-Connection-String: postgresql://pgwake:{password}@edge.{}:5432/postgres\r\n\
+         Content-Length: {declared}\r\n\r\n",
+        common::SNI_SUFFIX
+    );
+    let mut body = br#"{"query":"select $1","params":[""#.to_vec();
+    body.resize(declared - 3, b'x');
+    body.extend_from_slice(br#""]}"#);
+    s.write_all(head.as_bytes()).await.unwrap();
+    // The body goes in the background: the answer may come before all of it is sent.
+    let (mut rd, mut wr) = s.into_split();
+    let writer = tokio::spawn(async move {
+        let _ = wr.write_all(&body[..sent]).await;
+        wr
+    });
+    let mut raw = Vec::new();
+    let _ = rd.read_to_end(&mut raw).await;
+    drop(writer.await);
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or("0")
+        .parse()
+        .unwrap();
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned());
+    (status, body.unwrap_or_default())
+}
+
+/// Item 6: `/sql` read a request's whole body before checking its password, so twenty
+/// wrong-password requests with 10 MB bodies took a gigabyte. The password is now checked
+/// from the headers first and a refused body is read only to be dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_bodies_are_not_held_before_the_password_is_checked() {
+    let http = pgwake_testkit::free_port();
+    let extra = format!(
+        "allow_plaintext = true\nhttp = \"127.0.0.1:{http}\"\n\
+         [http]\nbody_timeout = \"2s\"\n[auth]\nthrottle_free_failures = 1000000\n"
+    );
+    let gw = tokio::task::spawn_blocking(move || Gateway::start_local(&["edge"], &extra, "", &[]))
+        .await
+        .unwrap();
+    // A body that never arrives whole: the answer is the password's, not the body's 408.
+    let (status, body) = post_body(http, "wrong", 10_000_000, 1000).await;
+    assert!(status == 400 && body.contains("28P01"), "{status} {body}");
+
+    let pid = gw.pid();
+    let baseline = rss(pid);
+    let requests: Vec<_> = (0..20)
+        .map(|_| tokio::spawn(post_body(http, "wrong", 10_000_000, 10_000_000)))
+        .collect();
+    let mut peak = baseline;
+    let mut answers = Vec::new();
+    for r in requests {
+        while !r.is_finished() {
+            peak = peak.max(rss(pid));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        answers.push(r.await.unwrap());
+    }
+    eprintln!(
+        "20 wrong-password requests of 10 MB: baseline {} MiB, peak {} MiB",
+        baseline / MIB,
+        peak / MIB
+    );
+    for (status, body) in &answers {
+        assert!(*status == 400 && body.contains("28P01"), "{status} {body}");
+    }
+    assert!(peak < baseline + 64 * MIB, "peak RSS {peak} bytes");
+}

@@ -206,12 +206,19 @@ async fn execute(
     conn: &ConnActivity,
 ) -> Result<(Body, u64), Refusal> {
     let gw = &state.front.pipeline;
-    let (headers, body) = read_request(req, state).await?;
-    let conn_string = headers
-        .get("neon-connection-string")
-        .and_then(|v| v.to_str().ok())
-        .ok_or_else(|| bad_request("missing header Neon-Connection-String"))?;
-    let target = parse_connection_string(conn_string)?;
+    let (parts, body) = req.into_parts();
+    let headers = parts.headers;
+    // Nothing of the body is kept before the password is checked: a refusal drops what the
+    // client sent (up to a bound, so that an HTTP/2 client sees the answer).
+    let login = match admit_headers(gw, peer, &headers, state).await {
+        Ok(login) => login,
+        Err(refusal) => {
+            drop_body(body, &headers, state).await;
+            return Err(refusal);
+        }
+    };
+    conn.logged_in();
+    let body = read_body(body, state).await?;
     let shape = Shape {
         raw_text: flag(&headers, "neon-raw-text-output"),
         array_mode: flag(&headers, "neon-array-mode"),
@@ -226,8 +233,6 @@ async fn execute(
     } else {
         None
     };
-    let login = admit(gw, peer, &target).await?;
-    conn.logged_in();
     let admission = gw
         .coordinator
         .ensure_awake(&login.tenant)
@@ -307,33 +312,60 @@ async fn run_statements(
     query::run(conn, statements, begin, shape, uncached, out).await
 }
 
-/// Reads a request's headers and whole body, within `http.max_request_size` and
-/// `http.body_timeout`.
-async fn read_request(
-    req: Request<Incoming>,
-    state: &HttpState,
-) -> Result<(HeaderMap, Bytes), Refusal> {
-    let max_request = state.config.max_request_size.as_u64() as usize;
-    let too_large = || {
-        Refusal::Status(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("request body larger than {max_request} bytes (http.max_request_size)"),
-        )
-    };
-    let declared = req
-        .headers()
+/// The body length a request's headers declare.
+fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers
         .get(hyper::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    let (parts, mut body) = req.into_parts();
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+}
+
+/// Reads and drops a refused request's body, up to a bound and within `http.body_timeout`, so
+/// that the answer reaches an HTTP/2 client before its stream closes; a body declared past the
+/// bound is not read at all.
+async fn drop_body(body: Incoming, headers: &HeaderMap, state: &HttpState) {
+    let max_request = state.config.max_request_size.as_u64() as usize;
+    let drain_limit = max_request.saturating_mul(DRAIN_FACTOR);
+    if declared_length(headers).is_some_and(|n| n > drain_limit as u64) {
+        return;
+    }
+    super::drain(body, drain_limit, state.config.body_timeout).await;
+}
+
+/// The 413 for a body over `http.max_request_size`.
+fn too_large(max_request: usize) -> Refusal {
+    Refusal::Status(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("request body larger than {max_request} bytes (http.max_request_size)"),
+    )
+}
+
+/// What the headers alone decide, before any of the body is kept: a declared body over
+/// `http.max_request_size` (413), the connection string, and the password it holds.
+async fn admit_headers(
+    gw: &Pipeline,
+    peer: SocketAddr,
+    headers: &HeaderMap,
+    state: &HttpState,
+) -> Result<CheckedLogin, Refusal> {
+    let max_request = state.config.max_request_size.as_u64() as usize;
+    if declared_length(headers).is_some_and(|n| n > max_request as u64) {
+        return Err(too_large(max_request));
+    }
+    let conn_string = headers
+        .get("neon-connection-string")
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| bad_request("missing header Neon-Connection-String"))?;
+    let target = parse_connection_string(conn_string)?;
+    admit(gw, peer, &target).await
+}
+
+/// Reads a logged-in request's whole body, within `http.max_request_size` and
+/// `http.body_timeout`.
+async fn read_body(mut body: Incoming, state: &HttpState) -> Result<Bytes, Refusal> {
+    let max_request = state.config.max_request_size.as_u64() as usize;
     // An oversized body is still read (and dropped), up to a bound, so that the 413 reaches an
     // HTTP/2 client before the stream closes.
     let drain_limit = max_request.saturating_mul(DRAIN_FACTOR);
-    if declared.is_some_and(|n| n > max_request as u64) {
-        if declared.is_some_and(|n| n <= drain_limit as u64) {
-            super::drain(body, drain_limit, state.config.body_timeout).await;
-        }
-        return Err(too_large());
-    }
     let read = tokio::time::timeout(state.config.body_timeout, async {
         let mut kept = Vec::new();
         while let Some(frame) = body.frame().await {
@@ -343,7 +375,7 @@ async fn read_request(
             };
             if kept.len() + data.len() > max_request {
                 super::drain(body, drain_limit, state.config.body_timeout).await;
-                return Err(too_large());
+                return Err(too_large(max_request));
             }
             kept.extend_from_slice(data);
         }
@@ -358,7 +390,7 @@ async fn read_request(
             ),
         )
     })??;
-    Ok((parts.headers, body))
+    Ok(body)
 }
 
 /// Who a request logs in as, once the gateway has checked its password.
