@@ -422,3 +422,49 @@ async fn sql_bodies_are_not_held_before_the_password_is_checked() {
     }
     assert!(peak < baseline + 64 * MIB, "peak RSS {peak} bytes");
 }
+
+/// `POST /sql` of `body` (JSON) as pgwake on tenant `edge`: (status, body).
+async fn post_json(http: u16, body: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", http)).await.unwrap();
+    let head = format!(
+        "POST /sql HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+         Content-Type: application/json\r\n\
+         Neon-Connection-String: postgresql://pgwake:{LOCAL_PASSWORD}@edge.{}:5432/postgres\r\n\
+         Content-Length: {}\r\n\r\n",
+        common::SNI_SUFFIX,
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(body).await.unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned());
+    (status, body.unwrap_or_default())
+}
+
+/// Item 4: a `/sql` batch was written whole before any reply was read, so 10,000 statements
+/// of 100 kB results each filled both sockets and deadlocked until `http.query_timeout`,
+/// holding the pooled connection. Replies are now read while the batch is written: the
+/// results pass `http.max_response_size` and the answer is a prompt 507.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_sql_batch_is_answered_507_not_deadlocked() {
+    let http = pgwake_testkit::free_port();
+    let extra = format!(
+        "allow_plaintext = true\nhttp = \"127.0.0.1:{http}\"\n\
+         [http]\nquery_timeout = \"20s\"\npool_max_per_key = 1\n"
+    );
+    let gw = tokio::task::spawn_blocking(move || Gateway::start_local(&["edge"], &extra, "", &[]))
+        .await
+        .unwrap();
+    let one = serde_json::json!({ "query": "select repeat('x', 100000)", "params": [] });
+    let batch = serde_json::json!({ "queries": vec![one; 10_000] });
+    let (status, body) = post_json(http, &serde_json::to_vec(&batch).unwrap()).await;
+    assert_eq!(status, 507, "{}", &body[..body.len().min(300)]);
+    assert!(body.contains("http.max_response_size"), "{body}");
+    // The only pooled connection was not kept busy: the next request runs.
+    let (status, body) = post_json(http, br#"{"query":"select 1","params":[]}"#).await;
+    assert_eq!(status, 200, "{body}");
+    drop(gw);
+}
