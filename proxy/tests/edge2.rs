@@ -468,3 +468,80 @@ async fn a_large_sql_batch_is_answered_507_not_deadlocked() {
     assert_eq!(status, 200, "{body}");
     drop(gw);
 }
+
+/// Open files of process `pid` that are deleted temporary files (spilled responses).
+fn spilled_files(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|fds| {
+            fds.filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+                .filter(|target| target.to_string_lossy().ends_with("(deleted)"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// A client that sends a `POST /sql` of `sql`, reads the status line of the answer and then
+/// stops reading, with a small receive buffer so the body stays on the gateway's side.
+async fn stop_reading(http: u16, sql: &str) -> (TcpStream, String) {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut s = socket
+        .connect(SocketAddr::from(([127, 0, 0, 1], http)))
+        .await
+        .unwrap();
+    let body = serde_json::to_vec(&serde_json::json!({ "query": sql, "params": [] })).unwrap();
+    let head = format!(
+        "POST /sql HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+         Content-Type: application/json\r\n\
+         Neon-Connection-String: postgresql://pgwake:{LOCAL_PASSWORD}@edge.{}:5432/postgres\r\n\
+         Content-Length: {}\r\n\r\n",
+        common::SNI_SUFFIX,
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(&body).await.unwrap();
+    let mut first = vec![0u8; 512];
+    let n = s.read(&mut first).await.unwrap();
+    (s, String::from_utf8_lossy(&first[..n]).into_owned())
+}
+
+/// Item 7: spilled `/sql` responses had no total bound and no send deadline, so clients that
+/// stopped reading held a temporary file (and descriptors) each for as long as they liked.
+/// Now spilled responses share `http.max_spill_total` (past it: 507) and a response nothing
+/// of which went out for `http.send_timeout` ends its connection, freeing its file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spilled_results_have_a_total_bound_and_a_send_deadline() {
+    let http = pgwake_testkit::free_port();
+    let extra = format!(
+        "allow_plaintext = true\nhttp = \"127.0.0.1:{http}\"\n\
+         [http]\nresponse_memory = \"64KiB\"\nmax_spill_total = \"12MiB\"\nsend_timeout = \"2s\"\n"
+    );
+    let gw = tokio::task::spawn_blocking(move || Gateway::start_local(&["edge"], &extra, "", &[]))
+        .await
+        .unwrap();
+    let pid = gw.pid();
+    // About 8.5 MB of JSON: spilled, and more than the sockets hold.
+    let large = "select g, repeat('y', 90) from generate_series(1, 80000) g";
+    let (held, head) = stop_reading(http, large).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert_eq!(spilled_files(pid), 1, "the first response is spilled and held");
+
+    // A second one finds no room left.
+    let (_second, head) = stop_reading(http, large).await;
+    assert!(head.starts_with("HTTP/1.1 507"), "{head}");
+    assert!(head.contains("http.max_spill_total"), "{head}");
+
+    // The first client never reads again: its connection ends and the file goes.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while spilled_files(pid) > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a client that stopped reading still holds its spilled response"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(held);
+    // Room again for the next.
+    let (_third, head) = stop_reading(http, large).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+}

@@ -18,6 +18,13 @@ pub struct HttpConfig {
     /// Memory one `/sql` response may take while it is built; beyond it the body goes to an
     /// unnamed temporary file (in `$TMPDIR`) and is sent from there.
     pub response_memory: ByteSize,
+    /// What all spilled responses may hold on disk at once, until each is sent; a response
+    /// that finds no room is answered 507.
+    pub max_spill_total: ByteSize,
+    /// Longest a response may go without any of its body being taken by the client; a client
+    /// that stops reading has its connection closed (and the response's file freed).
+    #[serde(with = "humantime_serde")]
+    pub send_timeout: Duration,
     /// Time a `/sql` request may take once its backend connection is ready.
     #[serde(with = "humantime_serde")]
     pub query_timeout: Duration,
@@ -51,6 +58,8 @@ impl Default for HttpConfig {
             max_request_size: ByteSize::mib(10),
             max_response_size: ByteSize::mib(10),
             response_memory: ByteSize::mib(1),
+            max_spill_total: ByteSize::gib(1),
+            send_timeout: Duration::from_secs(30),
             query_timeout: Duration::from_secs(300),
             pool_max_per_key: 20,
             pool_max_total: 500,
@@ -70,8 +79,9 @@ impl HttpConfig {
         let bounds_why =
             "pool bounds must be at least 1 (http.pool_max_per_key, http.pool_max_total)";
         positive("http.pool_max_per_key", &bounds, bounds_why)?;
-        let times = [self.header_timeout, self.body_timeout];
-        let times_why = "http.header_timeout and http.body_timeout must be greater than zero";
+        let times = [self.header_timeout, self.body_timeout, self.send_timeout];
+        let times_why = "http.header_timeout, http.body_timeout and http.send_timeout must be \
+                         greater than zero";
         nonzero("http.header_timeout", &times, times_why)
     }
 }

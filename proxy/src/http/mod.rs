@@ -50,6 +50,8 @@ pub struct HttpState {
     pub tls: Option<Arc<ServerCertificates>>,
     /// Accept connections without TLS.
     pub allow_plaintext: bool,
+    /// The room spilled `/sql` responses share on disk (`http.max_spill_total`).
+    pub spill_budget: Arc<spill::SpillBudget>,
 }
 
 impl HttpState {
@@ -63,6 +65,7 @@ impl HttpState {
     ) -> HttpState {
         HttpState {
             front,
+            spill_budget: spill::SpillBudget::new(config.max_spill_total.as_u64()),
             config,
             tls,
             allow_plaintext,
@@ -89,13 +92,29 @@ fn full(bytes: Bytes) -> Body {
 }
 
 /// What one HTTP connection's serving loop learns from its requests: how many are in flight
-/// (a connection with none is idle, and closed after `http.header_timeout`) and whether one of
-/// them logged in (the connection then no longer counts as logging in).
-#[derive(Default)]
+/// (a connection with none is idle, and closed after `http.header_timeout`), whether one of
+/// them logged in (the connection then no longer counts as logging in), and when a response
+/// body last went out (one stalled past `http.send_timeout` ends the connection).
 pub(crate) struct ConnActivity {
     in_flight: AtomicUsize,
     authenticated: AtomicBool,
     changed: Notify,
+    /// Response bodies being sent.
+    sending: AtomicUsize,
+    /// When a response body last gave the connection a frame to send.
+    progress: std::sync::Mutex<tokio::time::Instant>,
+}
+
+impl Default for ConnActivity {
+    fn default() -> Self {
+        ConnActivity {
+            in_flight: AtomicUsize::new(0),
+            authenticated: AtomicBool::new(false),
+            changed: Notify::new(),
+            sending: AtomicUsize::new(0),
+            progress: std::sync::Mutex::new(tokio::time::Instant::now()),
+        }
+    }
 }
 
 impl ConnActivity {
@@ -115,10 +134,47 @@ impl ConnActivity {
     fn quiet(&self) -> bool {
         self.in_flight.load(Ordering::Acquire) == 0
     }
+
+    fn progressed(&self) {
+        *self.progress.lock().unwrap_or_else(|p| p.into_inner()) = tokio::time::Instant::now();
+    }
+
+    /// When the bodies being sent count as stalled, if any is being sent.
+    fn stalled_at(&self, send_timeout: Duration) -> Option<tokio::time::Instant> {
+        if self.sending.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        Some(*self.progress.lock().unwrap_or_else(|p| p.into_inner()) + send_timeout)
+    }
 }
 
 /// A request in flight on its connection.
 struct Busy(Arc<ConnActivity>);
+
+impl Busy {
+    /// The request's response is going out: its body is being sent until the guard drops.
+    fn sending(self) -> Sending {
+        self.0.sending.fetch_add(1, Ordering::AcqRel);
+        self.0.progressed();
+        self.0.changed.notify_one();
+        Sending(self)
+    }
+}
+
+/// A response body being sent (its request still in flight).
+struct Sending(Busy);
+
+impl Sending {
+    fn progressed(&self) {
+        (self.0).0.progressed();
+    }
+}
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        (self.0).0.sending.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 impl Drop for Busy {
     fn drop(&mut self) {
@@ -263,6 +319,8 @@ async fn serve_connection(
         }
     };
     let header_timeout = state.config.header_timeout;
+    let send_timeout = state.config.send_timeout;
+    let metrics = state.front.metrics.clone();
     let activity = Arc::new(ConnActivity::default());
     let requests = activity.clone();
     let service = service_fn(move |req: Request<Incoming>| {
@@ -273,9 +331,10 @@ async fn serve_connection(
             let busy = activity.busy();
             let response = route(req, peer, tls, state, tasks, &activity).await;
             // Busy until the body is sent (or the connection drops it).
+            let sending = busy.sending();
             let response = response.map(|body| {
                 body.map_frame(move |f| {
-                    let _busy = &busy;
+                    sending.progressed();
                     f
                 })
                 .boxed_unsync()
@@ -296,6 +355,7 @@ async fn serve_connection(
         // connection that sent its preface and SETTINGS, a kept-alive one), the connection is
         // closed `header_timeout` after its last request ended.
         let quiet = activity.quiet();
+        let stalled_at = activity.stalled_at(send_timeout);
         tokio::select! {
             r = conn.as_mut() => {
                 if let Err(e) = r {
@@ -312,6 +372,18 @@ async fn serve_connection(
             _ = activity.changed.notified() => {
                 if activity.authenticated.load(Ordering::Acquire) {
                     slot.logged_in();
+                }
+            }
+            // A client that stopped reading holds the response (a spilled one holds a file)
+            // and the connection: both end once nothing went out for `send_timeout`.
+            _ = tokio::time::sleep_until(stalled_at.unwrap_or_else(tokio::time::Instant::now)),
+                if stalled_at.is_some() =>
+            {
+                let now = tokio::time::Instant::now();
+                if activity.stalled_at(send_timeout).is_some_and(|t| t <= now) {
+                    debug!(?send_timeout, "the client stopped reading its response; closing");
+                    metrics.error("http_send_timeout");
+                    return;
                 }
             }
             _ = tokio::time::sleep(header_timeout), if quiet => {

@@ -255,7 +255,8 @@ async fn execute(
         conn.cancel.as_ref().and_then(|r| r.target()),
         gw.connector.connect_timeout(),
     );
-    let mut out = SpillBuffer::new(state.config.response_memory.as_u64() as usize);
+    let memory = state.config.response_memory.as_u64() as usize;
+    let mut out = SpillBuffer::new(memory, state.spill_budget.clone());
     let run = run_statements(
         &mut conn,
         &statements,
@@ -301,7 +302,7 @@ async fn run_statements(
     // Nothing ran. The reset in front of the retry drops whatever the backend still holds, and
     // empties the cache with it.
     conn.needs_reset = true;
-    *out = SpillBuffer::new(out.memory());
+    *out = out.empty_like();
     let uncached = Limits {
         statements: CacheLimits {
             capacity: 0,
@@ -503,6 +504,9 @@ async fn answer(
             );
             let len = out.len();
             let body = out.into_body().await.map_err(|e| {
+                if e.kind() == std::io::ErrorKind::StorageFull {
+                    return no_room(metrics, &e);
+                }
                 info!(error = %e, "sql over http: the spilled response could not be read back");
                 Refusal::Status(
                     StatusCode::INTERNAL_SERVER_ERROR,
@@ -516,14 +520,7 @@ async fn answer(
             conn.release();
             Err(Refusal::Error(fields))
         }
-        Err(QueryError::Spill(e)) => {
-            info!(error = %e, "sql over http: no room for a large response");
-            metrics.error("http_response_spill");
-            Err(Refusal::Status(
-                StatusCode::INSUFFICIENT_STORAGE,
-                "the response could not be stored: no room in the temporary folder".into(),
-            ))
-        }
+        Err(QueryError::Spill(e)) => Err(no_room(metrics, &e)),
         Err(QueryError::TooLarge(limit)) => {
             metrics.error("http_response_too_large");
             Err(Refusal::Status(
@@ -540,6 +537,21 @@ async fn answer(
             )))
         }
     }
+}
+
+/// The 507 for a response that found no room on disk: the temporary folder is full, or spilled
+/// responses hold `http.max_spill_total` already.
+fn no_room(metrics: &Metrics, e: &std::io::Error) -> Refusal {
+    info!(error = %e, "sql over http: no room for a large response");
+    metrics.error("http_response_spill");
+    let why = match e.kind() {
+        std::io::ErrorKind::StorageFull => e.to_string(),
+        _ => "no room in the temporary folder".to_owned(),
+    };
+    Refusal::Status(
+        StatusCode::INSUFFICIENT_STORAGE,
+        format!("the response could not be stored: {why}"),
+    )
 }
 
 #[cfg(test)]
