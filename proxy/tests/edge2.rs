@@ -524,7 +524,11 @@ async fn spilled_results_have_a_total_bound_and_a_send_deadline() {
     let large = "select g, repeat('y', 90) from generate_series(1, 80000) g";
     let (held, head) = stop_reading(http, large).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    assert_eq!(spilled_files(pid), 1, "the first response is spilled and held");
+    assert_eq!(
+        spilled_files(pid),
+        1,
+        "the first response is spilled and held"
+    );
 
     // A second one finds no room left.
     let (_second, head) = stop_reading(http, large).await;
@@ -544,4 +548,49 @@ async fn spilled_results_have_a_total_bound_and_a_send_deadline() {
     // Room again for the next.
     let (_third, head) = stop_reading(http, large).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+}
+
+/// The SCRAM salt the gateway offers `user` on `<tenant>.postgres`.
+async fn offered_salt(port: u16, tenant: &str, user: &str) -> Vec<u8> {
+    use pgwake_protocol::scram::{Nonce, ScramClient};
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let database = format!("{tenant}.postgres");
+    let startup = startup_packet(&[("user", user), ("database", &database)], 196_608);
+    s.write_all(&startup).await.unwrap();
+    let (tag, _) = read_message(&mut s).await.expect("AuthenticationSASL");
+    assert_eq!(tag, b'R');
+    let client = ScramClient::new(Nonce::from_random(rand::random()));
+    let first = pgwake_protocol::auth::sasl_initial_response("SCRAM-SHA-256", &client.client_first());
+    s.write_all(&first).await.unwrap();
+    let (tag, body) = read_message(&mut s).await.expect("SASLContinue");
+    assert_eq!(tag, b'R');
+    let challenge = client.handle_server_first(&body[4..]).unwrap();
+    challenge.salt().to_vec()
+}
+
+/// Item 8: the stand-in salt for a user the gateway does not know depended on the user name
+/// alone, so every tenant that does not exist offered `pgwake` the same salt and a real one
+/// another: probing with a common user name told which tenants exist. Every tenant now offers
+/// its own stable salt, real or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scram_salt_does_not_tell_which_tenants_exist() {
+    let gw = tokio::task::spawn_blocking(|| {
+        Gateway::start_local(&["edge"], "allow_plaintext = true\n", "", &[])
+    })
+    .await
+    .unwrap();
+    let real = offered_salt(gw.port, "edge", "pgwake").await;
+    let nosuch1 = offered_salt(gw.port, "nosuch1", "pgwake").await;
+    let nosuch2 = offered_salt(gw.port, "nosuch2", "pgwake").await;
+    eprintln!("salts for pgwake: edge {real:02x?}, nosuch1 {nosuch1:02x?}, nosuch2 {nosuch2:02x?}");
+    assert_ne!(nosuch1, nosuch2, "tenants that do not exist share a salt");
+    assert_ne!(nosuch1, real);
+    assert_ne!(nosuch2, real);
+    // Stable, as a real user's salt is.
+    assert_eq!(offered_salt(gw.port, "nosuch1", "pgwake").await, nosuch1);
+    assert_eq!(offered_salt(gw.port, "edge", "pgwake").await, real);
+    // An unknown user of a real tenant looks like any other tenant's unknown user.
+    let nobody = offered_salt(gw.port, "edge", "nobody").await;
+    assert_ne!(nobody, offered_salt(gw.port, "nosuch1", "nobody").await);
+    assert_eq!(nobody.len(), real.len());
 }

@@ -23,7 +23,8 @@ use crate::wire::read_password_message;
 pub struct Authenticator {
     /// Failed-authentication throttle.
     pub throttle: Throttle,
-    /// Key for mock SCRAM salts of unknown users.
+    /// Key for mock SCRAM salts of unknown users (each tenant's derived from it: see
+    /// [`Authenticator::mock_key_for`]).
     pub mock_key: Vec<u8>,
     /// Cleartext password checks (HTTP and WebSocket logins, passwords naming their tenant).
     pub passwords: PasswordChecker,
@@ -75,7 +76,7 @@ impl Authenticator {
             user,
             credential,
             channel_binding,
-            &self.mock_key,
+            &self.mock_key_for(tenant),
             self.max_client_message,
             reserve,
         )
@@ -84,6 +85,17 @@ impl Authenticator {
         self.share_outcome(peer, tenant, source, user, &result)
             .await;
         result
+    }
+
+    /// The key of `tenant`'s mock salts. A salt that depended on the user name alone would be
+    /// the same under every tenant that does not exist (or is refused) and differ under one
+    /// where the user is real: probing one common user name across tenants would tell which
+    /// exist. Keyed by tenant too, every tenant answers with its own stable salt, real or not.
+    fn mock_key_for(&self, tenant: &TenantId) -> Vec<u8> {
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &self.mock_key);
+        ring::hmac::sign(&key, tenant.as_str().as_bytes())
+            .as_ref()
+            .to_vec()
     }
 
     /// Tells a client whose password was checked in the clear that it is in.
@@ -157,7 +169,7 @@ impl Authenticator {
                     // The same key derivation as for a known user, so timing tells nothing.
                     None => {
                         self.passwords
-                            .check_unknown(&self.mock_key, user, password)
+                            .check_unknown(&self.mock_key_for(tenant), user, password)
                             .await;
                         None
                     }
