@@ -316,7 +316,10 @@ async fn idle_http2_connections_exhaust_nothing_and_are_closed() {
         .await
         .unwrap()
     };
-    let sql = post_sql_from("127.0.0.1", http, "edge", "pgwake", LOCAL_PASSWORD).await;
+    let sql = post_sql_from("127.0.0.1", http, "edge", "pgwake", LOCAL_PASSWORD);
+    let sql = tokio::time::timeout(Duration::from_secs(15), sql)
+        .await
+        .unwrap_or((0, "no answer within 15 s".into()));
     eprintln!(
         "with 300 idle HTTP/2 connections: psql {:?}, /healthz {:?}, /sql {}",
         during.0, during.1, sql.0
@@ -444,22 +447,34 @@ async fn post_json(http: u16, body: &[u8]) -> (u16, String) {
     (status, body.unwrap_or_default())
 }
 
-/// Item 4: a `/sql` batch was written whole before any reply was read, so 10,000 statements
-/// of 100 kB results each filled both sockets and deadlocked until `http.query_timeout`,
-/// holding the pooled connection. Replies are now read while the batch is written: the
-/// results pass `http.max_response_size` and the answer is a prompt 507.
+/// Item 4: a `/sql` batch was written whole before any reply was read, so a batch of
+/// statements with 100 kB results each, larger than the sockets hold, filled both and
+/// deadlocked until `http.query_timeout`, holding the pooled connection. Replies are now read
+/// while the batch is written: the results pass `http.max_response_size` and the answer is a
+/// prompt 507.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_sql_batch_is_answered_507_not_deadlocked() {
     let http = pgwake_testkit::free_port();
     let extra = format!(
         "allow_plaintext = true\nhttp = \"127.0.0.1:{http}\"\n\
-         [http]\nquery_timeout = \"20s\"\npool_max_per_key = 1\n"
+         [http]\nquery_timeout = \"20s\"\npool_max_per_key = 1\nmax_request_size = \"64MiB\"\n"
     );
     let gw = tokio::task::spawn_blocking(move || Gateway::start_local(&["edge"], &extra, "", &[]))
         .await
         .unwrap();
-    let one = serde_json::json!({ "query": "select repeat('x', 100000)", "params": [] });
-    let batch = serde_json::json!({ "queries": vec![one; 10_000] });
+    // Each statement distinct (none comes from the statement cache) and carrying a kilobyte
+    // parameter: the batch (about 22 MB) is far more than the sockets between gateway and
+    // Postgres hold, so it cannot be written whole before Postgres's answers are read.
+    let padding = "p".repeat(1000);
+    let queries: Vec<_> = (0..20_000)
+        .map(|i| {
+            serde_json::json!({
+                "query": format!("select repeat('x', 100000) as c{i}, length($1)"),
+                "params": [padding],
+            })
+        })
+        .collect();
+    let batch = serde_json::json!({ "queries": queries });
     let (status, body) = post_json(http, &serde_json::to_vec(&batch).unwrap()).await;
     assert_eq!(status, 507, "{}", &body[..body.len().min(300)]);
     assert!(body.contains("http.max_response_size"), "{body}");
@@ -635,3 +650,4 @@ async fn silent_connections_that_sent_crlf_cost_no_cpu() {
     assert!(used < 30, "{used} ticks (10 ms each) of CPU in 3 s");
     drop(idle);
 }
+
