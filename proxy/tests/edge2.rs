@@ -651,3 +651,43 @@ async fn silent_connections_that_sent_crlf_cost_no_cpu() {
     drop(idle);
 }
 
+/// A GET of `path` on the admin listener naming `host`: the status.
+async fn admin_get(admin: u16, path: &str, host: &str) -> u16 {
+    let mut s = TcpStream::connect(("127.0.0.1", admin)).await.unwrap();
+    let head = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    text.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// Item 9, DNS rebinding: a page whose name was rebound to the admin listener's address sends
+/// same-origin requests (no `Origin`) naming its own host; the admin API answered them.
+/// Now only IP addresses, `localhost` and the names in `admin.hosts` are answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_answers_only_its_own_host_names() {
+    let extra = "allow_plaintext = true\n[admin]\nhosts = [\"pgwake.monitoring.svc\"]\n";
+    let gw = tokio::task::spawn_blocking(move || Gateway::start_local(&["edge"], extra, "", &[]))
+        .await
+        .unwrap();
+    let admin = gw.admin;
+    for path in ["/v1/tenants", "/v1/summary", "/metrics", "/"] {
+        assert_eq!(
+            admin_get(admin, path, "attacker.example:8080").await,
+            421,
+            "{path}"
+        );
+    }
+    for host in [
+        "localhost",
+        &format!("127.0.0.1:{admin}"),
+        "[::1]:9090",
+        "pgwake.monitoring.svc:9090",
+    ] {
+        assert_eq!(admin_get(admin, "/v1/tenants", host).await, 200, "{host}");
+    }
+    // Probes tell nothing and may come with any name.
+    assert_eq!(admin_get(admin, "/healthz", "attacker.example").await, 200);
+}
+
