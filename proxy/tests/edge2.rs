@@ -691,3 +691,32 @@ async fn the_admin_api_answers_only_its_own_host_names() {
     assert_eq!(admin_get(admin, "/healthz", "attacker.example").await, 200);
 }
 
+/// Item 9, COPY over `/sql`: `copy ... to stdout` answered 200 with its rows silently dropped
+/// (and `from stdin` would wait for rows until the query timeout). Both now get a clear error,
+/// and the pooled connection is not kept mid-copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_with_the_client_over_sql_is_an_error() {
+    let http = pgwake_testkit::free_port();
+    let extra = format!(
+        "allow_plaintext = true\nhttp = \"127.0.0.1:{http}\"\n[http]\nquery_timeout = \"20s\"\n"
+    );
+    let gw = tokio::task::spawn_blocking(move || Gateway::start_local(&["edge"], &extra, "", &[]))
+        .await
+        .unwrap();
+    for sql in [
+        "copy (select g from generate_series(1, 3) g) to stdout",
+        "copy pg_class from stdin",
+    ] {
+        let body = serde_json::to_vec(&serde_json::json!({ "query": sql, "params": [] })).unwrap();
+        let (status, body) = post_json(http, &body).await;
+        assert_eq!(status, 400, "{sql}: {body}");
+        assert!(
+            body.contains("0A000") && body.contains("COPY"),
+            "{sql}: {body}"
+        );
+    }
+    let (status, body) = post_json(http, br#"{"query":"select 1","params":[]}"#).await;
+    assert_eq!(status, 200, "{body}");
+    drop(gw);
+}
+

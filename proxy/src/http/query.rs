@@ -42,6 +42,10 @@ pub enum QueryError {
     /// The results grew past the response limit; the connection is mid-reply.
     #[error("response larger than {0} bytes")]
     TooLarge(usize),
+    /// A statement asked for something `/sql` cannot carry (COPY to or from the client); the
+    /// connection is mid-reply.
+    #[error("unsupported: {}", .0.get("message").and_then(Value::as_str).unwrap_or("?"))]
+    Unsupported(Map<String, Value>),
     /// The backend connection failed.
     #[error("backend I/O: {0}")]
     Io(#[from] std::io::Error),
@@ -162,6 +166,15 @@ pub async fn run(
                 // A setting the backend reports changed (`SET`, `set_config`, a function's side
                 // effect): the next request must not inherit it.
                 b'S' if in_statement => *needs_reset = true,
+                // COPY with the client as one end: its rows would not be in the answer (TO STDOUT)
+                // or the backend would wait for rows that never come (FROM STDIN).
+                b'H' | b'G' | b'W' if in_statement => {
+                    return Err(QueryError::Unsupported(client_error(
+                        "0A000",
+                        "COPY to or from the client (STDOUT, STDIN) is not supported over SQL over \
+                     HTTP: use a Postgres connection, or COPY to a table or query the rows",
+                    )));
+                }
                 b'1' if in_statement => {
                     let i = reply - first_statement;
                     if let Prepared::New(name) = &plan[i] {

@@ -521,6 +521,8 @@ async fn answer(
             Err(Refusal::Error(fields))
         }
         Err(QueryError::Spill(e)) => Err(no_room(metrics, &e)),
+        // The connection is mid-reply: dropped, not pooled (its statement is cancelled).
+        Err(QueryError::Unsupported(fields)) => Err(Refusal::Error(fields)),
         Err(QueryError::TooLarge(limit)) => {
             metrics.error("http_response_too_large");
             Err(Refusal::Status(
