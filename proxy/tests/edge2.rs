@@ -720,3 +720,36 @@ async fn copy_with_the_client_over_sql_is_an_error() {
     drop(gw);
 }
 
+/// Item 9, idle transactions: a session left idle inside an open transaction held its
+/// backend connection, and a capped tenant's only slot, forever. With
+/// `limits.idle_in_transaction_timeout` Postgres ends it with FATAL 25P03 and the slot is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_transaction_does_not_hold_a_capped_slot_forever() {
+    let config = "allow_plaintext = true\n[limits]\nidle_in_transaction_timeout = \"1s\"\n\
+                  backend_wait_timeout = \"20s\"\n";
+    let tenants = format!(
+        "{}max_backend_connections = 1\n",
+        Gateway::local_tenants(&["capped"], "")
+    );
+    let gw = tokio::task::spawn_blocking(move || Gateway::launch(config, &tenants, &[]))
+        .await
+        .unwrap();
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user=pgwake password={LOCAL_PASSWORD} dbname=capped.postgres \
+         sslmode=disable connect_timeout=30",
+        gw.port
+    );
+    let (idle, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    idle.batch_execute("begin; select 1").await.unwrap();
+    // The only slot is held by the open transaction until Postgres ends it.
+    let other = gw.select_one("capped", "pgwake", LOCAL_PASSWORD).await;
+    assert_eq!(other.map_err(|e| e.to_string()), Ok(1));
+    let ended = conn
+        .await
+        .unwrap()
+        .expect_err("the idle transaction's session ended");
+    assert_eq!(ended.code().map(|c| c.code()), Some("25P03"), "{ended:?}");
+}
