@@ -753,3 +753,37 @@ async fn an_idle_transaction_does_not_hold_a_capped_slot_forever() {
         .expect_err("the idle transaction's session ended");
     assert_eq!(ended.code().map(|c| c.code()), Some("25P03"), "{ended:?}");
 }
+
+/// Item 9, large bodies over HTTP/2: a 50 MiB body (five times `http.max_request_size`) was
+/// answered without being read, and curl saw the stream reset that follows instead of the
+/// 413. Refused bodies are now read and dropped within `http.body_timeout`, whatever their size.
+#[test]
+fn a_50_mib_body_over_http2_gets_its_413() {
+    let http = pgwake_testkit::free_port();
+    let extra = format!("allow_plaintext = true\nhttp = \"127.0.0.1:{http}\"\n");
+    let gw = Gateway::start_local(&["edge"], &extra, "", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.json");
+    std::fs::write(&big, vec![b'a'; 50 << 20]).unwrap();
+    let out = std::process::Command::new("curl")
+        .args([
+            "-sS",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code} %{http_version}",
+        ])
+        .args([
+            "--http2-prior-knowledge",
+            "-H",
+            "Content-Type: application/json",
+        ])
+        .args(["--max-time", "60", "--data-binary"])
+        .arg(format!("@{}", big.display()))
+        .arg(format!("http://127.0.0.1:{http}/sql"))
+        .output()
+        .expect("curl");
+    let got = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(got, "413 2", "{}", String::from_utf8_lossy(&out.stderr));
+    drop(gw);
+}

@@ -416,27 +416,17 @@ async fn route(
             "not found: use POST /sql or a WebSocket",
         ),
     };
-    let limit = state.config.max_request_size.as_u64() as usize;
-    drain(req.into_body(), limit, state.config.body_timeout).await;
+    drain(req.into_body(), state.config.body_timeout).await;
     answer
 }
 
-/// Reads and drops what is left of a request body (at most `limit` bytes, within `wait`)
-/// before an early answer. Over HTTP/2 an answer sent while the request is still open is
-/// followed by a stream reset, which clients such as curl report instead of the answer.
-pub(crate) async fn drain(mut body: Incoming, limit: usize, wait: std::time::Duration) {
+/// Reads and drops what is left of a request body before an early answer, until its end or
+/// for `wait` at most. Over HTTP/2 an answer sent while the request is still open is followed
+/// by a stream reset, which clients such as curl report instead of the answer. Nothing read
+/// is kept, so only time bounds it, whatever size the client declared.
+pub(crate) async fn drain(mut body: Incoming, wait: std::time::Duration) {
     use http_body_util::BodyExt;
-    let read = async {
-        let mut seen = 0usize;
-        while let Some(Ok(frame)) = body.frame().await {
-            if let Some(data) = frame.data_ref() {
-                seen += data.len();
-                if seen > limit {
-                    return;
-                }
-            }
-        }
-    };
+    let read = async { while let Some(Ok(_)) = body.frame().await {} };
     let _ = tokio::time::timeout(wait, read).await;
 }
 

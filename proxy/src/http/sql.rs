@@ -27,9 +27,6 @@ use crate::pipeline::Pipeline;
 use crate::upstream::{BackendConn, CacheLimits, OpenError, PoolError, PoolKey, Pooled};
 use pgwake_routing::{Endpoint, TenantId};
 
-/// How far past `http.max_request_size` an oversized body is read and dropped before its 413.
-const DRAIN_FACTOR: usize = 4;
-
 /// SQLSTATE `query_canceled`, for requests over `http.query_timeout`.
 const QUERY_CANCELED: &str = "57014";
 
@@ -213,7 +210,7 @@ async fn execute(
     let login = match admit_headers(gw, peer, &headers, state).await {
         Ok(login) => login,
         Err(refusal) => {
-            drop_body(body, &headers, state).await;
+            drop_body(body, state).await;
             return Err(refusal);
         }
     };
@@ -320,16 +317,10 @@ fn declared_length(headers: &HeaderMap) -> Option<u64> {
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
 }
 
-/// Reads and drops a refused request's body, up to a bound and within `http.body_timeout`, so
-/// that the answer reaches an HTTP/2 client before its stream closes; a body declared past the
-/// bound is not read at all.
-async fn drop_body(body: Incoming, headers: &HeaderMap, state: &HttpState) {
-    let max_request = state.config.max_request_size.as_u64() as usize;
-    let drain_limit = max_request.saturating_mul(DRAIN_FACTOR);
-    if declared_length(headers).is_some_and(|n| n > drain_limit as u64) {
-        return;
-    }
-    super::drain(body, drain_limit, state.config.body_timeout).await;
+/// Reads and drops a refused request's body within `http.body_timeout`, so that the answer
+/// reaches an HTTP/2 client before its stream closes.
+async fn drop_body(body: Incoming, state: &HttpState) {
+    super::drain(body, state.config.body_timeout).await;
 }
 
 /// The 413 for a body over `http.max_request_size`.
@@ -364,9 +355,6 @@ async fn admit_headers(
 /// `http.body_timeout`.
 async fn read_body(mut body: Incoming, state: &HttpState) -> Result<Bytes, Refusal> {
     let max_request = state.config.max_request_size.as_u64() as usize;
-    // An oversized body is still read (and dropped), up to a bound, so that the 413 reaches an
-    // HTTP/2 client before the stream closes.
-    let drain_limit = max_request.saturating_mul(DRAIN_FACTOR);
     let read = tokio::time::timeout(state.config.body_timeout, async {
         let mut kept = Vec::new();
         while let Some(frame) = body.frame().await {
@@ -375,7 +363,8 @@ async fn read_body(mut body: Incoming, state: &HttpState) -> Result<Bytes, Refus
                 continue;
             };
             if kept.len() + data.len() > max_request {
-                super::drain(body, drain_limit, state.config.body_timeout).await;
+                // Still read (and dropped) so that the 413 reaches an HTTP/2 client.
+                drop_body(body, state).await;
                 return Err(too_large(max_request));
             }
             kept.extend_from_slice(data);
