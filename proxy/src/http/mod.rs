@@ -270,38 +270,35 @@ async fn connection(
     }
 }
 
-async fn serve_connection(
+/// The connection's transport, like the Postgres listener's: TLS when its first byte starts a
+/// handshake, plaintext only when allowed (a plaintext client is told why otherwise); `None`
+/// when the connection ends first.
+async fn transport(
     tcp: TcpStream,
-    peer: SocketAddr,
-    state: Arc<HttpState>,
-    tasks: TaskTracker,
-    stop: CancellationToken,
-    slot: &mut ClientSlot,
-) {
-    let gw = state.front.clone();
+    state: &HttpState,
+) -> Option<(Box<dyn crate::stream::TunnelIo>, bool)> {
+    let gw = &state.front;
     let deadline = gw.startup_timeout;
-    // Like the Postgres listener: TLS when the first byte starts a handshake, plaintext only
-    // when allowed.
     let mut first = [0u8; 1];
     let is_tls = match tokio::time::timeout(deadline, tcp.peek(&mut first)).await {
         Ok(Ok(1)) => first[0] == TLS_HANDSHAKE_RECORD,
-        _ => return,
+        _ => return None,
     };
-    let (io, tls): (Box<dyn crate::stream::TunnelIo>, bool) = match (&state.tls, is_tls) {
+    match (&state.tls, is_tls) {
         (Some(certs), true) => {
             // The certificates current now; a reload later does not touch this connection.
             let acceptor = TlsAcceptor::from(certs.current().http_config.clone());
             match tokio::time::timeout(deadline, acceptor.accept(tcp)).await {
-                Ok(Ok(s)) => (Box::new(s), true),
+                Ok(Ok(s)) => Some((Box::new(s), true)),
                 Ok(Err(e)) => {
                     debug!(error = %e, "http TLS handshake failed");
                     gw.metrics.error("tls_handshake");
-                    return;
+                    None
                 }
-                Err(_) => return,
+                Err(_) => None,
             }
         }
-        (_, false) if state.allow_plaintext => (Box::new(tcp), false),
+        (_, false) if state.allow_plaintext => Some((Box::new(tcp), false)),
         _ => {
             // Say why in HTTP, so `curl http://…` shows the fix instead of an empty reply.
             gw.metrics.error("plaintext_refused");
@@ -315,8 +312,21 @@ async fn serve_connection(
                 .keep_alive(false)
                 .serve_connection(TokioIo::new(tcp), refuse);
             let _ = tokio::time::timeout(deadline, conn).await;
-            return;
+            None
         }
+    }
+}
+
+async fn serve_connection(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    state: Arc<HttpState>,
+    tasks: TaskTracker,
+    stop: CancellationToken,
+    slot: &mut ClientSlot,
+) {
+    let Some((io, tls)) = transport(tcp, &state).await else {
+        return;
     };
     let header_timeout = state.config.header_timeout;
     let send_timeout = state.config.send_timeout;

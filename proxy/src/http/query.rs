@@ -114,7 +114,6 @@ pub async fn run(
     let mut reply = 0usize;
     let first_statement = resets + usize::from(batch);
     let mut current = ResultWriter::new(shape);
-    let mut header = [0u8; 5];
     // One buffer for every message of the request: a result costs one row at a time here.
     let mut body = Vec::new();
     let (status, needs_reset, cache) = (
@@ -124,26 +123,9 @@ pub async fn run(
     );
     let read = async {
         while replies_left > 0 {
-            rd.read_exact(&mut header).await?;
-            let tag = header[0];
-            let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
             let in_statement =
                 reply >= first_statement && reply < first_statement + statements.len();
-            let Some(size) = len.checked_sub(4) else {
-                return Err(QueryError::Protocol("message length out of range".into()));
-            };
-            if tag == b'D' && in_statement {
-                // Counted before the row is read, so one huge row is refused without being held.
-                rows_read = rows_read.saturating_add(size + 5);
-                if rows_read > limits.max_response {
-                    return Err(QueryError::TooLarge(limits.max_response));
-                }
-            } else if size > limits.max_message {
-                return Err(QueryError::Protocol("message length out of range".into()));
-            }
-            body.clear();
-            body.resize(size, 0);
-            rd.read_exact(&mut body).await?;
+            let tag = next_reply(&mut rd, &mut body, in_statement, &mut rows_read, &limits).await?;
             match tag {
                 b'Z' => {
                     *status = body.first().copied().unwrap_or(b'E');
@@ -166,15 +148,7 @@ pub async fn run(
                 // A setting the backend reports changed (`SET`, `set_config`, a function's side
                 // effect): the next request must not inherit it.
                 b'S' if in_statement => *needs_reset = true,
-                // COPY with the client as one end: its rows would not be in the answer (TO STDOUT)
-                // or the backend would wait for rows that never come (FROM STDIN).
-                b'H' | b'G' | b'W' if in_statement => {
-                    return Err(QueryError::Unsupported(client_error(
-                        "0A000",
-                        "COPY to or from the client (STDOUT, STDIN) is not supported over SQL over \
-                     HTTP: use a Postgres connection, or COPY to a table or query the rows",
-                    )));
-                }
+                b'H' | b'G' | b'W' if in_statement => return Err(copy_refused()),
                 b'1' if in_statement => {
                     let i = reply - first_statement;
                     if let Prepared::New(name) = &plan[i] {
@@ -201,15 +175,58 @@ pub async fn run(
     };
     while_writing(write, read).await?;
     if let Some(e) = first_error {
-        if stale(&e, error_at, &plan) {
-            return Err(QueryError::StaleStatement(e));
-        }
-        return Err(QueryError::Postgres(e));
+        let stale = stale(&e, error_at, &plan);
+        return Err(if stale {
+            QueryError::StaleStatement(e)
+        } else {
+            QueryError::Postgres(e)
+        });
     }
     if batch {
         out.buf().extend_from_slice(b"]}");
     }
     Ok(())
+}
+
+/// Reads the next reply message into `body` and returns its tag. A statement's row counts
+/// against the response limit before it is read, so one huge row is refused without being
+/// held; any other message is bounded by the message limit.
+async fn next_reply(
+    rd: &mut (impl tokio::io::AsyncRead + Unpin),
+    body: &mut Vec<u8>,
+    in_statement: bool,
+    rows_read: &mut usize,
+    limits: &Limits,
+) -> Result<u8, QueryError> {
+    let mut header = [0u8; 5];
+    rd.read_exact(&mut header).await?;
+    let tag = header[0];
+    let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+    let Some(size) = len.checked_sub(4) else {
+        return Err(QueryError::Protocol("message length out of range".into()));
+    };
+    if tag == b'D' && in_statement {
+        *rows_read = rows_read.saturating_add(size + 5);
+        if *rows_read > limits.max_response {
+            return Err(QueryError::TooLarge(limits.max_response));
+        }
+    } else if size > limits.max_message {
+        return Err(QueryError::Protocol("message length out of range".into()));
+    }
+    body.clear();
+    body.resize(size, 0);
+    rd.read_exact(body).await?;
+    Ok(tag)
+}
+
+/// The answer to COPY with the client as one end: its rows would not be in the answer (TO
+/// STDOUT), or the backend would wait for rows that never come (FROM STDIN).
+fn copy_refused() -> QueryError {
+    QueryError::Unsupported(client_error(
+        "0A000",
+        "COPY to or from the client (STDOUT, STDIN) is not supported over SQL over HTTP: use \
+         a Postgres connection, or COPY to a table or query the rows",
+    ))
 }
 
 /// Reads the replies with `read` while `write` sends the request. Every reply follows the
