@@ -787,3 +787,80 @@ fn a_50_mib_body_over_http2_gets_its_413() {
     assert_eq!(got, "413 2", "{}", String::from_utf8_lossy(&out.stderr));
     drop(gw);
 }
+
+/// Item 9, a stream of stalled logins: when connections still logging in filled their cap,
+/// the oldest was ended to make room whatever it was doing, so stalled logins arriving by the
+/// thousand per second ended real logins in the middle of their password exchange (40 of 42
+/// psql logins failed at a file limit of 256). Now those that got least far go first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_of_stalled_logins_ends_no_real_login() {
+    let extra = "allow_plaintext = true\n";
+    let tenants = Gateway::local_tenants(&["edge"], "");
+    let gw = tokio::task::spawn_blocking(move || {
+        Gateway::launch_under(&["prlimit", "--nofile=256"], extra, &tenants, &[])
+    })
+    .await
+    .unwrap();
+    let gw = std::sync::Arc::new(gw);
+    let first = {
+        let gw = gw.clone();
+        tokio::task::spawn_blocking(move || psql_select_one(&gw, "edge"))
+            .await
+            .unwrap()
+    };
+    first.expect("psql before the attack");
+
+    // Stalled logins, as fast as eight tasks can open them, for as long as the psql logins
+    // run; each attacker keeps its 40 newest sockets open.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let port = gw.port;
+    let attackers: Vec<_> = (0..8)
+        .map(|_| {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut open = std::collections::VecDeque::new();
+                let mut opened = 0usize;
+                let startup = startup_packet(
+                    &[("user", "pgwake"), ("database", "edge.postgres")],
+                    196_608,
+                );
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)).await else {
+                        continue;
+                    };
+                    let _ = s.write_all(&startup).await;
+                    open.push_back(s);
+                    if open.len() > 40 {
+                        open.pop_front();
+                    }
+                    opened += 1;
+                }
+                opened
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = std::time::Instant::now();
+    let logins = {
+        let gw = gw.clone();
+        tokio::task::spawn_blocking(move || {
+            (0..10)
+                .map(|_| psql_select_one(&gw, "edge"))
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap()
+    };
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut opened = 0;
+    for a in attackers {
+        opened += a.await.unwrap();
+    }
+    let rate = opened as f64 / (started.elapsed().as_secs_f64() + 0.3);
+    let failed: Vec<_> = logins.iter().filter_map(|r| r.as_ref().err()).collect();
+    eprintln!(
+        "{opened} stalled logins ({rate:.0}/s): {} of 10 psql logins failed {failed:?}",
+        failed.len()
+    );
+    assert!(failed.is_empty(), "{failed:?}");
+}

@@ -13,6 +13,7 @@ use crate::auth::client::authenticate_client;
 use crate::auth::password::PasswordChecker;
 use crate::auth::throttle::{Reservation, Throttle};
 use crate::auth::{CredentialSource, LoginMaterial, NoUsers};
+use crate::capacity::ClientSlot;
 use crate::config::UnknownTenant;
 use crate::error::SessionError;
 use crate::metrics::Metrics;
@@ -39,7 +40,9 @@ pub struct Authenticator {
 impl Authenticator {
     /// Checks the client's password with the throttle around it: SCRAM, or a cleartext
     /// password for WebSocket clients (the serverless driver sends it in the clear inside the
-    /// tunnel, often pipelined right behind the startup message).
+    /// tunnel, often pipelined right behind the startup message). `slot` is told when the
+    /// exchange has begun (the client's first answer arrived), for whom to end first when
+    /// connections still logging in must make room.
     pub async fn authenticate(
         &self,
         client: &mut Stream,
@@ -47,6 +50,7 @@ impl Authenticator {
         tenant: &TenantId,
         source: &dyn CredentialSource,
         user: &str,
+        slot: &mut ClientSlot,
     ) -> Result<LoginMaterial, SessionError> {
         if let Some(wait) = self.throttle.blocked_for(peer.ip(), tenant, user) {
             self.metrics.auth_attempt("throttled");
@@ -54,6 +58,7 @@ impl Authenticator {
         }
         if client.is_tunnel() {
             let password = self.ask_cleartext_password(client).await?;
+            slot.progressed();
             let material = self
                 .check_password(peer, tenant, source, user, &password)
                 .await?;
@@ -78,7 +83,7 @@ impl Authenticator {
             channel_binding,
             &self.mock_key_for(tenant),
             self.max_client_message,
-            reserve,
+            (|| slot.progressed(), reserve),
         )
         .await;
         self.attempt_done(peer, tenant, user, reservation, &result);
@@ -193,6 +198,7 @@ impl Authenticator {
         peer: SocketAddr,
         tenant: &TenantId,
         user: Option<&str>,
+        slot: &mut ClientSlot,
     ) -> SessionError {
         let reveal = SessionError::UnknownTenant(tenant.to_string());
         if unknown == UnknownTenant::Reveal {
@@ -201,7 +207,7 @@ impl Authenticator {
         let Some(user) = user else {
             return SessionError::NoUser;
         };
-        let login = self.authenticate(client, peer, tenant, &NoUsers, user);
+        let login = self.authenticate(client, peer, tenant, &NoUsers, user, slot);
         match tokio::time::timeout(self.timeout, login).await {
             Err(_) => SessionError::AuthTimeout,
             Ok(Err(e)) => e,
