@@ -36,6 +36,10 @@ const QUERIES: u32 = 6;
 /// The workload's ideal when this pgwake's row is missing: one wake per query, each running
 /// the database for the idle timeout.
 const IDEAL_FALLBACK: f64 = QUERIES as f64 * IDLE_TIMEOUT.as_secs() as f64;
+/// Connections each application's pool holds open.
+const POOL: u32 = 10;
+/// Sessions parked because their tenant went to sleep.
+const PARKS_AT_SLEEP: &str = "pgwake_parks_total{reason=\"idle_sleep\"}";
 /// The issue's goal: every client within this factor of the ideal.
 const GOAL_RATIO: f64 = 1.10;
 
@@ -52,16 +56,19 @@ pub enum App {
     Pgx,
     /// asyncpg `create_pool`.
     Asyncpg,
+    /// SQLAlchemy 2 on psycopg 3, its own `QueuePool`.
+    Sqlalchemy,
 }
 
 impl App {
     /// Every application, in report order.
-    pub const ALL: [App; 5] = [
+    pub const ALL: [App; 6] = [
         App::PsycopgExecutemany,
         App::PsycopgPipeline,
         App::NodePg,
         App::Pgx,
         App::Asyncpg,
+        App::Sqlalchemy,
     ];
 
     fn name(self) -> &'static str {
@@ -71,6 +78,7 @@ impl App {
             App::NodePg => "node-postgres Pool",
             App::Pgx => "pgx pgxpool",
             App::Asyncpg => "asyncpg pool",
+            App::Sqlalchemy => "SQLAlchemy on psycopg 3",
         }
     }
 
@@ -85,7 +93,7 @@ impl App {
                 .is_ok_and(|s| s.success());
             if !ok {
                 bail!(
-                    "python3 cannot import {module} (pip install psycopg[binary] psycopg-pool asyncpg)"
+                    "python3 cannot import {module} (pip install psycopg[binary] psycopg-pool asyncpg sqlalchemy)"
                 );
             }
             let mut cmd = Command::new("python3");
@@ -102,6 +110,7 @@ impl App {
                 cmd
             }
             App::Asyncpg => python("asyncpg", "asyncpg_pool_app.py")?,
+            App::Sqlalchemy => python("sqlalchemy", "sqlalchemy_app.py")?,
             App::NodePg => {
                 if !clients.join("node_modules/pg").exists() {
                     let ok = Command::new("npm")
@@ -163,6 +172,11 @@ pub struct Row {
     pub waking: Duration,
     /// Time scale.
     pub scale: u32,
+    /// Sessions parked when the tenant went to sleep, against the pool's connections times
+    /// the sleeps (1.0: every pooled session parked every time); `None` without a sleep.
+    pub parked_share: Option<f64>,
+    /// Snapshots that found a session pinned, by reason (`pgwake_session_pins_total`).
+    pub pins: Vec<(String, u64)>,
 }
 
 impl Row {
@@ -265,6 +279,8 @@ fn run_app(binary: &Path, clients: &Path, app: App, scale: u32) -> Result<Row> {
     wait_state(&gw, "asleep")?;
     let (mut awake, mut transitions, mut waking) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
     let mut wakes = 0u32;
+    let mut sleeps = 0u32;
+    let parks_before = gw.metric(PARKS_AT_SLEEP)?;
     let mut last = (Instant::now(), "asleep".to_owned());
     let mut answered = 0u32;
     let limit = Instant::now() + HOUR / scale + Duration::from_secs(60);
@@ -298,11 +314,22 @@ fn run_app(binary: &Path, clients: &Path, app: App, scale: u32) -> Result<Row> {
         if last.1 != "waking" && state == "waking" {
             wakes += 1;
         }
+        if last.1 != "asleep" && state == "asleep" {
+            sleeps += 1;
+        }
         last = (now, state);
         sleep(Duration::from_millis(5));
     }
     if answered != QUERIES {
         bail!("{answered} of {QUERIES} queries answered");
+    }
+    let parked = gw.metric(PARKS_AT_SLEEP)? - parks_before;
+    let parked_share = (sleeps > 0).then(|| parked / f64::from(POOL * sleeps));
+    let mut pins = Vec::new();
+    for (reason, n) in gw.labelled_metrics("pgwake_session_pins_total", "reason")? {
+        if n > 0.0 {
+            pins.push((reason, n as u64));
+        }
     }
     Ok(Row {
         wakes,
@@ -310,6 +337,8 @@ fn run_app(binary: &Path, clients: &Path, app: App, scale: u32) -> Result<Row> {
         transitions,
         waking,
         scale,
+        parked_share,
+        pins,
     })
 }
 
@@ -348,7 +377,8 @@ pub fn render(
         out,
         "| client | wakes | awake per idle tenant-hour | ideal | measured / ideal | goal ≤ \
          {GOAL_RATIO:.2} × ideal | baseline: wakes | baseline: awake per hour | baseline / ideal \
-         | anchor |\n|---|---:|---:|---:|---:|---|---:|---:|---:|---:|"
+         | anchor | sessions parked at each sleep | pinned snapshots |\n\
+         |---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|"
     );
     let none = vec![Err("not run".to_owned()); App::ALL.len()];
     let base = r.baseline.as_ref().unwrap_or(&none);
@@ -382,9 +412,23 @@ pub fn render(
             ),
             Err(_) => ("–".into(), "–".into(), "–".into()),
         };
+        let (parked, pins) = match row {
+            Ok(row) => (
+                row.parked_share
+                    .map_or_else(|| "no sleep".to_owned(), |s| format!("{:.0} %", s * 100.0)),
+                if row.pins.is_empty() {
+                    "none".to_owned()
+                } else {
+                    let each: Vec<String> =
+                        row.pins.iter().map(|(r, n)| format!("{r} {n}")).collect();
+                    each.join(", ")
+                },
+            ),
+            Err(_) => ("–".into(), "–".into()),
+        };
         let _ = writeln!(
             out,
-            "| {} | {wakes} | {got} | {ideal} | {ratio} | {goal} | {b_wakes} | {b_got} | {b_ratio} | 3600 s |",
+            "| {} | {wakes} | {got} | {ideal} | {ratio} | {goal} | {b_wakes} | {b_got} | {b_ratio} | 3600 s | {parked} | {pins} |",
             app.name()
         );
     }

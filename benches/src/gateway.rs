@@ -243,6 +243,20 @@ impl LocalGateway {
             .unwrap_or(0.0))
     }
 
+    /// Every series of a labelled metric of `GET /metrics`, by the value of `label`.
+    pub fn labelled_metrics(&self, name: &str, label: &str) -> Result<Vec<(String, f64)>> {
+        let r = http::request(self.admin, "GET", "/metrics", Duration::from_secs(5))?;
+        let prefix = format!("{name}{{{label}=\"");
+        Ok(r.body
+            .lines()
+            .filter_map(|l| {
+                let rest = l.strip_prefix(&prefix)?;
+                let (value, after) = rest.split_once("\"}")?;
+                Some((value.to_owned(), after.trim().parse().ok()?))
+            })
+            .collect())
+    }
+
     /// The tenant's row of `GET /v1/tenants`.
     pub fn status(&self) -> Result<TenantStatus> {
         let r = http::request(self.admin, "GET", "/v1/tenants", Duration::from_secs(5))?;

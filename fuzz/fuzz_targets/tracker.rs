@@ -9,7 +9,10 @@ use libfuzzer_sys::fuzz_target;
 use pgwake_protocol::{Pins, SessionTracker, TrackerLimits};
 
 fuzz_target!(|data: &[u8]| {
-    let mut t = SessionTracker::new(TrackerLimits { max_statements: 8 });
+    let mut t = SessionTracker::new(TrackerLimits {
+        max_statements: 8,
+        max_custom_settings: 8,
+    });
     let now = Instant::now();
     let mut rest = data;
     while let Some((&head, tail)) = rest.split_first() {

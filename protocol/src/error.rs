@@ -52,6 +52,14 @@ impl ErrorMessage {
         }
     }
 
+    /// An ERROR with this SQLSTATE and text: the request failed, the session goes on.
+    pub fn error(code: &'static str, message: impl Into<String>) -> Self {
+        ErrorMessage {
+            severity: Severity::Error,
+            ..Self::fatal(code, message)
+        }
+    }
+
     /// A NOTICE with this SQLSTATE and text.
     pub fn notice(code: &'static str, message: impl Into<String>) -> Self {
         ErrorMessage {

@@ -2,7 +2,7 @@
 //! and readers for the few answers it inspects.
 
 /// Appends one message: tag, length, body.
-fn message(out: &mut Vec<u8>, tag: u8, body: impl FnOnce(&mut Vec<u8>)) {
+pub(crate) fn message(out: &mut Vec<u8>, tag: u8, body: impl FnOnce(&mut Vec<u8>)) {
     out.push(tag);
     let at = out.len();
     out.extend_from_slice(&[0; 4]);
@@ -78,6 +78,52 @@ pub fn bind<'a>(
 /// Appends a Describe of the unnamed portal.
 pub fn describe_portal(out: &mut Vec<u8>) {
     message(out, b'D', |b| cstr(b, "P"));
+}
+
+/// Appends a Describe of prepared statement `name`.
+pub fn describe_statement(out: &mut Vec<u8>, name: &str) {
+    message(out, b'D', |b| {
+        b.push(b'S');
+        cstr(b, name);
+    });
+}
+
+/// What Postgres compares when it decides that a cached statement's result changed (column
+/// names, types and type modifiers, in order), as a fingerprint of a RowDescription body; the
+/// column's table and position are left out, as Postgres leaves them out. `None` when
+/// malformed.
+pub fn row_shape(body: &[u8]) -> Option<u64> {
+    let n = u16::from_be_bytes(body.get(..2)?.try_into().ok()?);
+    let mut rest = &body[2..];
+    let mut hash = Fnv::default();
+    hash.add(&n.to_be_bytes());
+    for _ in 0..n {
+        let end = rest.iter().position(|&b| b == 0)?;
+        hash.add(&rest[..=end]);
+        let fixed = rest.get(end + 1..end + 19)?;
+        // table oid (4), column (2), type oid (4), size (2), modifier (4), format (2)
+        hash.add(&fixed[6..10]);
+        hash.add(&fixed[12..16]);
+        rest = &rest[end + 19..];
+    }
+    Some(hash.0)
+}
+
+/// FNV-1a, enough to tell shapes apart without keeping them.
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv {
+    fn add(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
 }
 
 /// Appends an Execute of the unnamed portal, all rows.
@@ -173,6 +219,34 @@ mod tests {
         let mut out = Vec::new();
         close_statement(&mut out, "s1");
         assert_eq!(out, [b'C', 0, 0, 0, 8, b'S', b's', b'1', 0]);
+    }
+
+    fn row_description(cols: &[(&str, u32, u32, i32)]) -> Vec<u8> {
+        let mut b = (cols.len() as u16).to_be_bytes().to_vec();
+        for (name, table, ty, typmod) in cols {
+            b.extend(name.as_bytes());
+            b.push(0);
+            b.extend(table.to_be_bytes());
+            b.extend(1u16.to_be_bytes());
+            b.extend(ty.to_be_bytes());
+            b.extend(4u16.to_be_bytes());
+            b.extend(typmod.to_be_bytes());
+            b.extend(0u16.to_be_bytes());
+        }
+        b
+    }
+
+    #[test]
+    fn row_shapes_compare_names_types_and_modifiers_only() {
+        let shape = |c: &[(&str, u32, u32, i32)]| row_shape(&row_description(c)).unwrap();
+        let ab = shape(&[("a", 1, 23, -1), ("b", 1, 23, -1)]);
+        assert_eq!(ab, shape(&[("a", 99, 23, -1), ("b", 99, 23, -1)]));
+        assert_ne!(ab, shape(&[("b", 1, 23, -1), ("a", 1, 23, -1)]));
+        assert_ne!(ab, shape(&[("a", 1, 20, -1), ("b", 1, 23, -1)]));
+        assert_ne!(ab, shape(&[("a", 1, 23, 8), ("b", 1, 23, -1)]));
+        assert_ne!(ab, shape(&[("a", 1, 23, -1)]));
+        let body = row_description(&[("a", 1, 23, -1)]);
+        assert_eq!(row_shape(&body[..body.len() - 1]), None);
     }
 
     #[test]

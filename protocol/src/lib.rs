@@ -14,8 +14,11 @@ pub mod peer;
 pub mod proxy_header;
 pub mod revival;
 pub mod scram;
+pub mod sql_text;
 pub mod sqlstate;
+pub mod stale;
 pub mod startup;
+mod text_watch;
 pub mod tracker;
 
 pub use error::{ErrorMessage, Severity};

@@ -16,6 +16,8 @@ pub const INVALID_AUTHORIZATION_SPECIFICATION: &str = "28000";
 pub const INVALID_PASSWORD: &str = "28P01";
 /// `53300` too_many_connections.
 pub const TOO_MANY_CONNECTIONS: &str = "53300";
+/// `57014` query_canceled: a request was cancelled at the client's request.
+pub const QUERY_CANCELED: &str = "57014";
 /// `57P01` admin_shutdown: the gateway is shutting down.
 pub const ADMIN_SHUTDOWN: &str = "57P01";
 /// `57P03` cannot_connect_now.

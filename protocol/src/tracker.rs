@@ -15,14 +15,15 @@
 use std::collections::{BTreeSet, VecDeque};
 use std::time::Instant;
 
-/// Bytes kept of a client message whose payload matters (statement names, query text).
+use crate::stale::{Advance, StaleStatements};
+use crate::text_watch::{Findings, TextWatch, bind_setting_names};
+
+/// Bytes kept of a client message whose payload matters (statement names, query text, the
+/// parameters bound to a statement that names a setting by parameter).
 const CLIENT_CAPTURE: usize = 1024;
 /// Capture buffer capacity kept between messages; a larger one is freed (parked sessions
 /// should cost little).
 const CAPTURE_KEEP: usize = 256;
-/// Custom (`prefix.name`) settings remembered; `pg_settings` does not list them, so the
-/// snapshot asks for each by name.
-const MAX_CUSTOM_SETTINGS: usize = 64;
 /// Bytes kept of a backend CommandComplete tag.
 const TAG_CAPTURE: usize = 64;
 
@@ -39,7 +40,7 @@ pub enum TxStatus {
 
 /// Why a session cannot leave its backend connection (a set of reasons).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Pins(u8);
+pub struct Pins(u16);
 
 impl Pins {
     /// An open or failed transaction block.
@@ -57,15 +58,43 @@ impl Pins {
     pub const UNTRACKED_STATEMENTS: Pins = Pins(1 << 5);
     /// The stream broke framing; nothing about the session can be trusted.
     pub const BROKEN: Pins = Pins(1 << 6);
+    /// Custom settings whose names the gateway cannot learn: computed at run time, or more
+    /// than it remembers.
+    pub const UNTRACKED_SETTINGS: Pins = Pins(1 << 7);
+    /// `setseed` was called: the random generator's state cannot be read or carried over.
+    pub const RANDOM_SEED: Pins = Pins(1 << 8);
+    /// A prepared statement was made by a multi-statement text the gateway cannot attribute
+    /// (two `PREPARE`s of one name in it), so it cannot be made again on its own.
+    pub const UNATTRIBUTED_PREPARE: Pins = Pins(1 << 9);
 
-    const NAMES: [(Pins, &'static str); 7] = [
-        (Pins::TRANSACTION, "open transaction"),
-        (Pins::LISTEN, "LISTEN"),
-        (Pins::HELD_CURSOR, "WITH HOLD cursor"),
-        (Pins::TEMP_OBJECTS, "temporary objects"),
-        (Pins::ADVISORY_LOCK, "session advisory lock"),
-        (Pins::UNTRACKED_STATEMENTS, "untracked prepared statements"),
-        (Pins::BROKEN, "broken message stream"),
+    /// Every reason with its description and its metric label, in bit order.
+    pub const ALL: [(Pins, &'static str, &'static str); 10] = [
+        (Pins::TRANSACTION, "open transaction", "transaction"),
+        (Pins::LISTEN, "LISTEN", "listen"),
+        (Pins::HELD_CURSOR, "WITH HOLD cursor", "held_cursor"),
+        (Pins::TEMP_OBJECTS, "temporary objects", "temp_objects"),
+        (
+            Pins::ADVISORY_LOCK,
+            "session advisory lock",
+            "advisory_lock",
+        ),
+        (
+            Pins::UNTRACKED_STATEMENTS,
+            "untracked prepared statements",
+            "untracked_statements",
+        ),
+        (Pins::BROKEN, "broken message stream", "broken_stream"),
+        (
+            Pins::UNTRACKED_SETTINGS,
+            "custom settings the gateway cannot name",
+            "untracked_settings",
+        ),
+        (Pins::RANDOM_SEED, "setseed", "random_seed"),
+        (
+            Pins::UNATTRIBUTED_PREPARE,
+            "PREPARE in a text the gateway cannot attribute",
+            "unattributed_prepare",
+        ),
     ];
 
     /// No pin.
@@ -93,12 +122,20 @@ impl Pins {
         self.0 &= !other.0;
     }
 
+    /// The metric labels of the reasons set.
+    pub fn labels(self) -> impl Iterator<Item = &'static str> {
+        Self::ALL
+            .iter()
+            .filter(move |(p, _, _)| self.contains(*p))
+            .map(|(_, _, l)| *l)
+    }
+
     /// The reasons, for logs and error messages.
     pub fn describe(self) -> String {
-        let names: Vec<&str> = Self::NAMES
+        let names: Vec<&str> = Self::ALL
             .iter()
-            .filter(|(p, _)| self.contains(*p))
-            .map(|(_, n)| *n)
+            .filter(|(p, _, _)| self.contains(*p))
+            .map(|(_, n, _)| *n)
             .collect();
         names.join(", ")
     }
@@ -116,14 +153,28 @@ impl std::ops::BitOr for Pins {
 pub struct TrackerLimits {
     /// Named prepared statements remembered; a session with more is pinned.
     pub max_statements: usize,
+    /// Custom setting names remembered (`pg_settings` does not list them, so the snapshot asks
+    /// for each by name); a session that names more is pinned.
+    pub max_custom_settings: usize,
 }
 
 impl Default for TrackerLimits {
     fn default() -> Self {
         TrackerLimits {
             max_statements: 1000,
+            max_custom_settings: 256,
         }
     }
+}
+
+/// Where the messages a [`Reader`] frames go.
+trait Sink {
+    /// A message with `tag` begins; returns how many of its payload bytes to keep.
+    fn start(&mut self, tag: u8) -> usize;
+    /// The next payload bytes of the current message, as they arrive.
+    fn payload(&mut self, _bytes: &[u8]) {}
+    /// The message ended; `kept` is the start of its payload.
+    fn done(&mut self, tag: u8, kept: &[u8]);
 }
 
 /// A client request still waiting for the backend's answer, in the order sent.
@@ -158,26 +209,22 @@ struct Reader {
 }
 
 impl Reader {
-    /// Walks `data`, calling `done(tag, kept_prefix)` for each message that ends in it.
+    /// Walks `data`, telling `sink` where each message starts, its payload, and where it ends.
     /// Returns false on a length field that cannot be valid.
-    fn feed(
-        &mut self,
-        mut data: &[u8],
-        limit: impl Fn(u8) -> usize,
-        mut done: impl FnMut(u8, &[u8]),
-    ) -> bool {
+    fn feed(&mut self, mut data: &[u8], sink: &mut impl Sink) -> bool {
         loop {
             if self.in_message {
                 let take = (self.remaining as usize).min(data.len());
                 let room = self.capture_limit.saturating_sub(self.capture.len());
                 self.capture.extend_from_slice(&data[..take.min(room)]);
+                sink.payload(&data[..take]);
                 self.remaining -= take as u32;
                 data = &data[take..];
                 if self.remaining > 0 {
                     return true;
                 }
                 self.in_message = false;
-                done(self.header[0], &self.capture);
+                sink.done(self.header[0], &self.capture);
                 self.capture.clear();
                 if self.capture.capacity() > CAPTURE_KEEP {
                     self.capture = Vec::new();
@@ -205,7 +252,7 @@ impl Reader {
                 return false;
             }
             self.remaining = len - 4;
-            self.capture_limit = limit(self.header[0]);
+            self.capture_limit = sink.start(self.header[0]);
             self.in_message = true;
         }
     }
@@ -232,6 +279,15 @@ pub struct SessionTracker {
     pins: Pins,
     statements: BTreeSet<Box<str>>,
     custom_settings: BTreeSet<Box<str>>,
+    /// Query texts of the client's messages, watched for setting names and `setseed`.
+    text: TextWatch,
+    /// Named statements whose text passes a setting's name to `set_config` as a parameter:
+    /// their Binds are read for the names.
+    setting_statements: BTreeSet<Box<str>>,
+    /// The unnamed statement does so.
+    unnamed_sets_setting: bool,
+    /// Statements made again on this backend connection whose rows changed.
+    stale: StaleStatements,
     client_messages: u64,
     last_activity: Option<Instant>,
 }
@@ -258,6 +314,10 @@ impl SessionTracker {
             pins: Pins::none(),
             statements: BTreeSet::new(),
             custom_settings: BTreeSet::new(),
+            text: TextWatch::default(),
+            setting_statements: BTreeSet::new(),
+            unnamed_sets_setting: false,
+            stale: StaleStatements::default(),
             client_messages: 0,
             last_activity: None,
         }
@@ -270,10 +330,16 @@ impl SessionTracker {
         }
         self.last_activity = Some(now);
         let mut reader = std::mem::take(&mut self.client);
-        let ok = reader.feed(data, client_capture, |tag, body| {
-            self.client_message(tag, body)
-        });
+        let mut text = std::mem::take(&mut self.text);
+        let ok = reader.feed(
+            data,
+            &mut ClientSink {
+                tracker: self,
+                text: &mut text,
+            },
+        );
         self.client = reader;
+        self.text = text;
         if !ok {
             self.pins.insert(Pins::BROKEN);
         }
@@ -286,21 +352,19 @@ impl SessionTracker {
         }
         self.last_activity = Some(now);
         let mut reader = std::mem::take(&mut self.backend);
-        let ok = reader.feed(data, backend_capture, |tag, body| {
-            self.backend_message(tag, body)
-        });
+        let ok = reader.feed(data, &mut BackendSink(self));
         self.backend = reader;
         if !ok {
             self.pins.insert(Pins::BROKEN);
         }
     }
 
-    fn client_message(&mut self, tag: u8, body: &[u8]) {
+    fn client_message(&mut self, tag: u8, body: &[u8], found: Findings) {
         self.client_messages += 1;
+        self.note_findings(&found);
         match tag {
             b'Q' | b'F' => {
                 let op = if tag == b'Q' {
-                    self.note_custom_settings(body);
                     sql_statement_op(body)
                 } else {
                     None
@@ -314,11 +378,25 @@ impl SessionTracker {
                 self.unsynced = false;
             }
             b'P' => {
-                if let Some(end) = body.iter().position(|&b| b == 0) {
-                    self.note_custom_settings(&body[end + 1..]);
-                }
                 let name = self.statement_name(body);
+                match &name {
+                    Some(n) if found.bound => {
+                        self.setting_statements.insert(n.clone());
+                    }
+                    Some(n) => {
+                        self.setting_statements.remove(n);
+                    }
+                    None => self.unnamed_sets_setting = found.bound,
+                }
                 self.ops.push_back(Op::Parse(name));
+                self.unsynced = true;
+            }
+            b'B' => {
+                if self.binds_setting(body) {
+                    for name in bind_setting_names(body) {
+                        self.remember_setting(name);
+                    }
+                }
                 self.unsynced = true;
             }
             b'C' => {
@@ -326,6 +404,9 @@ impl SessionTracker {
                     Some(b'S') => self.statement_name(&body[1..]),
                     _ => None,
                 };
+                if let Some(n) = &name {
+                    self.setting_statements.remove(n);
+                }
                 self.ops.push_back(Op::Close(name));
                 self.unsynced = true;
             }
@@ -339,19 +420,49 @@ impl SessionTracker {
         }
     }
 
-    /// Remembers custom settings a query text sets (`SET a.b ...`, `set_config('a.b', ...)`).
-    fn note_custom_settings(&mut self, text: &[u8]) {
-        let text = text.split(|&b| b == 0).next().unwrap_or_default();
-        // Both forms contain "set"; most queries do not, and need no lower-cased copy.
-        if !text.windows(3).any(|w| w.eq_ignore_ascii_case(b"set")) {
+    /// Takes in what a message's text showed about settings and the random seed.
+    fn note_findings(&mut self, found: &Findings) {
+        for name in &found.names {
+            self.remember_setting(name.clone());
+        }
+        if found.computed {
+            self.pins.insert(Pins::UNTRACKED_SETTINGS);
+        }
+        if found.seed {
+            self.pins.insert(Pins::RANDOM_SEED);
+        }
+    }
+
+    /// Remembers a custom setting name the session may have created; past the limit the
+    /// session is pinned, since the snapshot could not ask for the rest.
+    fn remember_setting(&mut self, name: String) {
+        if self.custom_settings.contains(name.as_str()) {
             return;
         }
-        for name in custom_setting_names(text) {
-            if self.custom_settings.len() >= MAX_CUSTOM_SETTINGS {
-                return;
-            }
-            self.custom_settings.insert(name.into());
+        if self.custom_settings.len() >= self.limits.max_custom_settings {
+            self.pins.insert(Pins::UNTRACKED_SETTINGS);
+            return;
         }
+        self.custom_settings.insert(name.into());
+    }
+
+    /// True when a Bind whose payload starts with `body` binds a statement that passes a
+    /// setting's name as a parameter.
+    fn binds_setting(&self, body: &[u8]) -> bool {
+        let mut parts = body.splitn(3, |&b| b == 0);
+        let (_portal, statement) = (parts.next(), parts.next());
+        match statement {
+            Some([]) => self.unnamed_sets_setting,
+            Some(name) => {
+                std::str::from_utf8(name).is_ok_and(|n| self.setting_statements.contains(n))
+            }
+            None => false,
+        }
+    }
+
+    /// True when some statement's Binds are read for setting names.
+    fn watches_binds(&self) -> bool {
+        self.unnamed_sets_setting || !self.setting_statements.is_empty()
     }
 
     /// A statement name at the start of `body`; `None` for the unnamed statement. A name the
@@ -402,6 +513,7 @@ impl SessionTracker {
                 if let Some(i) = self.ops.iter().position(|o| matches!(o, Op::Close(_)))
                     && let Some(Op::Close(Some(name))) = self.ops.remove(i)
                 {
+                    self.stale.forget(&name);
                     self.statements.remove(&name);
                 }
             }
@@ -427,8 +539,12 @@ impl SessionTracker {
             b"UNLISTEN" => self.pins.remove(Pins::LISTEN),
             b"DECLARE CURSOR" => self.pins.insert(Pins::HELD_CURSOR),
             b"CLOSE CURSOR" | b"CLOSE CURSOR ALL" => self.pins.remove(Pins::HELD_CURSOR),
-            b"DEALLOCATE ALL" => self.statements.clear(),
+            b"DEALLOCATE ALL" => {
+                self.stale.forget_all();
+                self.statements.clear();
+            }
             b"DISCARD ALL" => {
+                self.stale.forget_all();
                 self.statements.clear();
                 self.pins.remove(
                     Pins::LISTEN | Pins::HELD_CURSOR | Pins::TEMP_OBJECTS | Pins::ADVISORY_LOCK,
@@ -443,6 +559,7 @@ impl SessionTracker {
                 match op.flatten() {
                     Some(SqlStatementOp::Prepare(name)) if tag == b"PREPARE" => self.remember(name),
                     Some(SqlStatementOp::Deallocate(name)) if tag == b"DEALLOCATE" => {
+                        self.stale.forget(&name);
                         self.statements.remove(&name);
                     }
                     // A multi-statement query or a name the tracker could not read: the
@@ -535,9 +652,33 @@ impl SessionTracker {
         self.pins.insert(pins);
     }
 
-    /// The backend connection was replaced by a fresh one holding these statements (after a
-    /// revival): in-stream state starts over, status idle.
-    pub fn reset_for_new_backend<'a>(&mut self, statements: impl IntoIterator<Item = &'a str>) {
+    /// True when `name` was made again on this backend connection with rows that differ from
+    /// what the client was told.
+    pub fn is_stale(&self, name: &str) -> bool {
+        self.stale.contains(name)
+    }
+
+    /// Edits client bytes on their way to the backend while statements are stale (see
+    /// [`StaleStatements::client`]); `None` when none is.
+    pub fn filter_client(&mut self, data: &mut [u8]) -> Option<Advance> {
+        self.stale.active().then(|| self.stale.client(data))
+    }
+
+    /// Edits backend bytes on their way to the client while statements are stale (see
+    /// [`StaleStatements::backend`]); `None` when none is.
+    pub fn filter_backend(&mut self, data: &mut [u8]) -> Option<Advance> {
+        self.stale.active().then(|| self.stale.backend(data))
+    }
+
+    /// The backend connection was replaced by a fresh one holding these statements, of which
+    /// `stale` describe other rows than the client was told (after a revival): in-stream state
+    /// starts over, status idle.
+    pub fn reset_for_new_backend<'a>(
+        &mut self,
+        statements: impl IntoIterator<Item = &'a str>,
+        stale: impl IntoIterator<Item = &'a str>,
+    ) {
+        self.stale = StaleStatements::start(stale.into_iter().map(Into::into));
         self.backend = Reader::default();
         self.status = TxStatus::Idle;
         self.ops.clear();
@@ -549,75 +690,48 @@ impl SessionTracker {
     }
 }
 
-fn client_capture(tag: u8) -> usize {
-    match tag {
-        b'P' | b'C' | b'Q' => CLIENT_CAPTURE,
-        _ => 0,
+/// The client direction: captures what the tracker reads and streams query texts through the
+/// text watch.
+struct ClientSink<'a> {
+    tracker: &'a mut SessionTracker,
+    text: &'a mut TextWatch,
+}
+
+impl Sink for ClientSink<'_> {
+    fn start(&mut self, tag: u8) -> usize {
+        self.text.start(tag);
+        match tag {
+            b'P' | b'C' | b'Q' => CLIENT_CAPTURE,
+            b'B' if self.tracker.watches_binds() => CLIENT_CAPTURE,
+            _ => 0,
+        }
+    }
+
+    fn payload(&mut self, bytes: &[u8]) {
+        self.text.bytes(bytes);
+    }
+
+    fn done(&mut self, tag: u8, kept: &[u8]) {
+        let found = self.text.finish();
+        self.tracker.client_message(tag, kept, found);
     }
 }
 
-fn backend_capture(tag: u8) -> usize {
-    match tag {
-        b'Z' => 1,
-        b'C' => TAG_CAPTURE,
-        _ => 0,
-    }
-}
+/// The backend direction: only ReadyForQuery's status and CommandComplete's tag are kept.
+struct BackendSink<'a>(&'a mut SessionTracker);
 
-/// Names of custom settings (`prefix.name`, folded to lower case) that `SET [SESSION] name` or
-/// `set_config('name'` in a query text assign. Only characters a plain identifier may hold are
-/// accepted, so a name is safe to quote into SQL.
-fn custom_setting_names(text: &[u8]) -> Vec<String> {
-    let lower = text.to_ascii_lowercase();
-    let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'$';
-    let read_name = |mut i: usize| {
-        let start = i;
-        while i < lower.len() && (word(lower[i]) || lower[i] == b'.') {
-            i += 1;
+impl Sink for BackendSink<'_> {
+    fn start(&mut self, tag: u8) -> usize {
+        match tag {
+            b'Z' => 1,
+            b'C' => TAG_CAPTURE,
+            _ => 0,
         }
-        let name = &lower[start..i];
-        let dots = name.iter().filter(|&&b| b == b'.').count();
-        (dots == 1 && name.first().is_some_and(|&b| b != b'.') && name.last() != Some(&b'.'))
-            .then(|| String::from_utf8_lossy(name).into_owned())
-    };
-    let skip_space = |mut i: usize| {
-        while i < lower.len() && lower[i].is_ascii_whitespace() {
-            i += 1;
-        }
-        i
-    };
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < lower.len() {
-        let boundary = i == 0 || !word(lower[i - 1]);
-        if boundary && lower[i..].starts_with(b"set_config(") {
-            let j = skip_space(i + "set_config(".len());
-            if lower.get(j) == Some(&b'\'')
-                && let Some(name) = read_name(j + 1)
-                && lower.get(j + 1 + name.len()) == Some(&b'\'')
-            {
-                out.push(name);
-            }
-            i += 1;
-            continue;
-        }
-        if boundary
-            && lower[i..].starts_with(b"set")
-            && lower.get(i + 3).is_some_and(|b| b.is_ascii_whitespace())
-        {
-            let mut j = skip_space(i + 3);
-            if lower[j..].starts_with(b"session")
-                && lower.get(j + 7).is_some_and(|b| b.is_ascii_whitespace())
-            {
-                j = skip_space(j + 7);
-            }
-            if let Some(name) = read_name(j) {
-                out.push(name);
-            }
-        }
-        i += 1;
     }
-    out
+
+    fn done(&mut self, tag: u8, kept: &[u8]) {
+        self.0.backend_message(tag, kept);
+    }
 }
 
 /// The statement a single-statement `PREPARE name ...` or `DEALLOCATE [PREPARE] name` query
@@ -798,9 +912,96 @@ mod tests {
         t.observe_client(&parse("s"), now());
         assert_eq!(
             t.custom_settings().collect::<Vec<_>>(),
-            ["app.w", "app.x", "my.y"]
+            ["app.w", "app.x", "my.y", "tx.z"]
         );
-        assert!(custom_setting_names(b"reset app.x; setx a.b; SET a..b = 1").is_empty());
+        let mut t = SessionTracker::default();
+        t.observe_client(&query("reset app.x; setx a.b; SET a..b = 1"), now());
+        assert_eq!(t.custom_settings().count(), 0);
+        assert!(t.pins().is_empty());
+    }
+
+    #[test]
+    fn custom_settings_past_the_capture_and_split_across_chunks() {
+        let mut t = SessionTracker::default();
+        let text = format!("select '{}'; set app.late = 1", "x".repeat(3000));
+        let q = query(&text);
+        for c in q.chunks(97) {
+            t.observe_client(c, now());
+        }
+        assert_eq!(t.custom_settings().collect::<Vec<_>>(), ["app.late"]);
+    }
+
+    fn bind_text(statement: &str, params: &[&str]) -> Vec<u8> {
+        let mut b = cstr("");
+        b.extend(cstr(statement));
+        b.extend(0u16.to_be_bytes());
+        b.extend((params.len() as u16).to_be_bytes());
+        for p in params {
+            b.extend((p.len() as i32).to_be_bytes());
+            b.extend(p.as_bytes());
+        }
+        b.extend(0u16.to_be_bytes());
+        msg(b'B', &b)
+    }
+
+    fn parse_text(name: &str, text: &str) -> Vec<u8> {
+        let mut b = cstr(name);
+        b.extend(cstr(text));
+        b.extend([0, 0]);
+        msg(b'P', &b)
+    }
+
+    #[test]
+    fn setting_names_bound_as_parameters() {
+        let mut t = SessionTracker::default();
+        let set = "select set_config($1, $2, false)";
+        t.observe_client(
+            &[parse_text("", set), bind_text("", &["App.T", "x"])].concat(),
+            now(),
+        );
+        t.observe_client(
+            &[parse_text("s1", set), bind_text("s1", &["app.u", "y"])].concat(),
+            now(),
+        );
+        // Another statement's parameters are values, not names.
+        t.observe_client(
+            &[parse_text("", "select $1"), bind_text("", &["app.v"])].concat(),
+            now(),
+        );
+        t.observe_client(
+            &[close("s1"), bind_text("s1", &["app.w", "z"])].concat(),
+            now(),
+        );
+        assert_eq!(t.custom_settings().collect::<Vec<_>>(), ["app.t", "app.u"]);
+        assert!(t.pins().is_empty());
+    }
+
+    #[test]
+    fn settings_it_cannot_name_and_setseed_pin() {
+        let mut t = SessionTracker::new(TrackerLimits {
+            max_custom_settings: 2,
+            ..TrackerLimits::default()
+        });
+        t.observe_client(&query("set a.a = 1; set a.b = 1"), now());
+        assert!(t.pins().is_empty());
+        t.observe_client(&query("set a.c = 1"), now());
+        assert_eq!(
+            t.pins().describe(),
+            "custom settings the gateway cannot name"
+        );
+        assert_eq!(
+            t.pins().labels().collect::<Vec<_>>(),
+            ["untracked_settings"]
+        );
+        let mut t = SessionTracker::default();
+        t.observe_client(
+            &query("select set_config('app.' || $x$t$x$, 'v', false)"),
+            now(),
+        );
+        assert!(t.pins().contains(Pins::UNTRACKED_SETTINGS));
+        let mut t = SessionTracker::default();
+        t.observe_client(&query("select setseed(0.5)"), now());
+        assert!(t.pins().contains(Pins::RANDOM_SEED));
     }
 
     #[test]
@@ -822,7 +1023,10 @@ mod tests {
 
     #[test]
     fn statement_limit_pins() {
-        let mut t = SessionTracker::new(TrackerLimits { max_statements: 2 });
+        let mut t = SessionTracker::new(TrackerLimits {
+            max_statements: 2,
+            ..TrackerLimits::default()
+        });
         for n in ["a", "b", "c"] {
             t.observe_client(&[parse(n), sync()].concat(), now());
             t.observe_backend(&[msg(b'1', &[]), ready(b'I')].concat(), now());
@@ -1198,7 +1402,10 @@ mod tests {
         #[test]
         fn arbitrary_bytes_never_panic(chunks in prop::collection::vec(
                 (any::<bool>(), prop::collection::vec(any::<u8>(), 0..300)), 0..30)) {
-            let mut t = SessionTracker::new(TrackerLimits { max_statements: 3 });
+            let mut t = SessionTracker::new(TrackerLimits {
+                max_statements: 3,
+                ..TrackerLimits::default()
+            });
             for (from_client, bytes) in &chunks {
                 if *from_client {
                     t.observe_client(bytes, now());
@@ -1215,7 +1422,10 @@ mod tests {
         fn framed_noise_never_panics(msgs in prop::collection::vec(
                 (any::<bool>(), prop::sample::select(b"PQCSXZ13EGHWAdcfBDE".to_vec()),
                  prop::collection::vec(any::<u8>(), 0..80)), 0..60)) {
-            let mut t = SessionTracker::new(TrackerLimits { max_statements: 3 });
+            let mut t = SessionTracker::new(TrackerLimits {
+                max_statements: 3,
+                ..TrackerLimits::default()
+            });
             for (from_client, tag, body) in &msgs {
                 let m = msg(*tag, body);
                 if *from_client {

@@ -15,6 +15,7 @@ use pgwake_routing::Endpoint;
 use subtle::ConstantTimeEq;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::sync::watch;
 use tokio::time::timeout;
 
 /// The backend process a gateway key cancels.
@@ -58,10 +59,49 @@ impl ReplicaTag {
     }
 }
 
+/// Where a cancel request for a key goes.
+pub enum CancelRoute {
+    /// The session runs on this backend process.
+    Backend(CancelTarget),
+    /// The session has no backend connection (parked, or being revived): it is told itself,
+    /// so a request waiting for a wake or a slot ends, and no backend that now serves another
+    /// session is reached.
+    Session(Arc<watch::Sender<u64>>),
+}
+
+impl CancelRoute {
+    /// Delivers the request.
+    pub async fn deliver(self, connect_timeout: Duration) -> std::io::Result<()> {
+        match self {
+            CancelRoute::Backend(target) => forward_cancel(&target, connect_timeout).await,
+            CancelRoute::Session(requests) => {
+                requests.send_modify(|n| *n += 1);
+                Ok(())
+            }
+        }
+    }
+
+    /// Where it goes, for logs.
+    pub fn describe(&self) -> String {
+        match self {
+            CancelRoute::Backend(t) => t.endpoint.to_string(),
+            CancelRoute::Session(_) => "the session (no backend connection)".into(),
+        }
+    }
+}
+
+/// One issued key: its secret, the backend process it stands for (none while the session has
+/// no backend connection), and the session's own count of cancel requests.
+struct Entry {
+    secret: i32,
+    target: Option<CancelTarget>,
+    requests: Arc<watch::Sender<u64>>,
+}
+
 /// Map from gateway-issued keys to backend processes.
 #[derive(Default)]
 pub struct CancelMap {
-    inner: Mutex<HashMap<i32, (i32, CancelTarget)>>,
+    inner: Mutex<HashMap<i32, Entry>>,
     /// The tag issued process ids carry; none: fully random ids (a single replica).
     tag: Option<ReplicaTag>,
 }
@@ -87,7 +127,26 @@ impl CancelRegistration {
     /// The backend process this key stands for now.
     pub fn target(&self) -> Option<CancelTarget> {
         let m = self.map.inner.lock().unwrap_or_else(|p| p.into_inner());
-        m.get(&self.pid).map(|(_, target)| target.clone())
+        m.get(&self.pid).and_then(|e| e.target.clone())
+    }
+
+    /// The count of cancel requests that reached the session while it had no backend
+    /// connection: a change means the client asked to cancel what it is waiting for.
+    pub fn requests(&self) -> watch::Receiver<u64> {
+        let m = self.map.inner.lock().unwrap_or_else(|p| p.into_inner());
+        match m.get(&self.pid) {
+            Some(e) => e.requests.subscribe(),
+            None => watch::channel(0).1,
+        }
+    }
+
+    /// The session left its backend connection: until it is revived, its key reaches no
+    /// backend (the connection may serve another session now).
+    pub fn detach(&self) {
+        let mut m = self.map.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = m.get_mut(&self.pid) {
+            e.target = None;
+        }
     }
 }
 
@@ -160,7 +219,12 @@ impl CancelMap {
                 continue;
             }
             let secret = rand::random::<i32>();
-            m.insert(pid, (secret, target));
+            let entry = Entry {
+                secret,
+                target: Some(target),
+                requests: Arc::new(watch::channel(0).0),
+            };
+            m.insert(pid, entry);
             return CancelRegistration {
                 map: self.clone(),
                 pid,
@@ -174,16 +238,22 @@ impl CancelMap {
     pub fn retarget(&self, pid: i32, target: CancelTarget) {
         let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(entry) = m.get_mut(&pid) {
-            entry.1 = target;
+            entry.target = Some(target);
         }
     }
 
-    /// The target for a key a client presented, compared in constant time.
-    pub fn lookup(&self, key: &CancelKey) -> Option<CancelTarget> {
+    /// Where a key a client presented leads, its secret compared in constant time.
+    pub fn lookup(&self, key: &CancelKey) -> Option<CancelRoute> {
         let m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let (secret, target) = m.get(&key.pid)?;
-        let ok: bool = secret.to_be_bytes()[..].ct_eq(&key.secret[..]).into();
-        ok.then(|| target.clone())
+        let e = m.get(&key.pid)?;
+        let ok: bool = e.secret.to_be_bytes()[..].ct_eq(&key.secret[..]).into();
+        if !ok {
+            return None;
+        }
+        Some(match &e.target {
+            Some(t) => CancelRoute::Backend(t.clone()),
+            None => CancelRoute::Session(e.requests.clone()),
+        })
     }
 
     /// Number of live keys.
@@ -243,6 +313,26 @@ mod tests {
         drop(reg);
         assert!(map.lookup(&key).is_none());
         assert!(map.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_detached_key_reaches_its_session_and_no_backend() {
+        let map = Arc::new(CancelMap::default());
+        let reg = map.register(target());
+        let key = CancelKey {
+            pid: reg.pid,
+            secret: Bytes::copy_from_slice(&reg.secret.to_be_bytes()),
+        };
+        let mut requests = reg.requests();
+        reg.detach();
+        assert!(reg.target().is_none());
+        let route = map.lookup(&key).unwrap();
+        assert!(matches!(route, CancelRoute::Session(_)));
+        route.deliver(Duration::from_millis(10)).await.unwrap();
+        assert!(requests.has_changed().unwrap());
+        assert_eq!(*requests.borrow_and_update(), 1);
+        map.retarget(reg.pid, target());
+        assert!(matches!(map.lookup(&key), Some(CancelRoute::Backend(_))));
     }
 
     #[test]

@@ -39,9 +39,19 @@ pub enum SessionError {
     /// Rules disagreed or named no tenant.
     #[error("routing: {0}")]
     Route(#[from] ResolveError),
-    /// The tenant is not configured (or, later, not allowed).
-    #[error("unknown or forbidden tenant {0:?}")]
-    UnknownTenant(String),
+    /// The client named a tenant that is not configured (`forbidden`: one whose access list
+    /// refuses the client's address). With `hidden_as`, the client was answered as a wrong
+    /// password of that user would be (`routing.unknown_tenant = "password_failed"`), so tenant
+    /// names cannot be listed by probing; the log and metrics still say what happened.
+    #[error("{} {tenant:?}{}", refused_tenant(*.forbidden), answered_as(.hidden_as.as_deref()))]
+    UnknownTenant {
+        /// The tenant named.
+        tenant: String,
+        /// It exists but refuses the client's address.
+        forbidden: bool,
+        /// The user whose failed password the client was told of, when hidden.
+        hidden_as: Option<String>,
+    },
     /// The client's password was wrong, or the user unknown (the same answer for both).
     #[error("password authentication failed for user {0:?}")]
     AuthFailed(String),
@@ -120,6 +130,21 @@ pub enum SessionError {
     BackendWait(TenantId, std::time::Duration),
 }
 
+/// What an [`SessionError::UnknownTenant`] was, for the log.
+fn refused_tenant(forbidden: bool) -> &'static str {
+    match forbidden {
+        true => "access list refuses the client's address for tenant",
+        false => "unknown tenant",
+    }
+}
+
+/// How an [`SessionError::UnknownTenant`] was answered, for the log.
+fn answered_as(hidden_as: Option<&str>) -> String {
+    hidden_as
+        .map(|user| format!(" (answered as a wrong password for user {user:?})"))
+        .unwrap_or_default()
+}
+
 impl SessionError {
     /// Label for `pgwake_errors_total`.
     pub fn kind(&self) -> &'static str {
@@ -131,9 +156,13 @@ impl SessionError {
             SessionError::StartupTimeout => "startup_timeout",
             SessionError::PlaintextRefused => "plaintext_refused",
             SessionError::Handshake(_) => "tls_handshake",
-            SessionError::Route(_)
-            | SessionError::UnknownTenant(_)
-            | SessionError::PasswordRouteNeedsGateway(_) => "routing",
+            SessionError::Route(_) | SessionError::PasswordRouteNeedsGateway(_) => "routing",
+            SessionError::UnknownTenant {
+                forbidden: false, ..
+            } => "unknown_tenant",
+            SessionError::UnknownTenant {
+                forbidden: true, ..
+            } => "tenant_forbidden",
             SessionError::AuthFailed(_) => "auth_failed",
             SessionError::Throttled(_) => "auth_throttled",
             SessionError::NoUser => "client_protocol",
@@ -225,13 +254,17 @@ impl SessionError {
             SessionError::UnexpectedRequest(what) => {
                 ErrorMessage::fatal(PROTOCOL_VIOLATION, format!("unexpected {what}"))
             }
-            SessionError::Route(_)
-            | SessionError::UnknownTenant(_)
-            | SessionError::PasswordRouteNeedsGateway(_) => self.routing_message(),
-            SessionError::AuthFailed(user) => ErrorMessage::fatal(
+            SessionError::UnknownTenant {
+                hidden_as: Some(user),
+                ..
+            }
+            | SessionError::AuthFailed(user) => ErrorMessage::fatal(
                 INVALID_PASSWORD,
                 format!("password authentication failed for user \"{user}\""),
             ),
+            SessionError::Route(_)
+            | SessionError::UnknownTenant { hidden_as: None, .. }
+            | SessionError::PasswordRouteNeedsGateway(_) => self.routing_message(),
             SessionError::Throttled(wait) => ErrorMessage::fatal(
                 INVALID_AUTHORIZATION_SPECIFICATION,
                 format!(
@@ -298,7 +331,7 @@ impl SessionError {
                 format!("conflicting tenant names: {}", self.inner_text()),
             )
             .with_hint("name the tenant one way, or the same way everywhere"),
-            SessionError::Route(ResolveError::NotNamed) | SessionError::UnknownTenant(_) => {
+            SessionError::Route(ResolveError::NotNamed) | SessionError::UnknownTenant { .. } => {
                 ErrorMessage::fatal(
                     SQLSERVER_REJECTED_ESTABLISHMENT_OF_SQLCONNECTION,
                     "unknown or forbidden tenant",

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use pgwake::app::StopRequest;
 use pgwake::app::quickstart::{self, QuickstartOptions};
 use pgwake::config::Config;
 use pgwake_routing::TenantId;
@@ -29,6 +30,10 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the gateway in the foreground until SIGTERM or SIGINT.
+    ///
+    /// SIGTERM drains: sessions get limits.shutdown_grace to finish. SIGINT (Ctrl-C) ends idle
+    /// sessions at once and lets open transactions finish within the grace. A second signal
+    /// ends the remaining sessions now.
     Serve {
         /// TOML configuration file.
         #[arg(long, short)]
@@ -42,25 +47,34 @@ enum Command {
     },
     /// Set up a gateway with local Postgres tenants in a folder (reused on later runs), print how
     /// to connect, and serve in the foreground.
+    ///
+    /// On a later run the folder's pgwake.toml is used; the options given still apply: ports and
+    /// --idle-timeout for this run, --tenants adds the tenants the folder lacks to pgwake.toml.
     Quickstart {
         /// Folder for config, certificate and data directories.
         #[arg(long, default_value = ".pgwake")]
         dir: PathBuf,
-        /// Tenants to create on the first run, comma-separated.
-        #[arg(long, value_delimiter = ',', default_value = "alpha")]
-        tenants: Vec<String>,
-        /// Postgres listener port (first run; later runs override the config when given).
+        /// Tenants to serve, comma-separated [default in a new folder: alpha]. Tenants the
+        /// folder lacks are added to its pgwake.toml; those it has stay.
+        #[arg(long, value_delimiter = ',')]
+        tenants: Option<Vec<String>>,
+        /// Postgres listener port [default in a new folder: 6432].
         #[arg(long)]
         port: Option<u16>,
-        /// Admin listener port (likewise).
+        /// Admin listener port [default in a new folder: 9090].
         #[arg(long)]
         admin_port: Option<u16>,
-        /// HTTPS listener port for POST /sql and WebSocket (serverless drivers; likewise).
+        /// HTTPS listener port for POST /sql and WebSocket, for serverless drivers [default in a
+        /// new folder: 8443].
         #[arg(long)]
         http_port: Option<u16>,
-        /// Idle time before a tenant sleeps (first run), e.g. 30s or 5m.
-        #[arg(long, default_value = "60s")]
-        idle_timeout: humantime::Duration,
+        /// Idle time before a tenant sleeps, e.g. 30s or 5m [default in a new folder: 60s].
+        #[arg(long, value_parser = parse_duration)]
+        idle_timeout: Option<std::time::Duration>,
+        /// Remove the quickstart in --dir instead of serving it: its data directories (also
+        /// those under /var/lib/pgwake) and the folder. Refused while it runs.
+        #[arg(long, conflicts_with_all = ["tenants", "port", "admin_port", "http_port", "idle_timeout"])]
+        remove: bool,
     },
     /// Print a line for a static credentials file: the user and a SCRAM-SHA-256 verifier of the
     /// password read from standard input (one line), so the file never holds the password.
@@ -76,8 +90,10 @@ enum Command {
     },
 }
 
-/// Default port of the quickstart's HTTPS listener.
-const QUICKSTART_HTTP_PORT: u16 = 8443;
+/// A duration option, written as in the configuration ("30s", "5m").
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    pgwake::config::duration::parse(text).map_err(|e| e.to_string())
+}
 
 fn load(path: &std::path::Path) -> anyhow::Result<Config> {
     Config::load(path).with_context(|| format!("invalid configuration in {}", path.display()))
@@ -91,20 +107,32 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 /// Serves until SIGTERM or SIGINT; `banner` is printed once the listeners are up.
+///
+/// SIGTERM (an orchestrator) drains: sessions get `limits.shutdown_grace`. SIGINT (Ctrl-C, a
+/// person waiting) ends idle sessions at once and lets open transactions finish within the
+/// grace. Either signal a second time ends the remaining sessions now.
 fn serve(cfg: Config, banner: Option<String>) -> anyhow::Result<()> {
     runtime()?.block_on(async {
-        let shutdown = CancellationToken::new();
+        let stop = StopRequest::default();
         let mut term = signal(SignalKind::terminate()).context("install SIGTERM handler")?;
         let mut int = signal(SignalKind::interrupt()).context("install SIGINT handler")?;
-        let trigger = shutdown.clone();
+        let trigger = stop.clone();
         tokio::spawn(async move {
             tokio::select! {
                 _ = term.recv() => info!("SIGTERM received"),
-                _ = int.recv() => info!("SIGINT received"),
+                _ = int.recv() => {
+                    info!("SIGINT received");
+                    trigger.end_idle.cancel();
+                }
             }
-            trigger.cancel();
+            trigger.drain.cancel();
+            tokio::select! {
+                _ = term.recv() => info!("SIGTERM received again"),
+                _ = int.recv() => info!("SIGINT received again"),
+            }
+            trigger.now.cancel();
         });
-        pgwake::app::run(cfg, shutdown, banner).await
+        pgwake::app::run(cfg, stop, banner).await
     })
 }
 
@@ -154,7 +182,11 @@ fn run() -> anyhow::Result<()> {
         Command::CheckConfig { config } => {
             let cfg = load(&config)?;
             runtime()?
-                .block_on(pgwake::app::build(&cfg, CancellationToken::new()))
+                .block_on(pgwake::app::build(
+                    &cfg,
+                    CancellationToken::new(),
+                    CancellationToken::new(),
+                ))
                 .context("the configuration cannot be served")?;
             let discovery = match cfg.kubernetes.discover {
                 true => " plus labelled Clusters",
@@ -206,35 +238,26 @@ fn run() -> anyhow::Result<()> {
             admin_port,
             http_port,
             idle_timeout,
+            remove,
         } => {
+            if remove {
+                let removed = runtime()?.block_on(quickstart::remove(&dir))?;
+                println!("{removed}");
+                return Ok(());
+            }
             let tenants = tenants
-                .iter()
-                .map(|t| TenantId::parse(t))
-                .collect::<Result<Vec<_>, _>>()
+                .map(|t| t.iter().map(|t| TenantId::parse(t)).collect())
+                .transpose()
                 .context("--tenants")?;
             let opts = QuickstartOptions {
                 dir: dir.clone(),
                 tenants,
-                port: port.unwrap_or(6432),
-                admin_port: admin_port.unwrap_or(9090),
-                http_port: http_port.unwrap_or(QUICKSTART_HTTP_PORT),
-                idle_timeout: idle_timeout.into(),
+                port,
+                admin_port,
+                http_port,
+                idle_timeout,
             };
-            let path = runtime()?.block_on(quickstart::prepare(&opts))?;
-            let mut cfg = load(&path)?;
-            if let Some(p) = port {
-                cfg.listen.postgres.set_port(p);
-            }
-            if let (Some(p), Some(admin)) = (admin_port, cfg.listen.admin.as_mut()) {
-                admin.set_port(p);
-            }
-            // Folders from before the quickstart served HTTP get the listener too.
-            let http = cfg.listen.http.get_or_insert_with(|| {
-                SocketAddr::new(cfg.listen.postgres.ip(), QUICKSTART_HTTP_PORT)
-            });
-            if let Some(p) = http_port {
-                http.set_port(p);
-            }
+            let cfg = runtime()?.block_on(quickstart::prepare(&opts))?;
             let banner = quickstart::banner(&cfg, &dir);
             serve(cfg, Some(banner))
         }

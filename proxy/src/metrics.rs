@@ -40,9 +40,11 @@ pub const ERROR_KINDS: &[&str] = &[
     "routing",
     "shutdown",
     "startup_timeout",
+    "tenant_forbidden",
     "tenant_full",
     "tls_handshake",
     "tls_reload",
+    "unknown_tenant",
     "wake_failed",
     "wake_queue_full",
     "wake_timeout",
@@ -51,7 +53,9 @@ pub const ERROR_KINDS: &[&str] = &[
 /// Outcomes of `pgwake_backend_waits_total`, each started at zero.
 const BACKEND_WAIT_OUTCOMES: &[&str] = &["kept", "slot", "timeout", "queue_full"];
 /// Outcomes of `pgwake_auth_attempts_total`, each started at zero.
-const AUTH_OUTCOMES: &[&str] = &["ok", "failed", "throttled", "error"];
+/// `unknown_tenant`: the mock exchange of a client naming a tenant that does not exist or
+/// refuses its address, which the client sees as a failed password.
+const AUTH_OUTCOMES: &[&str] = &["ok", "failed", "throttled", "error", "unknown_tenant"];
 /// Reasons a session leaves its backend (`pgwake_parks_total`, `pgwake_revivals_total`).
 const PARK_REASONS: &[&str] = &["idle_sleep", "backend_ended", "migrate", "session_idle"];
 /// Outcomes of wakes and revivals.
@@ -157,6 +161,7 @@ pub struct Metrics {
     pub sessions_parked: IntGauge,
     parks: IntCounterVec,
     revivals: IntCounterVec,
+    session_pins: IntCounterVec,
     revival_duration: Histogram,
     reuse: IntCounterVec,
     reuse_returns: IntCounterVec,
@@ -234,6 +239,7 @@ impl Metrics {
         let r = Registrar(Registry::new());
         let (to_backend, to_client) = r.relayed_bytes();
         let pooling = Pooling::register(&r);
+        let moving = Moving::register(&r);
         let metrics = Metrics {
             connections_accepted: r.counter(
                 "pgwake_connections_accepted_total",
@@ -292,28 +298,11 @@ impl Metrics {
                 "Client authentications at the gateway, by outcome (ok, failed, throttled, error).",
                 &["outcome"],
             ),
-            sessions_parked: r.gauge(
-                "pgwake_sessions_parked",
-                "Client sessions parked now: connected, without a backend connection.",
-            ),
-            parks: r.counter_vec(
-                "pgwake_parks_total",
-                "Sessions that left their backend connection, by reason (idle_sleep, \
-                 backend_ended, migrate, session_idle).",
-                &["reason"],
-            ),
-            revivals: r.counter_vec(
-                "pgwake_revivals_total",
-                "Sessions logged back in to a backend, by why they had left (idle_sleep, \
-                 backend_ended, migrate, session_idle) and outcome (ok, error).",
-                &["reason", "outcome"],
-            ),
-            revival_duration: r.histogram(
-                "pgwake_revival_duration_seconds",
-                "Time a successful revival took: wake (if any), login, restoring settings and \
-                 statements.",
-                REVIVAL_BUCKETS,
-            ),
+            sessions_parked: moving.sessions_parked,
+            parks: moving.parks,
+            revivals: moving.revivals,
+            session_pins: moving.session_pins,
+            revival_duration: moving.revival_duration,
             http_pool_open: pooling.http_pool_open,
             http_pool_idle: pooling.http_pool_idle,
             http_ok: pooling.http_requests.with_label_values(&["200"]),
@@ -342,6 +331,9 @@ impl Metrics {
             for outcome in OUTCOMES {
                 self.revivals.with_label_values(&[reason, outcome]);
             }
+        }
+        for (_, _, reason) in pgwake_protocol::Pins::ALL {
+            self.session_pins.with_label_values(&[reason]);
         }
         for outcome in REUSE_OUTCOMES {
             self.reuse.with_label_values(&[outcome]);
@@ -413,6 +405,13 @@ impl Metrics {
     /// Counts a session leaving its backend connection.
     pub fn parked(&self, reason: &'static str) {
         self.parks.with_label_values(&[reason]).inc();
+    }
+
+    /// Counts a snapshot that found a session pinned, under each of its reasons.
+    pub fn pinned(&self, pins: pgwake_protocol::Pins) {
+        for reason in pins.labels() {
+            self.session_pins.with_label_values(&[reason]).inc();
+        }
     }
 
     /// Records a revival: its reason, and its duration when it succeeded.
@@ -510,6 +509,50 @@ const WAKE_BUCKETS: &[f64] = &[
 const REVIVAL_BUCKETS: &[f64] = &[
     0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
+
+/// The metrics of sessions that leave their backend connection: parks, revivals, pins.
+struct Moving {
+    sessions_parked: IntGauge,
+    parks: IntCounterVec,
+    revivals: IntCounterVec,
+    session_pins: IntCounterVec,
+    revival_duration: Histogram,
+}
+
+impl Moving {
+    fn register(r: &Registrar) -> Moving {
+        Moving {
+            sessions_parked: r.gauge(
+                "pgwake_sessions_parked",
+                "Client sessions parked now: connected, without a backend connection.",
+            ),
+            parks: r.counter_vec(
+                "pgwake_parks_total",
+                "Sessions that left their backend connection, by reason (idle_sleep, \
+                 backend_ended, migrate, session_idle).",
+                &["reason"],
+            ),
+            revivals: r.counter_vec(
+                "pgwake_revivals_total",
+                "Sessions logged back in to a backend, by why they had left (idle_sleep, \
+                 backend_ended, migrate, session_idle) and outcome (ok, error).",
+                &["reason", "outcome"],
+            ),
+            session_pins: r.counter_vec(
+                "pgwake_session_pins_total",
+                "Snapshots that found a session pinned to its backend connection, by reason \
+                 (a snapshot with several reasons counts under each).",
+                &["reason"],
+            ),
+            revival_duration: r.histogram(
+                "pgwake_revival_duration_seconds",
+                "Time a successful revival took: wake (if any), login, restoring settings and \
+                 statements.",
+                REVIVAL_BUCKETS,
+            ),
+        }
+    }
+}
 
 /// The metrics of backend connections held apart from sessions: the `/sql` pool and reuse.
 struct Pooling {

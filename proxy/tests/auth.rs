@@ -323,3 +323,45 @@ fn denied_network_gets_the_unknown_tenant_answer() {
     assert_eq!(connections_seen(&pg), seen);
     gw.wait_idle();
 }
+
+#[test]
+fn a_mistyped_tenant_reads_as_a_wrong_password_to_the_client_only() {
+    let pg = backend();
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gateway::launch("", &static_users(dir.path(), &pg), &[]);
+    let user = &pg.options.user;
+    let login = |host: &str, password: &str| {
+        gw.psql(
+            &pg,
+            &format!(
+                "host={host}.db.localtest hostaddr=127.0.0.1 sslmode=require user={user} \
+                 password={password} dbname=postgres"
+            ),
+            "select 1",
+        )
+    };
+    let typo = login("alpah", &pg.options.password);
+    let wrong = login("alpha", "not-the-password");
+    // The client cannot tell a tenant that does not exist from a wrong password.
+    assert!(
+        stderr(&wrong).contains(&format!(
+            "password authentication failed for user \"{user}\""
+        )),
+        "{}",
+        stderr(&wrong)
+    );
+    assert_eq!(stderr(&typo), stderr(&wrong));
+
+    // The operator can.
+    let log = gw.log();
+    assert!(log.contains("unknown tenant \"alpah\""), "{log}");
+    let errors = |kind: &str| gw.labelled_metric("pgwake_errors_total", &[("kind", kind)]);
+    assert_eq!(
+        (errors("unknown_tenant"), errors("auth_failed")),
+        (1.0, 1.0)
+    );
+    let attempts =
+        |outcome: &str| gw.labelled_metric("pgwake_auth_attempts_total", &[("outcome", outcome)]);
+    assert_eq!((attempts("unknown_tenant"), attempts("failed")), (1.0, 1.0));
+    gw.wait_idle();
+}

@@ -21,7 +21,13 @@ use serde_json::{Value, json};
 use tokio_postgres::NoTls;
 
 /// Every kustomization under `deploy/`.
-const KUSTOMIZATIONS: &[&str] = &["base", "examples/sidecar", "examples/cnpg", "examples/pool"];
+const KUSTOMIZATIONS: &[&str] = &[
+    "base",
+    "overlay",
+    "examples/sidecar",
+    "examples/cnpg",
+    "examples/pool",
+];
 
 fn render(dir: &str) -> Vec<Value> {
     render_kustomization(&deploy_dir().join(dir))
@@ -291,6 +297,53 @@ fn the_gateway_deployment_matches_its_config_and_drains_gracefully() {
             "deploy/{dir} ships a Secret"
         );
     }
+}
+
+#[test]
+fn the_documented_overlay_applies_with_kubectl_alone_and_serves_http_and_password_routing() {
+    // deploy/README.md's install steps apply deploy/overlay, with no tool but kubectl.
+    let readme = std::fs::read_to_string(deploy_dir().join("README.md")).unwrap();
+    let install = readme
+        .split("## Install\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("an Install section");
+    assert!(
+        install.contains("kubectl apply -k deploy/overlay"),
+        "{install}"
+    );
+    assert!(!install.contains("kustomize edit"), "{install}");
+
+    let objects = render("overlay");
+    let lab = KubeLab::shared();
+    lab.ensure_namespace("pgwake").unwrap();
+    lab.dry_run(&objects).unwrap();
+    let config = load_config(&config_text(&objects, "pgwake-config"));
+    let http = config
+        .listen
+        .http
+        .expect("an HTTP listener for serverless drivers");
+    assert!(http.ip().is_unspecified(), "{http}");
+    assert!(
+        config
+            .routing
+            .rules
+            .contains(&pgwake_routing::Rule::Password),
+        "{:?}",
+        config.routing.rules
+    );
+    let deployment = find(&objects, "Deployment", "pgwake");
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(port_named(container, "http"), u64::from(http.port()));
+    assert_eq!(container["image"], "registry.example.com/pgwake:0.1.0");
+    let service = find(&objects, "Service", "pgwake");
+    let ports = service["spec"]["ports"].as_array().unwrap();
+    assert!(
+        ports
+            .iter()
+            .any(|p| p["targetPort"] == "http" && p["port"] == 443),
+        "{ports:?}"
+    );
 }
 
 /// Runs `pgwake check-config` on `text`, with the certificate paths pointed at a test

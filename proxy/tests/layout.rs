@@ -3,7 +3,7 @@
 //! one only through what the later one's `mod.rs` exports (its handles), never into its files.
 //!
 //! Also that no function in `proxy/src` is over 100 lines and the pipeline's `open_session` is at
-//! most 60.
+//! most 60, and that the README's test command is the one `.ci/run` runs.
 //!
 //! Read from the source text (`use crate::…`, `crate::…::` paths, `super::…` inside a folder),
 //! so it needs no tool beyond the test itself.
@@ -303,4 +303,31 @@ fn functions_stay_short_and_open_session_shorter() {
     println!("open_session: {open_session:?} lines");
     assert!(long.is_empty(), "{}", long.join("\n"));
     assert!(open_session.is_some_and(|n| n <= 60), "{open_session:?}");
+}
+
+/// The command in the README's `sh` block that runs the test suite.
+fn readme_test_command(readme: &str) -> Option<&str> {
+    readme
+        .split("```sh\n")
+        .skip(1)
+        .filter_map(|block| block.split("```").next())
+        .flat_map(str::lines)
+        .find(|l| l.starts_with("cargo test"))
+}
+
+#[test]
+fn the_readme_test_command_is_the_one_ci_runs() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let readme = std::fs::read_to_string(repo.join("README.md")).unwrap();
+    let ci = std::fs::read_to_string(repo.join(".ci/run")).unwrap();
+    let readme_command = readme_test_command(&readme).expect("a cargo test command in README.md");
+    let ci_commands: Vec<&str> = ci
+        .lines()
+        .filter(|l| l.trim_start().starts_with("cargo test"))
+        .collect();
+    assert_eq!(ci_commands, [readme_command], "README.md and .ci/run");
+    assert!(
+        readme_command.contains("--no-fail-fast"),
+        "one failing test file must not hide the others: {readme_command}"
+    );
 }

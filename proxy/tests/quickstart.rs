@@ -43,9 +43,30 @@ impl Quickstart {
 
     /// Starts the process again on the same folder and ports (after `stop`).
     fn restart(&mut self) {
-        let (child, banner) = launch(self.home.path(), self.ports, &self.tenants);
+        self.restart_with(&[]);
+    }
+
+    /// Like [`Quickstart::restart`], with `extra` arguments after the usual ones.
+    fn restart_with(&mut self, extra: &[&str]) {
+        let (child, banner) = launch_with(self.home.path(), self.ports, &self.tenants, extra);
         self.child = child;
         self.banner = banner;
+    }
+
+    /// The quickstart's admin API: a tenant's state.
+    fn tenant_state(&self, tenant: &str) -> String {
+        let out = Command::new("curl")
+            .args(["-sS", "--fail-with-body"])
+            .arg(format!("http://127.0.0.1:{}/v1/tenants", self.ports[1]))
+            .output()
+            .expect("curl");
+        let list: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("tenants: {e}: {}", String::from_utf8_lossy(&out.stdout)));
+        list.as_array()
+            .and_then(|a| a.iter().find(|t| t["id"] == tenant))
+            .and_then(|t| t["state"].as_str())
+            .unwrap_or_default()
+            .to_owned()
     }
 
     fn log(&self) -> String {
@@ -159,19 +180,32 @@ impl Drop for Quickstart {
 
 /// Runs `pgwake quickstart --dir qs` from inside `home`, as a user who typed the README's
 /// command there, and returns the process once its banner is complete.
-fn launch(home: &Path, [port, admin, http]: [u16; 3], tenants: &str) -> (Child, String) {
-    let log_file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(home.join("qs.log"))
-        .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pgwake"))
-        .arg("quickstart")
+fn launch(home: &Path, ports: [u16; 3], tenants: &str) -> (Child, String) {
+    launch_with(home, ports, tenants, &[])
+}
+
+/// The quickstart command with the folder, tenants and ports the tests use, run in `home`.
+fn quickstart_command(home: &Path, [port, admin, http]: [u16; 3], tenants: &str) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pgwake"));
+    cmd.arg("quickstart")
         .args(["--dir", "qs", "--tenants", tenants])
         .args(["--port", &port.to_string()])
         .args(["--admin-port", &admin.to_string()])
         .args(["--http-port", &http.to_string()])
         .current_dir(home)
+        .env_remove("RUST_BACKTRACE");
+    cmd
+}
+
+/// Like [`launch`], with `extra` arguments.
+fn launch_with(home: &Path, ports: [u16; 3], tenants: &str, extra: &[&str]) -> (Child, String) {
+    let log_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(home.join("qs.log"))
+        .unwrap();
+    let mut child = quickstart_command(home, ports, tenants)
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(log_file)
         .spawn()
@@ -423,6 +457,254 @@ fn quickstart_refuses_a_data_dir_the_server_account_cannot_reach() {
     assert!(
         !stderr.contains("Stack backtrace") && !stderr.contains("initdb"),
         "{stderr}"
+    );
+}
+
+/// The `data_dir` a quickstart folder's `pgwake.toml` names (absolute, or relative to it).
+fn configured_data_dir(dir: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(dir.join("pgwake.toml")).unwrap();
+    let value = text
+        .lines()
+        .find_map(|l| l.strip_prefix("data_dir = "))
+        .expect("a data_dir line")
+        .trim_matches('"');
+    dir.join(value)
+}
+
+/// A process that is expected to end soon: its output once it has, or a panic (after killing
+/// it) when it still runs after `limit`.
+fn finished(mut child: Child, limit: Duration, what: &str) -> std::process::Output {
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{what} still running after {limit:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn a_second_quickstart_leaves_a_live_one_alone_and_names_a_busy_port_before_initdb() {
+    let qs = Quickstart::start("alpha");
+    let p = qs.printed("alpha");
+    // A client in the middle of a long query.
+    let mut query = Command::new(pg_bin_dir().unwrap().join("psql"))
+        .args(["-X", "-A", "-t", "-c", "select pg_sleep(600)"])
+        .arg(&p.url)
+        .env_remove("PGSSLROOTCERT")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while psql(
+        &p.url,
+        "select count(*) from pg_stat_activity where query = 'select pg_sleep(600)'",
+    ) != "1"
+    {
+        assert!(Instant::now() < deadline, "the long query never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let postmasters = qs.postmasters();
+    assert_eq!(postmasters.len(), 1, "alpha awake: {}", qs.log());
+
+    // The same command again in the same folder, as from a second terminal.
+    let second = quickstart_command(qs.home.path(), qs.ports, "alpha")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = finished(second, Duration::from_secs(60), "the second quickstart");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let first_pid = qs.child.id().to_string();
+    assert!(
+        stderr.contains("another pgwake")
+            && stderr.contains(&format!("kill {first_pid}"))
+            && stderr.contains("--dir"),
+        "names the live quickstart and the way out: {stderr}"
+    );
+    assert!(!stderr.contains("stopping a postmaster"), "{stderr}");
+    // Nor can it be removed while it runs.
+    let out = Command::new(env!("CARGO_BIN_EXE_pgwake"))
+        .args(["quickstart", "--dir", "qs", "--remove"])
+        .current_dir(qs.home.path())
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("nothing removed"), "{stderr}");
+    assert!(qs.dir().join("pgwake.toml").exists());
+    assert_eq!(
+        qs.postmasters(),
+        postmasters,
+        "alpha's postmaster was replaced"
+    );
+    if query.try_wait().unwrap().is_some() {
+        let out = query.wait_with_output().unwrap();
+        panic!(
+            "the client's query was ended: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let _ = query.kill();
+    let _ = query.wait();
+    assert_eq!(
+        psql(&p.url, "select 1"),
+        "1",
+        "the first quickstart serves on"
+    );
+
+    // A new folder whose port is taken: refused before any data directory is made.
+    let home = tempfile::tempdir().unwrap();
+    let ports = [qs.ports[0], free_port(), free_port()];
+    let out = quickstart_command(home.path(), ports, "alpha")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let data = configured_data_dir(&home.path().join("qs"));
+    let initialized = data.join("alpha/data/PG_VERSION").exists();
+    if !data.starts_with(home.path()) {
+        let _ = std::fs::remove_dir_all(&data);
+    }
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("127.0.0.1:{}", qs.ports[0])) && stderr.contains("--port"),
+        "names the port and the flag: {stderr}"
+    );
+    assert!(
+        !initialized,
+        "initdb ran before the busy port was found: {stderr}"
+    );
+}
+
+#[test]
+fn a_later_run_applies_the_tenants_and_idle_timeout_it_is_given() {
+    let mut qs = Quickstart::start("alpha");
+    qs.stop();
+    qs.restart_with(&["--tenants", "alpha,beta", "--idle-timeout", "1s"]);
+    qs.tenants = "alpha,beta".into();
+    let beta = qs.printed("beta");
+    assert_eq!(psql(&beta.url, "select current_database()"), "postgres");
+    assert!(
+        qs.banner.contains("A tenant sleeps after 1s"),
+        "{}",
+        qs.banner
+    );
+    // Kept for later runs: beta is the folder's now.
+    let config = std::fs::read_to_string(qs.dir().join("pgwake.toml")).unwrap();
+    assert!(config.contains("id = \"beta\""), "{config}");
+    // The idle timeout given applies: beta sleeps well before the folder's 60 s.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while qs.tenant_state("beta") != "asleep" {
+        assert!(
+            Instant::now() < deadline,
+            "beta still {} 30 s after its client left: {}",
+            qs.tenant_state("beta"),
+            qs.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    qs.stop();
+
+    // Removed with one command, data directories (wherever they went) included.
+    let (dir, data) = (qs.dir(), qs.data_dir());
+    let out = Command::new(env!("CARGO_BIN_EXE_pgwake"))
+        .args(["quickstart", "--dir", "qs", "--remove"])
+        .current_dir(qs.home.path())
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains(&data.display().to_string()), "{stdout}");
+    assert!(!dir.exists() && !data.exists(), "{stdout}");
+}
+
+/// `pgwake check-config` on `text` (written to `dir/pgwake.toml`): its exit status and stderr.
+fn check_config(dir: &Path, text: &str) -> (bool, String) {
+    std::fs::write(dir.join("pgwake.toml"), text).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_pgwake"))
+        .args(["check-config", "--config"])
+        .arg(dir.join("pgwake.toml"))
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn config_errors_are_one_line_each_naming_the_key_as_written() {
+    let home = tempfile::tempdir().unwrap();
+    let head = "[listen]\npostgres = \"127.0.0.1:6432\"\nallow_plaintext = true\n";
+    for (extra, key, problem) in [
+        (
+            "[wake]\nidle_timout = \"1m\"\n",
+            "wake.idle_timout",
+            "unknown key",
+        ),
+        (
+            "[wake]\nidle_timeout = \"1 minute\"\n",
+            "wake.idle_timeout",
+            "invalid duration \"1 minute\"",
+        ),
+    ] {
+        let (ok, stderr) = check_config(home.path(), &format!("{head}{extra}"));
+        assert!(!ok, "{extra} accepted");
+        let config = home.path().join("pgwake.toml");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.starts_with(&format!(
+                "pgwake: invalid configuration in {}: {key}: {problem}",
+                config.display(),
+            )),
+            "{stderr}"
+        );
+        assert!(
+            !stderr.contains("default.") && !stderr.contains('`'),
+            "{stderr}"
+        );
+    }
+
+    if !is_root() {
+        skipped("config_errors: unreachable data_dir", "needs root");
+        return;
+    }
+    // A data_dir under a closed folder: said once, and not created.
+    std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let data = home.path().join("nested/data");
+    let (ok, stderr) = check_config(
+        home.path(),
+        &format!(
+            "{head}[local]\ndata_dir = \"{}\"\npassword = \"x\"\n\
+             [[tenant]]\nid = \"alpha\"\nbackend = {{ kind = \"local\" }}\n",
+            data.display()
+        ),
+    );
+    assert!(!ok);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert_eq!(
+        stderr.matches("cannot reach local.data_dir").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(
+        !home.path().join("nested").exists(),
+        "the refused folder was created"
     );
 }
 

@@ -13,7 +13,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::cnpg_operator::{hibernation, wait_hibernated};
+use common::cnpg_operator::{hibernation, wait_hibernated, wait_hibernation};
 use common::replicas::{Fleet, HibernationWatch, NAMESPACE, TTL, blocking, replica};
 use futures_util::future::join_all;
 use pgwake_testkit::kube::KubeLab;
@@ -111,9 +111,19 @@ async fn replica_reached_during_another_replicas_sleep_waits_and_wakes_once() {
     b.query_one("select 1::int4", &[]).await.unwrap();
     fleet.operator.set_slow_hibernation(true);
     drop(b);
-    // A's client stays active (not idle) past B's idle timeout, then leaves.
+    // A's client stays active (not idle) until B, past its idle timeout, has let go of the
+    // tenant because A uses it; then it leaves. (Waiting for B's own word rather than a fixed
+    // time: under load B's sleeper may look late, and then it would be B that sleeps.)
     let b_left = Instant::now();
-    while b_left.elapsed() < Duration::from_millis(1500) {
+    let b_let_go = "another replica uses the tenant: not sleeping";
+    while b_left.elapsed() < Duration::from_millis(1500)
+        || !fleet.replicas[1].log().contains(b_let_go)
+    {
+        assert!(
+            b_left.elapsed() < Duration::from_secs(20),
+            "B never let go: {}",
+            fleet.logs()
+        );
         a.query_one("select 1::int4", &[]).await.unwrap();
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -121,7 +131,9 @@ async fn replica_reached_during_another_replicas_sleep_waits_and_wakes_once() {
     let f = fleet.clone();
     blocking(move || f.replicas[0].wait_state("handover", "sleeping", Duration::from_secs(10)))
         .await;
-    assert_eq!(hibernation(lab, NAMESPACE, "handover"), "on");
+    // "sleeping" shows once A has taken the record's sleeping mark; its hibernation patch is
+    // sent just after, from the sleep's own task: wait for it to land.
+    blocking(move || wait_hibernation(lab, NAMESPACE, "handover", "on")).await;
     let b_wakes = fleet.wake_patches(1);
 
     // A client reaches B while A's sleep is under way; the sleep then finishes.

@@ -342,3 +342,85 @@ async fn sigterm_drains_then_ends_sessions_with_57p01() {
         .unwrap();
     assert!(exited, "pgwake did not exit");
 }
+
+/// A session's connection task ended by the gateway: waits (well within `limit`) and returns
+/// the SQLSTATE it ended with.
+async fn ended_with(
+    conn: tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>,
+    limit: Duration,
+    what: &str,
+) -> Option<String> {
+    let err = tokio::time::timeout(limit, conn)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: still open after {limit:?}"))
+        .unwrap()
+        .expect_err("ended with an error");
+    err.code().map(|c| c.code().to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_ends_idle_sessions_at_once_and_a_second_signal_ends_the_rest() {
+    let pg = tokio::task::spawn_blocking(backend).await.unwrap();
+    // A grace far beyond the waits below: whatever ends in them did not wait it out.
+    let mut gw = Gateway::start(&pg, PLAINTEXT, &[("PGWAKE_LIMITS__SHUTDOWN_GRACE", "300s")]);
+    let connect = || async {
+        let (client, conn) = tokio_postgres::connect(&conninfo(&gw, &pg), NoTls)
+            .await
+            .expect("connect");
+        (client, tokio::spawn(conn))
+    };
+    let (idle, idle_conn) = connect().await;
+    idle.simple_query("select 1").await.unwrap();
+    let (committing, committing_conn) = connect().await;
+    committing.simple_query("begin").await.unwrap();
+    let (open, open_conn) = connect().await;
+    open.simple_query("begin").await.unwrap();
+
+    gw.signal("-INT");
+    // The idle session ends without waiting for the grace period.
+    let limit = Duration::from_secs(60);
+    assert_eq!(
+        ended_with(idle_conn, limit, "the idle session")
+            .await
+            .as_deref(),
+        Some("57P01"),
+        "{}",
+        gw.log()
+    );
+    // Open transactions go on; one that commits ends right after its answer.
+    committing
+        .simple_query("select 2")
+        .await
+        .expect("a transaction lives on after SIGINT");
+    committing
+        .simple_query("commit")
+        .await
+        .expect("its commit is answered");
+    assert_eq!(
+        ended_with(committing_conn, limit, "the committed session")
+            .await
+            .as_deref(),
+        Some("57P01")
+    );
+    open.simple_query("select 3")
+        .await
+        .expect("the other transaction is still open");
+
+    // A second Ctrl-C ends the rest now, and the gateway exits.
+    gw.signal("-INT");
+    assert_eq!(
+        ended_with(open_conn, limit, "the session in a transaction")
+            .await
+            .as_deref(),
+        Some("57P01")
+    );
+    let (exited, gw) = tokio::task::spawn_blocking(move || (gw.wait_exit(limit), gw))
+        .await
+        .unwrap();
+    assert!(exited, "pgwake did not exit: {}", gw.log());
+    assert!(
+        gw.log().contains("asked again: terminating sessions"),
+        "{}",
+        gw.log()
+    );
+}

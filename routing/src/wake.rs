@@ -236,13 +236,14 @@ struct Slot {
 }
 
 impl Slot {
-    fn new(tenant: Arc<Tenant>, sleeper: Arc<Notify>) -> Slot {
+    /// The state of a tenant asleep `since` then.
+    fn new(tenant: Arc<Tenant>, sleeper: Arc<Notify>, since: SystemTime) -> Slot {
         Slot {
             sleeper,
             tenant,
             inner: Mutex::new(Inner {
                 phase: Phase::Asleep,
-                since: SystemTime::now(),
+                since,
                 connections: 0,
                 idle_connections: 0,
                 parked: 0,
@@ -442,6 +443,9 @@ pub struct WakeCoordinator {
     sleeper: Arc<Notify>,
     /// The shared activity records of tenants whose backends several replicas share.
     activity: Option<Arc<SharedActivity>>,
+    /// When the coordinator (the gateway) started: every tenant is asleep since then until it
+    /// is first woken, however late its state is first asked for.
+    started: SystemTime,
 }
 
 /// A tenant's shared activity record: this replica's side of it and its namespace.
@@ -475,6 +479,7 @@ impl WakeCoordinator {
             on_wake: Arc::new(on_wake),
             awake_of_removed: Mutex::new(HashMap::new()),
             sleeper: Arc::new(Notify::new()),
+            started: SystemTime::now(),
         })
     }
 
@@ -495,10 +500,17 @@ impl WakeCoordinator {
             .entry(tenant.clone())
             .and_modify(|s| {
                 if !Arc::ptr_eq(&s.tenant, &current) {
-                    *s = Arc::new(Slot::new(current.clone(), self.sleeper.clone()));
+                    let sleeper = self.sleeper.clone();
+                    *s = Arc::new(Slot::new(current.clone(), sleeper, SystemTime::now()));
                 }
             })
-            .or_insert_with(|| Arc::new(Slot::new(current.clone(), self.sleeper.clone())));
+            .or_insert_with(|| {
+                Arc::new(Slot::new(
+                    current.clone(),
+                    self.sleeper.clone(),
+                    self.started,
+                ))
+            });
         Ok(slot.clone())
     }
 
@@ -1131,6 +1143,22 @@ mod tests {
         assert!(last.ok);
         assert_eq!(status.last_wake_at, Some(last.at));
         assert_eq!(status.last_wake_ms, Some(last.ms));
+    }
+
+    #[tokio::test]
+    async fn a_tenant_never_woken_is_asleep_since_the_start() {
+        let before = epoch_seconds(SystemTime::now());
+        let (coordinator, _) = coordinator();
+        let after = epoch_seconds(SystemTime::now());
+        // The first look at its state comes later, as the status page's first request does.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let status = coordinator.status().remove(0);
+        assert_eq!(status.state, Phase::Asleep);
+        assert!(
+            (before..=after).contains(&status.since),
+            "asleep since {} for a coordinator started in {before}..={after}",
+            status.since
+        );
     }
 
     #[tokio::test]

@@ -15,7 +15,7 @@ use pgwake_routing::{
 use tokio_util::sync::CancellationToken;
 
 pub use backends::local_settings;
-pub use run::run;
+pub use run::{StopRequest, run};
 
 use crate::auth::CredentialError;
 use crate::auth::password::PasswordChecker;
@@ -38,9 +38,10 @@ pub enum BuildError {
     /// Certificates or keys are unusable.
     #[error(transparent)]
     Tls(#[from] tls::TlsError),
-    /// The local backend cannot run here.
+    /// The local backend cannot run here (the message is the whole story: no source, so a
+    /// chain of causes does not print it twice).
     #[error("local backend: {0}")]
-    Local(#[from] pgwake_routing::BackendError),
+    Local(pgwake_routing::BackendError),
     /// The Kubernetes client could not be configured.
     #[error("kubernetes: {0}")]
     Kubernetes(String),
@@ -59,13 +60,19 @@ pub enum BuildError {
     #[error("peer: {0}")]
     Peer(String),
     /// A credential source is unusable.
-    #[error("tenant {tenant}: credentials: {source}")]
+    #[error("tenant {tenant}: credentials: {problem}")]
     Credentials {
         /// The tenant.
         tenant: String,
         /// What is wrong.
-        source: CredentialError,
+        problem: CredentialError,
     },
+}
+
+impl From<pgwake_routing::BackendError> for BuildError {
+    fn from(e: pgwake_routing::BackendError) -> Self {
+        BuildError::Local(e)
+    }
 }
 
 /// The gateway built from a configuration: the front its listeners share (holding the pipeline
@@ -90,8 +97,13 @@ impl Gateway {
 }
 
 /// Builds the gateway; fails on unusable certificates, a local backend that cannot run here, or
-/// an unreachable Kubernetes configuration.
-pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gateway, BuildError> {
+/// an unreachable Kubernetes configuration. Sessions end when `terminate` fires, and as soon as
+/// they are at rest once `end_idle` does.
+pub async fn build(
+    config: &Config,
+    terminate: CancellationToken,
+    end_idle: CancellationToken,
+) -> Result<Gateway, BuildError> {
     let certificates = match &config.tls {
         Some(t) => Some(Arc::new(ServerCertificates::load(t)?)),
         None => None,
@@ -150,7 +162,7 @@ pub async fn build(config: &Config, terminate: CancellationToken) -> Result<Gate
         &coordinator,
         &cancels,
         &metrics,
-        &terminate,
+        (&terminate, &end_idle),
     )?;
     let pipeline = Arc::new(Pipeline {
         router,
@@ -209,7 +221,7 @@ fn sessions(
     coordinator: &Arc<WakeCoordinator>,
     cancels: &Arc<CancelMap>,
     metrics: &Arc<Metrics>,
-    terminate: &CancellationToken,
+    (terminate, end_idle): (&CancellationToken, &CancellationToken),
 ) -> Result<Sessions, BuildError> {
     let keys = config
         .revival
@@ -229,6 +241,7 @@ fn sessions(
         },
         snapshot_timeout: config.limits.login_timeout,
         terminate: terminate.clone(),
+        end_idle: end_idle.clone(),
         metrics: metrics.clone(),
     })
 }

@@ -3,33 +3,45 @@
 //! directory per tenant.
 
 use std::fs;
+use std::net::SocketAddr;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
 use pgwake_routing::TenantId;
-use pgwake_routing::backend::{LocalBackend, can_enter, server_account};
+use pgwake_routing::backend::{ClaimError, LocalBackend, can_enter, server_account};
 use rand::Rng;
+use tracing::info;
 
 use super::local_settings;
 use crate::config::Config;
 
-/// What the quickstart was asked for.
+/// What the quickstart was asked for. Every value given applies to an existing folder too:
+/// ports and the idle timeout for this run (its `pgwake.toml` keeps its own), tenants added
+/// to its `pgwake.toml` for good.
 pub struct QuickstartOptions {
     /// Folder for config, certificates and (when the server account can enter it) data.
     pub dir: PathBuf,
-    /// Tenants to create (first run only).
-    pub tenants: Vec<TenantId>,
-    /// Postgres listener port.
-    pub port: u16,
-    /// Admin listener port.
-    pub admin_port: u16,
-    /// HTTP listener port (`POST /sql` and WebSocket).
-    pub http_port: u16,
-    /// Idle time before a tenant sleeps.
-    pub idle_timeout: Duration,
+    /// Tenants to serve (default: `alpha` in a new folder).
+    pub tenants: Option<Vec<TenantId>>,
+    /// Postgres listener port (default 6432 in a new folder).
+    pub port: Option<u16>,
+    /// Admin listener port (default 9090 in a new folder).
+    pub admin_port: Option<u16>,
+    /// HTTP listener port, `POST /sql` and WebSocket (default 8443 in a new folder).
+    pub http_port: Option<u16>,
+    /// Idle time before a tenant sleeps (default 60 s in a new folder).
+    pub idle_timeout: Option<Duration>,
 }
+
+/// Defaults of a new quickstart folder.
+const DEFAULT_TENANT: &str = "alpha";
+const DEFAULT_PORT: u16 = 6432;
+const DEFAULT_ADMIN_PORT: u16 = 9090;
+/// Default port of the HTTPS listener (also given to folders written before it existed).
+pub const DEFAULT_HTTP_PORT: u16 = 8443;
+const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Where data directories go when the server account cannot enter the quickstart folder.
 const SHARED_DATA_ROOT: &str = "/var/lib/pgwake";
@@ -38,9 +50,13 @@ const SHARED_DATA_ROOT: &str = "/var/lib/pgwake";
 pub const CA_FILE: &str = "ca.pem";
 
 /// Writes `dir/pgwake.toml`, the certificates and the data directories unless they exist, and
-/// returns the config path. A folder from an earlier version (a self-signed `cert.pem` and no
-/// CA) gets a CA and a certificate signed by it.
-pub async fn prepare(opts: &QuickstartOptions) -> anyhow::Result<PathBuf> {
+/// returns the configuration to serve: the folder's, with what `opts` gives applied. A folder
+/// from an earlier version (a self-signed `cert.pem` and no CA) gets a CA and a certificate
+/// signed by it.
+///
+/// Nothing is stopped or created while another gateway serves the folder's tenants, and a busy
+/// port is reported, naming the flag that changes it, before any data directory is made.
+pub async fn prepare(opts: &QuickstartOptions) -> anyhow::Result<Config> {
     fs::create_dir_all(&opts.dir).with_context(|| format!("create {}", opts.dir.display()))?;
     let dir =
         fs::canonicalize(&opts.dir).with_context(|| format!("open {}", opts.dir.display()))?;
@@ -49,19 +65,108 @@ pub async fn prepare(opts: &QuickstartOptions) -> anyhow::Result<PathBuf> {
         write_certificates(&dir)?;
     }
     if !config_path.exists() {
-        let data_dir = choose_data_dir(&dir)?;
-        let password: String = rand::rng()
-            .sample_iter(rand::distr::Alphanumeric)
-            .take(20)
-            .map(char::from)
-            .collect();
-        let tenants: String = opts
-            .tenants
-            .iter()
-            .map(|t| format!("\n[[tenant]]\nid = \"{t}\"\nbackend = {{ kind = \"local\" }}\n"))
-            .collect();
-        let text = format!(
-            r#"# Written by `pgwake quickstart`; edit freely, later runs reuse it.
+        write_config(&dir, &config_path, opts)?;
+    } else if let Some(tenants) = &opts.tenants {
+        add_tenants(&config_path, tenants)?;
+    }
+    let mut config = Config::load(&config_path)
+        .with_context(|| format!("invalid configuration in {}", config_path.display()))?;
+    apply(&mut config, opts);
+    let backend = match &config.local {
+        Some(local) => {
+            let backend = LocalBackend::new(local_settings(local, config.wake.wake_timeout))?;
+            backend.claim().map_err(|e| match e {
+                ClaimError::InUse { pid, .. } => anyhow::anyhow!(
+                    "{e} (a quickstart on {dir}): stop it first ({}), or use another --dir",
+                    match pid {
+                        Some(p) => format!("Ctrl-C where it runs, or kill {p}"),
+                        None => "Ctrl-C where it runs".into(),
+                    },
+                    dir = dir.display()
+                ),
+                ClaimError::Io(_) => anyhow::anyhow!("local.data_dir: {e}"),
+            })?;
+            Some(backend)
+        }
+        None => None,
+    };
+    check_ports(&config)?;
+    if let Some(backend) = backend {
+        for t in &config.tenants {
+            backend.stop_stale(&t.id).await;
+            backend.ensure_initialized(&t.id).await?;
+        }
+    }
+    Ok(config)
+}
+
+/// Removes what `pgwake quickstart` made in `dir`: stops the Postgres servers a gateway that is
+/// gone left running, deletes the data directories (inside the folder or under
+/// `/var/lib/pgwake`) and the folder itself. Refused while a gateway serves the folder. Returns
+/// what was removed, one line each.
+pub async fn remove(dir: &Path) -> anyhow::Result<String> {
+    let config_path = dir.join("pgwake.toml");
+    if !config_path.exists() {
+        anyhow::bail!(
+            "{} holds no quickstart (no pgwake.toml): nothing removed",
+            dir.display()
+        );
+    }
+    let dir = fs::canonicalize(dir).with_context(|| format!("open {}", dir.display()))?;
+    let config = Config::load(&config_path)
+        .with_context(|| format!("invalid configuration in {}", config_path.display()))?;
+    let mut removed = Vec::new();
+    if let Some(local) = &config.local {
+        let backend = LocalBackend::new(local_settings(local, config.wake.wake_timeout))?;
+        backend.claim().map_err(|e| match e {
+            ClaimError::InUse { .. } => {
+                anyhow::anyhow!("{e}: stop it first (Ctrl-C where it runs); nothing removed")
+            }
+            ClaimError::Io(_) => anyhow::anyhow!("local.data_dir: {e}"),
+        })?;
+        for t in &config.tenants {
+            backend.stop_stale(&t.id).await;
+        }
+        let data = &local.data_dir;
+        // Only folders the quickstart chose: a hand-edited data_dir may hold other data.
+        let ours = data.starts_with(&dir) || data.parent() == Some(Path::new(SHARED_DATA_ROOT));
+        if ours && data.exists() {
+            fs::remove_dir_all(data).with_context(|| format!("remove {}", data.display()))?;
+            removed.push(format!("removed {} (data directories)", data.display()));
+        } else if data.exists() {
+            removed.push(format!(
+                "kept {}: local.data_dir points outside the quickstart's folders; remove it \
+                 yourself if it is no longer needed",
+                data.display()
+            ));
+        }
+    }
+    fs::remove_dir_all(&dir).with_context(|| format!("remove {}", dir.display()))?;
+    removed.push(format!(
+        "removed {} (config, certificates and keys)",
+        dir.display()
+    ));
+    Ok(removed.join("\n"))
+}
+
+/// Writes the `pgwake.toml` of a new folder.
+fn write_config(dir: &Path, config_path: &Path, opts: &QuickstartOptions) -> anyhow::Result<()> {
+    let data_dir = choose_data_dir(dir)?;
+    let password: String = rand::rng()
+        .sample_iter(rand::distr::Alphanumeric)
+        .take(20)
+        .map(char::from)
+        .collect();
+    let default_tenants = [TenantId::parse(DEFAULT_TENANT)?];
+    let tenants: String = opts
+        .tenants
+        .as_deref()
+        .unwrap_or(&default_tenants)
+        .iter()
+        .map(tenant_table)
+        .collect();
+    let text = format!(
+        r#"# Written by `pgwake quickstart`; edit freely, later runs reuse it.
 [listen]
 postgres = "127.0.0.1:{port}"
 admin = "127.0.0.1:{admin}"
@@ -74,6 +179,8 @@ key = "key.pem"
 [routing]
 sni_suffix = "db.localtest"
 rules = ["sni", "options", "database", "user", "password"]
+# Listening on loopback only: a client naming a tenant that does not exist is told so.
+unknown_tenant = "reveal"
 
 [wake]
 idle_timeout = "{idle}"
@@ -83,24 +190,100 @@ data_dir = "{data_dir}"
 superuser = "pgwake"
 password = "{password}"
 {tenants}"#,
-            port = opts.port,
-            admin = opts.admin_port,
-            http = opts.http_port,
-            idle = humantime::format_duration(opts.idle_timeout),
-        );
-        fs::write(&config_path, text).context("write pgwake.toml")?;
-        fs::set_permissions(&config_path, fs::Permissions::from_mode(0o600))?;
-    }
-    let config = Config::load(&config_path)
+        port = opts.port.unwrap_or(DEFAULT_PORT),
+        admin = opts.admin_port.unwrap_or(DEFAULT_ADMIN_PORT),
+        http = opts.http_port.unwrap_or(DEFAULT_HTTP_PORT),
+        idle = humantime::format_duration(opts.idle_timeout.unwrap_or(DEFAULT_IDLE_TIMEOUT)),
+    );
+    fs::write(config_path, text).context("write pgwake.toml")?;
+    fs::set_permissions(config_path, fs::Permissions::from_mode(0o600))?;
+    Ok(())
+}
+
+/// The `[[tenant]]` table of a quickstart tenant.
+fn tenant_table(id: &TenantId) -> String {
+    format!("\n[[tenant]]\nid = \"{id}\"\nbackend = {{ kind = \"local\" }}\n")
+}
+
+/// Appends to an existing `pgwake.toml` the tenants of `wanted` it does not have yet; tenants
+/// it has and `wanted` does not name stay (their data too).
+fn add_tenants(config_path: &Path, wanted: &[TenantId]) -> anyhow::Result<()> {
+    let config = Config::load(config_path)
         .with_context(|| format!("invalid configuration in {}", config_path.display()))?;
-    if let Some(local) = &config.local {
-        let backend = LocalBackend::new(local_settings(local, config.wake.wake_timeout))?;
-        for t in &config.tenants {
-            backend.stop_stale(&t.id).await;
-            backend.ensure_initialized(&t.id).await?;
+    let missing: Vec<&TenantId> = wanted
+        .iter()
+        .filter(|w| !config.tenants.iter().any(|t| &t.id == *w))
+        .collect();
+    let unnamed: Vec<String> = config
+        .tenants
+        .iter()
+        .filter(|t| !wanted.contains(&t.id))
+        .map(|t| t.id.to_string())
+        .collect();
+    if !unnamed.is_empty() {
+        info!(
+            tenants = %unnamed.join(","),
+            config = %config_path.display(),
+            "tenants not named by --tenants stay: remove their [[tenant]] tables to stop serving them"
+        );
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let mut text = fs::read_to_string(config_path).context("read pgwake.toml")?;
+    if !text.ends_with('\n') {
+        text.push('\n');
+    }
+    for id in &missing {
+        text.push_str(&tenant_table(id));
+    }
+    fs::write(config_path, text).context("write pgwake.toml")?;
+    let added: Vec<String> = missing.iter().map(|t| t.to_string()).collect();
+    info!(tenants = %added.join(","), config = %config_path.display(), "tenants added");
+    Ok(())
+}
+
+/// Applies the ports and idle timeout given for this run; gives a folder written before the
+/// quickstart served HTTP its listener.
+fn apply(config: &mut Config, opts: &QuickstartOptions) {
+    if let Some(p) = opts.port {
+        config.listen.postgres.set_port(p);
+    }
+    if let (Some(p), Some(admin)) = (opts.admin_port, config.listen.admin.as_mut()) {
+        admin.set_port(p);
+    }
+    let ip = config.listen.postgres.ip();
+    let http = config
+        .listen
+        .http
+        .get_or_insert_with(|| SocketAddr::new(ip, DEFAULT_HTTP_PORT));
+    if let Some(p) = opts.http_port {
+        http.set_port(p);
+    }
+    if let Some(idle) = opts.idle_timeout {
+        config.wake.idle_timeout = idle;
+    }
+}
+
+/// Fails when a listener's address is taken, naming the flag that moves it: found before any
+/// data directory is created, rather than after.
+fn check_ports(config: &Config) -> anyhow::Result<()> {
+    let listeners = [
+        (Some(config.listen.postgres), "--port"),
+        (config.listen.admin, "--admin-port"),
+        (config.listen.http, "--http-port"),
+    ];
+    for (addr, flag) in listeners {
+        let Some(addr) = addr else { continue };
+        if let Err(e) = std::net::TcpListener::bind(addr) {
+            anyhow::bail!(
+                "cannot listen on {addr} ({e}): another program or quickstart uses port \
+                 {port}; pick a free one with {flag} <port>",
+                port = addr.port()
+            );
         }
     }
-    Ok(config_path)
+    Ok(())
 }
 
 /// `data` inside the quickstart folder, unless the gateway is root and the account the servers

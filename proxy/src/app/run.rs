@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use pgwake_routing::backend::ClaimError;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -20,22 +21,44 @@ use crate::{front, http};
 /// How long terminated sessions get to deliver their last message before the process exits.
 const TERMINATE_DRAIN: Duration = Duration::from_secs(5);
 
-/// Serves until `shutdown` fires, then drains: stop accepting, `/readyz` 503, connections not
-/// yet relaying (held for a wake, waiting for a backend connection, logging in) end at once
-/// with FATAL 57P01, relaying sessions get `shutdown_grace`, then the rest end with 57P01 too;
+/// How the gateway is asked to stop: usually by signals (see the `pgwake` command), by hand in
+/// tests.
+#[derive(Clone, Debug, Default)]
+pub struct StopRequest {
+    /// Begins the shutdown: stop accepting and drain.
+    pub drain: CancellationToken,
+    /// Sessions at rest (no transaction open, nothing in flight) end at once, the others as
+    /// soon as they come to rest, instead of going on through the grace period. Fired together
+    /// with `drain` when whoever stops the gateway does not wait for clients (Ctrl-C).
+    pub end_idle: CancellationToken,
+    /// Ends what is left of the grace period: every session is terminated now.
+    pub now: CancellationToken,
+}
+
+/// Serves until `stop_request.drain` fires, then drains: stop accepting, `/readyz` 503,
+/// connections not yet relaying (held for a wake, waiting for a backend connection, logging in)
+/// end at once with FATAL 57P01, relaying sessions get `shutdown_grace` (idle ones none with
+/// `end_idle`; nobody any more once `now` fires), then the rest end with 57P01 too;
 /// last the local servers it started are stopped, one whose wake is under way included.
 pub async fn run(
     config: Config,
-    shutdown: CancellationToken,
+    stop_request: StopRequest,
     banner: Option<String>,
 ) -> anyhow::Result<()> {
     let terminate = CancellationToken::new();
-    let gateway = Arc::new(build(&config, terminate.clone()).await?);
+    let gateway = Arc::new(build(&config, terminate.clone(), stop_request.end_idle.clone()).await?);
     let listener = bind("listen.postgres", config.listen.postgres).await?;
     // Bound before the admin listener, so /readyz never answers for a gateway that then fails.
     let peer_listener = bind_some("listen.peer", config.listen.peer).await?;
     let http_listener = bind_some("listen.http", config.listen.http).await?;
     if let Some(local) = &gateway.local {
+        local.claim().map_err(|e| match e {
+            ClaimError::InUse { pid, .. } => anyhow::anyhow!(
+                "{e}: stop it first{}, or set local.data_dir to another folder",
+                pid.map(|p| format!(" (kill {p})")).unwrap_or_default()
+            ),
+            ClaimError::Io(_) => anyhow::anyhow!("local.data_dir: {e}"),
+        })?;
         for t in gateway.pipeline().router.directory.all() {
             local.stop_stale(&t.id).await;
         }
@@ -90,7 +113,7 @@ pub async fn run(
         tokio::spawn(http::serve(l, state, shards, tasks, stop.clone()))
     });
 
-    shutdown.cancelled().await;
+    stop_request.drain.cancelled().await;
     admin_state.ready.store(false, Ordering::Relaxed);
     stop.cancel();
     let _ = accept.await;
@@ -98,7 +121,8 @@ pub async fn run(
         let _ = h.await;
     }
     tasks.close();
-    drain(&gateway, &tasks, config.limits.shutdown_grace, &terminate).await;
+    let grace = config.limits.shutdown_grace;
+    drain(&gateway, &tasks, grace, &stop_request, &terminate).await;
     sleeper_stop.cancel();
     if let Some(r) = replenisher {
         // It gives its Leases up, so another replica replenishes without waiting them out.
@@ -184,24 +208,36 @@ fn start_background_jobs(
         .map(|pool| tokio::spawn(pool.run_replenisher(stop.clone())))
 }
 
-/// Lets sessions finish within `grace`, then ends the rest (FATAL 57P01 at their next message
-/// boundary) and waits a little for them to go.
+/// Lets sessions finish within `grace` (or until `stop.now`), then ends the rest (FATAL 57P01
+/// at their next message boundary) and waits a little for them to go.
 async fn drain(
     gateway: &Gateway,
     tasks: &TaskTracker,
     grace: Duration,
+    stop: &StopRequest,
     terminate: &CancellationToken,
 ) {
     let active = gateway.front.metrics.connections_active.get();
-    info!(active, grace = ?grace, "shutting down: waiting for sessions");
-    if tokio::time::timeout(grace, tasks.wait()).await.is_err() {
-        info!(
-            remaining = gateway.front.metrics.connections_active.get(),
-            "grace period over: terminating sessions"
-        );
-        terminate.cancel();
-        let _ = tokio::time::timeout(TERMINATE_DRAIN, tasks.wait()).await;
-    }
+    let idle = match stop.end_idle.is_cancelled() {
+        true => "idle sessions end now, ",
+        false => "",
+    };
+    info!(
+        active,
+        grace = ?grace,
+        "shutting down: {idle}waiting for sessions (signal again to end them now)"
+    );
+    let why = tokio::select! {
+        _ = tasks.wait() => return,
+        _ = tokio::time::sleep(grace) => "grace period over",
+        _ = stop.now.cancelled() => "asked again",
+    };
+    info!(
+        remaining = gateway.front.metrics.connections_active.get(),
+        "{why}: terminating sessions"
+    );
+    terminate.cancel();
+    let _ = tokio::time::timeout(TERMINATE_DRAIN, tasks.wait()).await;
 }
 
 /// The most backend connections the gateway can hold at once, when the configuration bounds

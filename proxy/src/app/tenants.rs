@@ -100,10 +100,10 @@ pub(super) fn credential_source(
     Ok(match t.effective_credentials() {
         None => None,
         Some(CredentialsConfig::Static { file }) => {
-            Some(Arc::new(StaticSource::load(&file).map_err(|source| {
+            Some(Arc::new(StaticSource::load(&file).map_err(|problem| {
                 BuildError::Credentials {
                     tenant: t.id.to_string(),
-                    source,
+                    problem,
                 }
             })?))
         }

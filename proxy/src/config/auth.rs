@@ -14,10 +14,10 @@ pub struct AuthConfig {
     /// attempts are refused unread.
     pub throttle_free_failures: u32,
     /// Wait after the last free failure; doubles with each further evaluated failure.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "super::duration")]
     pub throttle_base: Duration,
     /// Longest throttle wait.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "super::duration")]
     pub throttle_max: Duration,
     /// Entries the throttle remembers of each count ((client IP, tenant), (tenant, user)).
     pub throttle_capacity: u64,
@@ -28,13 +28,13 @@ pub struct AuthConfig {
     pub throttle_namespace: Option<String>,
     /// Longest wait for the Kubernetes API when recording a login outcome for the fleet; after
     /// it, only this replica's count has it.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "super::duration")]
     pub throttle_shared_timeout: Duration,
     /// Highest SCRAM iteration count the gateway derives keys for when logging in to a backend
     /// with a password: a backend could otherwise make it burn CPU.
     pub max_backend_iterations: u32,
     /// How long verifiers fetched by `auth_query` are cached.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "super::duration")]
     pub auth_query_ttl: Duration,
     /// Key for the salts of mock exchanges with unknown users; set it so replicas and
     /// restarts answer alike (random per process when unset).

@@ -23,27 +23,27 @@ pub struct HttpConfig {
     pub max_spill_total: ByteSize,
     /// Longest a response may go without any of its body being taken by the client; a client
     /// that stops reading has its connection closed (and the response's file freed).
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "super::duration")]
     pub send_timeout: Duration,
     /// Time a `/sql` request may take once its backend connection is ready.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "super::duration")]
     pub query_timeout: Duration,
     /// Pooled backend connections per (tenant, user, database).
     pub pool_max_per_key: usize,
     /// Pooled backend connections in total.
     pub pool_max_total: usize,
     /// Idle pooled connections older than this are closed.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "super::duration")]
     pub pool_idle_timeout: Duration,
     /// How long a request waits for a pool slot when the bounds are reached.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "super::duration")]
     pub pool_acquire_timeout: Duration,
     /// Time a client has to send a request's headers (HTTP/1.1), and the longest a connection
     /// (HTTP/1.1 kept alive, or HTTP/2) may sit with no request in flight.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "super::duration")]
     pub header_timeout: Duration,
     /// Time a client has to send a request's whole body; a slower one is answered 408.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "super::duration")]
     pub body_timeout: Duration,
     /// Statements each pooled connection keeps prepared by query text, so a repeated query
     /// skips Postgres's parse and plan; 0 turns the cache off.

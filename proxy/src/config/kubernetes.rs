@@ -28,12 +28,12 @@ pub struct KubernetesConfig {
     /// `<cluster>-app` Secret).
     pub discover_auth: Option<AuthMode>,
     /// Idle timeout of discovered tenants (default `[wake] idle_timeout`).
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, with = "super::duration")]
     pub discover_idle_timeout: Option<Duration>,
     /// How long a replica's entry in a tenant's shared activity record counts after its last
     /// renewal (renewed every third of it): a killed replica stops holding its tenants awake
     /// after this (default [`DEFAULT_ACTIVITY_TTL`]).
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, with = "super::duration")]
     pub activity_ttl: Option<Duration>,
 }
 

@@ -16,11 +16,11 @@ pub struct Limits {
     /// Largest single message relayed in either direction once connected.
     pub max_message: ByteSize,
     /// Time a client has to negotiate TLS and send its startup message.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "super::duration")]
     pub startup_timeout: Duration,
     /// Time a client has, once its startup message is in, to finish authenticating (the whole
     /// SCRAM exchange, or its cleartext password over WebSocket).
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "super::duration")]
     pub auth_timeout: Duration,
     /// Client connections the gateway holds at once (Postgres and WebSocket, logged in or not);
     /// more get FATAL 53300. Lowered at start-up to what the process's file limit can hold
@@ -30,19 +30,19 @@ pub struct Limits {
     /// ended to make room for a new one. Lowered like `max_client_connections`.
     pub max_unauthenticated_connections: usize,
     /// Time to open a TCP connection (and TLS) to a backend.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "super::duration")]
     pub connect_timeout: Duration,
     /// Time the login exchange with the backend may take, password round trips included.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "super::duration")]
     pub login_timeout: Duration,
     /// On SIGTERM, how long sessions may go on before they are ended.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "super::duration")]
     pub shutdown_grace: Duration,
     /// Relay buffer per direction per connection.
     pub relay_buffer: ByteSize,
     /// How long a session waits for a backend connection of a tenant at its
     /// `max_backend_connections`; then FATAL 53300.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "super::duration")]
     pub backend_wait_timeout: Duration,
     /// Sessions that may wait for a backend connection of one such tenant at once; more get
     /// FATAL 53300 at once.
@@ -51,7 +51,7 @@ pub struct Limits {
     /// connection, and a place under its tenant's cap); then Postgres ends it with FATAL 25P03,
     /// as its own `idle_in_transaction_session_timeout` does (set on every backend login).
     /// 0: no limit.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "super::duration")]
     pub idle_in_transaction_timeout: Duration,
 }
 

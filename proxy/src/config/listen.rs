@@ -105,7 +105,7 @@ pub struct TlsConfig {
     pub certs: Vec<SniCert>,
     /// How often the certificate and key files are checked for new contents (a rotation);
     /// SIGHUP reloads them at once.
-    #[serde(default = "default_watch_interval", with = "humantime_serde")]
+    #[serde(default = "default_watch_interval", with = "super::duration")]
     pub watch_interval: Duration,
 }
 

@@ -27,10 +27,10 @@ pub struct LocalConfig {
     pub settings: std::collections::BTreeMap<String, String>,
     /// How long a fast shutdown may take before an immediate one (for a server still starting:
     /// an immediate one before the postmaster is killed).
-    #[serde(default = "default_stop_timeout", with = "humantime_serde")]
+    #[serde(default = "default_stop_timeout", with = "super::duration")]
     pub stop_timeout: Duration,
     /// Time between readiness probes while a server starts.
-    #[serde(default = "default_probe_interval", with = "humantime_serde")]
+    #[serde(default = "default_probe_interval", with = "super::duration")]
     pub probe_interval: Duration,
 }
 

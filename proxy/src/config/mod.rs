@@ -10,6 +10,7 @@ use serde::Deserialize;
 
 mod auth;
 mod backend;
+pub mod duration;
 mod http;
 mod kubernetes;
 mod limits;
@@ -59,9 +60,10 @@ const SECTIONS: &[&str] = &[
 /// A configuration problem, naming the key and what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// The file or environment could not be read or parsed.
+    /// The file or environment could not be read or parsed: one line per problem, each naming
+    /// the key as it was written (see [`describe`]).
     #[error("{0}")]
-    Parse(#[from] Box<figment::Error>),
+    Parse(String),
     /// A value parsed but is not usable.
     #[error("{key}: {problem}")]
     Invalid {
@@ -70,6 +72,74 @@ pub enum ConfigError {
         /// What is wrong and how to fix it.
         problem: String,
     },
+}
+
+/// Every problem in a figment error, one line each: the key as the user wrote it (a variable's
+/// name when it came from the environment), and what is wrong, without figment's profile prefix
+/// (`default.`) or nested quoting.
+fn describe(error: figment::Error) -> String {
+    let lines: Vec<String> = error.into_iter().map(|e| describe_one(&e)).collect();
+    lines.join("\n")
+}
+
+fn describe_one(e: &figment::Error) -> String {
+    use figment::error::Kind;
+    let mut path = e.path.clone();
+    if let Kind::MissingField(field) = &e.kind {
+        path.push(field.to_string());
+    }
+    let from_env = e
+        .metadata
+        .as_ref()
+        .is_some_and(|m| m.name.contains("environment"));
+    let key = match from_env {
+        true => format!("PGWAKE_{}", path.join("__").to_ascii_uppercase()),
+        false => toml_key(&path),
+    };
+    // The file is named by whoever loads it; a value from the environment is not in it.
+    let source = match from_env {
+        true => "environment variable ",
+        false => "",
+    };
+    let problem = match &e.kind {
+        Kind::UnknownField(_, []) => "unknown key".to_owned(),
+        Kind::UnknownField(_, expected) => {
+            format!("unknown key; the keys here are {}", expected.join(", "))
+        }
+        Kind::UnknownVariant(value, expected) => {
+            let quoted: Vec<String> = expected.iter().map(|v| format!("{v:?}")).collect();
+            format!("unknown value {value:?}; one of {}", quoted.join(", "))
+        }
+        Kind::MissingField(_) => "missing".to_owned(),
+        Kind::InvalidType(actual, expected) | Kind::InvalidValue(actual, expected) => {
+            format!(
+                "expected {expected}, found {}",
+                actual.to_string().replace('`', "")
+            )
+        }
+        Kind::Message(m) => m.clone(),
+        other => other.to_string().replace('`', ""),
+    };
+    match key.is_empty() {
+        true => format!("{source}{problem}"),
+        false => format!("{source}{key}: {problem}"),
+    }
+}
+
+/// A key path as TOML spells it: `tenant[0].backend.kind`.
+fn toml_key(path: &[String]) -> String {
+    let mut key = String::new();
+    for part in path {
+        if part.parse::<usize>().is_ok() {
+            key.push_str(&format!("[{part}]"));
+        } else {
+            if !key.is_empty() {
+                key.push('.');
+            }
+            key.push_str(part);
+        }
+    }
+    key
 }
 
 fn invalid(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
@@ -165,7 +235,7 @@ impl Config {
             .merge(Toml::file_exact(path))
             .merge(env)
             .extract()
-            .map_err(Box::new)?;
+            .map_err(|e| ConfigError::Parse(describe(e)))?;
         // Absolute, because Postgres servers of the local backend run in their own data
         // directory and would read a relative socket or data path from there.
         let parent = path
@@ -571,6 +641,50 @@ backend = { kind = "fixed", address = "127.0.0.1:5433" }
         };
         assert_eq!(load(&set("3")).unwrap().listen.session_threads, 3);
         refused(&set("5000"), "listen.session_threads");
+    }
+
+    #[test]
+    fn parse_errors_name_the_key_as_written_one_line_each() {
+        let with = |extra: &str| load(&format!("{EXAMPLE}{extra}")).unwrap_err().to_string();
+        let unknown = with("[wake]\nidle_timout = \"1m\"\n");
+        assert!(
+            unknown.ends_with(
+                "wake.idle_timout: unknown key; the keys here are wake_timeout, \
+                 max_waiters_per_tenant, max_waiters_total, attempts, retry_backoff, \
+                 failed_retry_delay, idle_timeout, idle_check_interval, wake_notice"
+            ),
+            "{unknown}"
+        );
+        let words = with("[wake]\nidle_timeout = \"1 minute\"\n");
+        assert!(
+            words.ends_with("wake.idle_timeout: invalid duration \"1 minute\": write numbers with a unit (ms, s, m, h or d), such as \"500ms\", \"30s\" or \"1m30s\""),
+            "{words}"
+        );
+        let tenant = with("[[tenant]]\nid = \"beta\"\nbackend = { kind = \"nosuch\" }\n");
+        assert!(tenant.contains("tenant[1].backend"), "{tenant}");
+        for err in [&unknown, &words, &tenant] {
+            assert_eq!(err.lines().count(), 1, "{err}");
+            assert!(!err.contains("default.") && !err.contains('`'), "{err}");
+        }
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail fixes the closure's error type
+    fn an_environment_variable_is_named_as_set() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("pgwake.toml", EXAMPLE)?;
+            jail.set_env("PGWAKE_WAKE__IDLE_TIMEOUT", "1 minute");
+            let err = Config::load(Path::new("pgwake.toml"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.starts_with(
+                    "environment variable PGWAKE_WAKE__IDLE_TIMEOUT: invalid duration \"1 minute\""
+                ),
+                "{err}"
+            );
+            Ok(())
+        });
     }
 
     #[test]

@@ -41,10 +41,10 @@ pub struct PeerConfig {
     pub limiter_capacity: usize,
     /// How far a forwarded request's issue time may be from this replica's clock; older ones
     /// (replays) are refused.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "super::duration")]
     pub max_clock_skew: Duration,
     /// Time to connect to a peer and get its answer, and for a peer to send its request.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "super::duration")]
     pub request_timeout: Duration,
 }
 

@@ -38,15 +38,15 @@ pub struct PoolClassConfig {
     /// A CloudNativePG `Cluster` manifest (YAML or JSON) new warm clusters are made from.
     pub template: PathBuf,
     /// How often the replenisher checks the warm count (it also runs after each claim).
-    #[serde(default = "default_replenish_interval", with = "humantime_serde")]
+    #[serde(default = "default_replenish_interval", with = "super::duration")]
     pub replenish_interval: Duration,
     /// How long the replenisher's Lease (`pgwake-pool-<name>`) is valid without renewal; another
     /// replica takes over replenishing this long after the holder stops renewing.
-    #[serde(default = "default_lease_duration", with = "humantime_serde")]
+    #[serde(default = "default_lease_duration", with = "super::duration")]
     pub lease_duration: Duration,
     /// How long a claimed cluster may stay without a binding (its claimant died between claim
     /// and binding) before the replenisher returns it to the warm pool.
-    #[serde(default = "default_orphan_grace", with = "humantime_serde")]
+    #[serde(default = "default_orphan_grace", with = "super::duration")]
     pub orphan_grace: Duration,
 }
 

@@ -19,10 +19,10 @@ pub struct ReuseConfig {
     /// Idle connections kept in all (the oldest of another key gives way when full).
     pub max_idle_total: usize,
     /// An idle connection kept longer than this is closed.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "super::duration")]
     pub idle_timeout: Duration,
     /// Time the reset (`DISCARD ALL`) of a returned connection may take.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "super::duration")]
     pub reset_timeout: Duration,
 }
 

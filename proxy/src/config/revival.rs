@@ -19,27 +19,30 @@ pub struct RevivalConfig {
     /// in-memory key when empty (tokens then die with the process).
     pub keys: Vec<RevivalKeyConfig>,
     /// How long a revival token stays valid; a session parked longer ends at its next message.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "super::duration")]
     pub token_ttl: Duration,
     /// Quiet time at a safe point after which the gateway records a session's state (settings,
     /// prepared statements, pins) with one query, so a restart of its backend can move it.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "super::duration")]
     pub snapshot_after: Duration,
     /// Quiet time at a safe point after which a movable session parks on its own, even while
     /// its tenant is busy: its backend connection is reset and kept for other sessions of the
     /// same user and startup parameters (with `[reuse]`), or closed; the session is revived on
     /// its next message. Off when unset.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "super::duration")]
     pub park_session_after: Option<Duration>,
     /// What an idle but pinned session (open transaction, temp table, advisory lock, LISTEN,
     /// held cursor) does to an idle tenant: keep it awake, or be ended with FATAL.
     pub pinned: PinnedPolicy,
     /// Time a revival may take: wake, reconnect (retried while the backend restarts), login
     /// and restoring settings and statements.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "super::duration")]
     pub revive_timeout: Duration,
     /// Named prepared statements a session may hold and still be moved.
     pub max_statements: usize,
+    /// Custom settings (`prefix.name`) a session may name and still be moved: Postgres cannot
+    /// list them, so the gateway remembers each name it sees a session use.
+    pub max_custom_settings: usize,
     /// Largest recorded session state (settings and statement texts) a session may have and
     /// still be moved.
     pub max_snapshot: ByteSize,
@@ -56,6 +59,7 @@ impl Default for RevivalConfig {
             pinned: PinnedPolicy::KeepAwake,
             revive_timeout: Duration::from_secs(30),
             max_statements: 1000,
+            max_custom_settings: 256,
             max_snapshot: ByteSize::kib(256),
         }
     }

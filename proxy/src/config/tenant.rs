@@ -74,7 +74,7 @@ pub struct TenantConfig {
     /// Where its database runs.
     pub backend: TenantBackend,
     /// Overrides `[wake] idle_timeout`.
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, with = "super::duration")]
     pub idle_timeout: Option<Duration>,
     /// Who checks passwords (default: the gateway when credentials are known, else passthrough).
     #[serde(default)]

@@ -11,7 +11,7 @@ use super::{ConfigError, invalid, nonzero};
 #[serde(deny_unknown_fields, default)]
 pub struct WakeConfig {
     /// How long a connection waits for its tenant to wake before FATAL 57P03.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "super::duration")]
     pub wake_timeout: Duration,
     /// Connections that may wait for one tenant; more get FATAL 53300 at once.
     pub max_waiters_per_tenant: usize,
@@ -20,17 +20,17 @@ pub struct WakeConfig {
     /// Attempts one wake makes before the tenant is marked failed.
     pub attempts: u32,
     /// Pause after a failed attempt (doubling each time).
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "super::duration")]
     pub retry_backoff: Duration,
     /// How long a failed tenant refuses connections before the next wake.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "super::duration")]
     pub failed_retry_delay: Duration,
     /// A tenant with no connections for this long is put to sleep (per-tenant override:
     /// `idle_timeout` in `[[tenant]]`).
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "super::duration")]
     pub idle_timeout: Duration,
     /// How often idle tenants are looked for.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "super::duration")]
     pub idle_check_interval: Duration,
     /// Tell clients that must wait "waking database …" with a NoticeResponse; sent after the
     /// gateway's AuthenticationOk (clients refuse notices earlier), so only for tenants the

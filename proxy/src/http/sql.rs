@@ -417,10 +417,17 @@ async fn admit(
     let user = get("user").unwrap_or_default();
     let Some((tenant, profile)) = gw.router.admit(&resolved.tenant, peer) else {
         let unknown = gw.router.unknown_tenant;
+        let forbidden = gw.router.directory.get(&resolved.tenant).is_some();
         let password = &target.password;
         let refused = gw
             .auth
-            .refuse_unknown_password(unknown, peer, &resolved.tenant, &user, password)
+            .refuse_unknown_password(
+                unknown,
+                peer,
+                (&resolved.tenant, forbidden),
+                &user,
+                password,
+            )
             .await;
         return Err(refused.into());
     };

@@ -28,7 +28,7 @@ use tracing::{debug, info, warn};
 pub use endpoints::PeerEndpoints;
 pub use limiter::{RateLimiter, RateSettings};
 
-use crate::cancel::{CancelMap, ReplicaTag, forward_cancel};
+use crate::cancel::{CancelMap, ReplicaTag};
 use crate::metrics::Metrics;
 
 /// How a replica forwards and answers cancels, from `[peer]`.
@@ -222,14 +222,15 @@ impl PeerCancels {
             return PeerAnswer::Refused;
         }
         // Answered from this replica's own keys only, never forwarded again: no loops.
-        let Some(target) = self.cancels.lookup(&request.key) else {
+        let Some(route) = self.cancels.lookup(&request.key) else {
             let secret_len = request.key.secret.len();
             debug!(%peer, secret_len, "forwarded cancel matches no key of this replica");
             return PeerAnswer::UnknownKey;
         };
         self.metrics.cancels_forwarded.inc();
-        if let Err(e) = forward_cancel(&target, self.settings.backend_connect_timeout).await {
-            warn!(error = %e, backend = %target.endpoint, "forwarded cancel not delivered");
+        let to = route.describe();
+        if let Err(e) = route.deliver(self.settings.backend_connect_timeout).await {
+            warn!(error = %e, backend = %to, "forwarded cancel not delivered");
         }
         PeerAnswer::Cancelled
     }

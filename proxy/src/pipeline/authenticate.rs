@@ -86,7 +86,7 @@ impl Authenticator {
             (|| slot.progressed(), reserve),
         )
         .await;
-        self.attempt_done(peer, tenant, user, reservation, &result);
+        self.attempt_done(peer, tenant, source, user, reservation, &result);
         self.share_outcome(peer, tenant, source, user, &result)
             .await;
         result
@@ -161,7 +161,7 @@ impl Authenticator {
             .and_then(|c| self.passwords.recall(tenant, user, c, password))
         {
             let result = Ok(material);
-            self.attempt_done(peer, tenant, user, None, &result);
+            self.attempt_done(peer, tenant, source, user, None, &result);
             self.share_outcome(peer, tenant, source, user, &result)
                 .await;
             return result;
@@ -183,26 +183,30 @@ impl Authenticator {
                 (Some(r), result)
             }
         };
-        self.attempt_done(peer, tenant, user, reservation, &result);
+        self.attempt_done(peer, tenant, source, user, reservation, &result);
         self.share_outcome(peer, tenant, source, user, &result)
             .await;
         result
     }
 
-    /// The answer to a client naming a tenant that does not exist or is forbidden to it: by
+    /// The answer to a client naming a tenant that does not exist or is `forbidden` to it: by
     /// default the very exchange and answer of a wrong password (`routing.unknown_tenant`).
     pub async fn refuse_unknown_tenant(
         &self,
         unknown: UnknownTenant,
         client: &mut Stream,
         peer: SocketAddr,
-        tenant: &TenantId,
+        (tenant, forbidden): (&TenantId, bool),
         user: Option<&str>,
         slot: &mut ClientSlot,
     ) -> SessionError {
-        let reveal = SessionError::UnknownTenant(tenant.to_string());
+        let refused = |hidden_as: Option<&str>| SessionError::UnknownTenant {
+            tenant: tenant.to_string(),
+            forbidden,
+            hidden_as: hidden_as.map(str::to_owned),
+        };
         if unknown == UnknownTenant::Reveal {
-            return reveal;
+            return refused(None);
         }
         let Some(user) = user else {
             return SessionError::NoUser;
@@ -210,9 +214,10 @@ impl Authenticator {
         let login = self.authenticate(client, peer, tenant, &NoUsers, user, slot);
         match tokio::time::timeout(self.timeout, login).await {
             Err(_) => SessionError::AuthTimeout,
+            Ok(Err(SessionError::AuthFailed(user))) => refused(Some(&user)),
             Ok(Err(e)) => e,
             // Nobody logs in against no users; refuse all the same.
-            Ok(Ok(_)) => reveal,
+            Ok(Ok(_)) => refused(Some(user)),
         }
     }
 
@@ -223,18 +228,26 @@ impl Authenticator {
         &self,
         unknown: UnknownTenant,
         peer: SocketAddr,
-        tenant: &TenantId,
+        (tenant, forbidden): (&TenantId, bool),
         user: &str,
         password: &str,
     ) -> SessionError {
-        if unknown == UnknownTenant::PasswordFailed
-            && let Err(e) = self
+        let mut hidden_as = None;
+        if unknown == UnknownTenant::PasswordFailed {
+            match self
                 .check_password(peer, tenant, &NoUsers, user, password)
                 .await
-        {
-            return e;
+            {
+                Err(SessionError::AuthFailed(user)) => hidden_as = Some(user),
+                Err(e) => return e,
+                Ok(_) => hidden_as = Some(user.to_owned()),
+            }
         }
-        SessionError::UnknownTenant(tenant.to_string())
+        SessionError::UnknownTenant {
+            tenant: tenant.to_string(),
+            forbidden,
+            hidden_as,
+        }
     }
 
     /// Tells the fleet's throttle counts and the credential source how an evaluated attempt
@@ -267,6 +280,7 @@ impl Authenticator {
         &self,
         peer: SocketAddr,
         tenant: &TenantId,
+        source: &dyn CredentialSource,
         user: &str,
         reservation: Option<Reservation<'_>>,
         result: &Result<T, SessionError>,
@@ -278,6 +292,10 @@ impl Authenticator {
                     Some(r) => r.success(),
                     None => self.throttle.success(peer.ip(), tenant, user),
                 }
+            }
+            // The mock exchange for a tenant that does not exist (or refuses the address).
+            Err(SessionError::AuthFailed(_)) if source.kind() == NoUsers.kind() => {
+                self.metrics.auth_attempt("unknown_tenant")
             }
             Err(SessionError::AuthFailed(_)) => self.metrics.auth_attempt("failed"),
             Err(SessionError::Throttled(_)) => self.metrics.auth_attempt("throttled"),

@@ -25,7 +25,7 @@ pub use admit::Admitted;
 pub use authenticate::Authenticator;
 pub use route::{Profiles, Router, TenantProfile};
 
-use crate::cancel::{CancelMap, forward_cancel};
+use crate::cancel::CancelMap;
 use crate::capacity::ClientSlot;
 use crate::error::{SessionError, fail};
 use crate::metrics::Metrics;
@@ -73,11 +73,12 @@ impl Pipeline {
     /// failed).
     pub async fn cancel_request(&self, key: &CancelKey, peer: SocketAddr, mut client: Stream) {
         match self.cancels.lookup(key) {
-            Some(target) => {
+            Some(route) => {
                 self.metrics.cancels_forwarded.inc();
                 let connect_timeout = self.connector.connect_timeout();
-                if let Err(e) = forward_cancel(&target, connect_timeout).await {
-                    warn!(error = %e, backend = %target.endpoint, "cancel not delivered");
+                let to = route.describe();
+                if let Err(e) = route.deliver(connect_timeout).await {
+                    warn!(error = %e, backend = %to, "cancel not delivered");
                 }
             }
             None => match &self.peers {

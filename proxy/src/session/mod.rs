@@ -33,7 +33,7 @@ pub use self::relay::RelaySettings;
 pub use self::revive::{Revivable, Revival};
 
 use self::relay::{RelayEnd, SessionWatch, relay};
-use self::snapshot::{Snapshot, SnapshotLimits, StateError, take_snapshot};
+use self::snapshot::{Restored, Snapshot, SnapshotLimits, StateError, take_snapshot};
 use crate::cancel::{CancelMap, CancelRegistration, cancel_in_background};
 use crate::config::PinnedPolicy;
 use crate::metrics::Metrics;
@@ -57,6 +57,9 @@ pub struct Sessions {
     pub snapshot_timeout: Duration,
     /// Fires when sessions must end (grace period over).
     pub terminate: CancellationToken,
+    /// Fires when sessions must end as soon as they are at rest (a shutdown that does not wait
+    /// for idle clients); parked sessions end at once.
+    pub end_idle: CancellationToken,
     /// Metrics.
     pub metrics: Arc<Metrics>,
 }
@@ -129,7 +132,10 @@ type Ended = Result<RelayEnd, (&'static str, String)>;
 /// Relays the session run after run, doing between runs what the park/migrate policy decides.
 async fn drive(gw: &Sessions, client: &mut Stream, start: Box<SessionStart>) -> Ended {
     let revival = gw.revival.as_deref().filter(|r| r.config.enabled);
-    let max_statements = revival.map_or(1000, |r| r.config.max_statements);
+    let limits = revival.map_or_else(TrackerLimits::default, |r| TrackerLimits {
+        max_statements: r.config.max_statements,
+        max_custom_settings: r.config.max_custom_settings,
+    });
     let SessionStart {
         attached,
         cancel,
@@ -150,7 +156,7 @@ async fn drive(gw: &Sessions, client: &mut Stream, start: Box<SessionStart>) -> 
     // The session's state and every step but the relay and the park are boxed: a session's
     // task is as large as its largest step and lives as long as its client stays, mostly
     // relaying or parked; the steps in between (snapshot, hand-back, revival) are short.
-    let mut s = Box::new(Live::new(gw, attached, cancel, returnable, max_statements));
+    let mut s = Box::new(Live::new(gw, attached, cancel, returnable, limits));
     loop {
         let plan = s.plan(mover.as_deref_mut());
         let end = s.relay_run(client, plan).await;
@@ -209,7 +215,7 @@ impl<'g> Live<'g> {
         current: Attached,
         cancel: Option<CancelRegistration>,
         returnable: Option<Returnable>,
-        max_statements: usize,
+        limits: TrackerLimits,
     ) -> Live<'g> {
         Live {
             gw,
@@ -217,7 +223,7 @@ impl<'g> Live<'g> {
             park_rx: current.claim.park_requests(),
             migrate_rx: current.claim.migrate_requests(),
             current,
-            tracker: SessionTracker::new(TrackerLimits { max_statements }),
+            tracker: SessionTracker::new(limits),
             snap: None,
             preload: Vec::new(),
             returnable: returnable.filter(|_| gw.connector.reuses()),
@@ -279,7 +285,11 @@ impl<'g> Live<'g> {
             gw.metrics.bytes_backend_to_client.clone(),
         );
         let stream = &mut self.current.stream;
-        relay(client, stream, settings, counters, &gw.terminate, watch).await
+        let ending = relay::Ending {
+            terminate: &gw.terminate,
+            when_idle: &gw.end_idle,
+        };
+        relay(client, stream, settings, counters, ending, watch).await
     }
 
     /// Cancels the query of a client that went away mid-query: Postgres would run it to its end.
@@ -422,51 +432,114 @@ impl<'g> Live<'g> {
             Box::pin(crate::upstream::close((stream, slot))).await;
         }
         gw.metrics.parked(how.label());
-        let Some(snapshot) = self.snap.as_ref() else {
+        // Until it is revived, the session's cancel key must reach no backend: the one it left
+        // may serve another session now.
+        if let Some(reg) = &self.cancel {
+            reg.detach();
+        }
+        let Some(snapshot) = self.snap.take() else {
             return Err(Err(("internal", "parked without a snapshot".into())));
         };
-        if how.parks() {
-            self.preload = park(gw, client, claim, how, snapshot).await?;
-        } else {
-            drop(claim);
+        let mut mark = how.parks().then(|| claim.park(how.for_sleep()));
+        let mut parked = how.parks();
+        loop {
+            if parked && self.preload.is_empty() {
+                info!(
+                    reason = how.label(),
+                    statements = snapshot.statements.len(),
+                    settings = snapshot.settings.len(),
+                    "session parked"
+                );
+                self.preload = wait_for_message(gw, client).await?;
+            }
+            drop(mark.take());
+            let started = Instant::now();
+            let revived = revive_unless_cancelled(gw, m, &snapshot, self.cancel.as_ref(), parked);
+            match Box::pin(revived).await {
+                ReviveOutcome::Done(new, returnable, restored) => {
+                    let took = started.elapsed();
+                    gw.metrics.revived(how.label(), Some(took));
+                    info!(
+                        reason = how.label(),
+                        ms = took.as_secs_f64() * 1000.0,
+                        backend = %new.endpoint,
+                        left_out = restored.left_out,
+                        "session revived"
+                    );
+                    self.current = *new;
+                    self.returnable = returnable.filter(|_| gw.connector.reuses());
+                    m.mobility.revived();
+                    self.park_rx = self.current.claim.park_requests();
+                    self.migrate_rx = self.current.claim.migrate_requests();
+                    let names = restored.statements.iter().map(String::as_str);
+                    let stale = restored.stale.iter().map(String::as_str);
+                    self.tracker.reset_for_new_backend(names, stale);
+                    self.snap = Some(snapshot);
+                    return Ok(self);
+                }
+                ReviveOutcome::Cancelled => {
+                    info!("cancel request while the session waited for its database");
+                    let pending = std::mem::take(&mut self.preload);
+                    let max = gw.relay.max_message as usize;
+                    self.preload = answer_cancelled(client, pending, max).await?;
+                    parked = true;
+                }
+                ReviveOutcome::Failed(e) => {
+                    gw.metrics.revived(how.label(), None);
+                    warn!(error = %e, reason = how.label(), "revival failed");
+                    let msg = ErrorMessage::fatal(
+                        sqlstate::CONNECTION_FAILURE,
+                        format!(
+                            "pgwake could not restore this session on a new database connection: {e}"
+                        ),
+                    )
+                    .with_hint("reconnect: a new connection starts a fresh session");
+                    Box::pin(end_with(client, None, Some(msg))).await;
+                    return Err(Err(("revival_failed", e.to_string())));
+                }
+            }
         }
-        let started = Instant::now();
-        match Box::pin(revive::revive(
-            gw,
-            m.rv,
-            &mut m.who,
-            snapshot,
-            self.cancel.as_ref(),
-        ))
-        .await
+    }
+}
+
+/// How a revival attempt ended.
+enum ReviveOutcome {
+    /// The session is on a new backend connection.
+    Done(Box<Attached>, Option<Returnable>, Restored),
+    /// The client cancelled the request that waited for it.
+    Cancelled,
+    /// It failed; the session ends.
+    Failed(revive::ReviveError),
+}
+
+/// Revives the session; while a client request waits for it (`waiting`), a cancel request for
+/// the session's key ends the wait instead, as a cancel ends a query.
+async fn revive_unless_cancelled(
+    gw: &Sessions,
+    m: &mut Mover<'_>,
+    snapshot: &Snapshot,
+    cancel: Option<&CancelRegistration>,
+    waiting: bool,
+) -> ReviveOutcome {
+    let mut requests = cancel.filter(|_| waiting).map(CancelRegistration::requests);
+    if let Some(r) = requests.as_mut() {
+        // Requests from before the client's message were for nothing that runs now.
+        r.borrow_and_update();
+    }
+    let asked = async {
+        if let Some(r) = requests.as_mut()
+            && r.changed().await.is_ok()
         {
-            Ok((new, returnable)) => {
-                let took = started.elapsed();
-                gw.metrics.revived(how.label(), Some(took));
-                info!(reason = how.label(), ms = took.as_secs_f64() * 1000.0, backend = %new.endpoint, "session revived");
-                self.current = new;
-                self.returnable = returnable.filter(|_| gw.connector.reuses());
-                m.mobility.revived();
-                self.park_rx = self.current.claim.park_requests();
-                self.migrate_rx = self.current.claim.migrate_requests();
-                let names = snapshot.statements.iter().map(|s| s.name.as_str());
-                self.tracker.reset_for_new_backend(names);
-                Ok(self)
-            }
-            Err(e) => {
-                gw.metrics.revived(how.label(), None);
-                warn!(error = %e, reason = how.label(), "revival failed");
-                let msg = ErrorMessage::fatal(
-                    sqlstate::CONNECTION_FAILURE,
-                    format!(
-                        "pgwake could not restore this session on a new database connection: {e}"
-                    ),
-                )
-                .with_hint("reconnect: a new connection starts a fresh session");
-                Box::pin(end_with(client, None, Some(msg))).await;
-                Err(Err(("revival_failed", e.to_string())))
-            }
+            return;
         }
+        std::future::pending::<()>().await
+    };
+    tokio::select! {
+        r = revive::revive(gw, m.rv, &mut m.who, snapshot, cancel) => match r {
+            Ok((new, returnable, restored)) => ReviveOutcome::Done(Box::new(new), returnable, restored),
+            Err(e) => ReviveOutcome::Failed(e),
+        },
+        () = asked => ReviveOutcome::Cancelled,
     }
 }
 
@@ -478,26 +551,12 @@ fn snapshot_view(snap: Option<&Snapshot>, tracker: &SessionTracker) -> SnapshotV
     }
 }
 
-/// Parks a session that left its backend connection (ending its `claim`) until its client's
-/// next bytes, which are returned; `Err` when the client left or the gateway shuts down.
-async fn park(
-    gw: &Sessions,
-    client: &mut Stream,
-    claim: WakeClaim,
-    how: Move,
-    snapshot: &Snapshot,
-) -> Result<Vec<u8>, Ended> {
-    let mark = claim.park(how.for_sleep());
-    info!(
-        reason = how.label(),
-        statements = snapshot.statements.len(),
-        settings = snapshot.settings.len(),
-        "session parked"
-    );
+/// Waits, parked, for the client's next bytes, which are returned; `Err` when the client left
+/// or the gateway shuts down.
+async fn wait_for_message(gw: &Sessions, client: &mut Stream) -> Result<Vec<u8>, Ended> {
     gw.metrics.sessions_parked.inc();
     let parked = wait_parked(client, gw).await;
     gw.metrics.sessions_parked.dec();
-    drop(mark);
     match parked {
         Parked::Message(bytes) => Ok(bytes),
         Parked::Closed => Err(Ok(RelayEnd::ClientClosed)),
@@ -508,6 +567,93 @@ async fn park(
             );
             Box::pin(end_with(client, None, Some(msg))).await;
             Err(Ok(RelayEnd::Terminated))
+        }
+    }
+}
+
+/// Answers a request the client cancelled while it waited for the session's database, as
+/// Postgres answers a cancelled query: ERROR `57014`, and ReadyForQuery once the request ends
+/// (a simple query, or the Sync of an extended-protocol batch, whose messages are skipped).
+/// Returns the client's bytes after the request.
+async fn answer_cancelled(
+    client: &mut Stream,
+    pending: Vec<u8>,
+    max_message: usize,
+) -> Result<Vec<u8>, Ended> {
+    let mut input = ClientInput {
+        buf: pending,
+        pos: 0,
+    };
+    let closed = |_: std::io::Error| -> Ended { Ok(RelayEnd::ClientClosed) };
+    let mut first = true;
+    loop {
+        let tag = input
+            .skip_message(client, max_message)
+            .await
+            .map_err(closed)?;
+        if first {
+            let msg = ErrorMessage::error(
+                sqlstate::QUERY_CANCELED,
+                "canceling statement due to user request",
+            );
+            client.write_all(&msg.to_bytes()).await.map_err(closed)?;
+            first = false;
+        }
+        match tag {
+            b'X' => return Err(Ok(RelayEnd::ClientClosed)),
+            b'Q' | b'F' | b'S' => {
+                client.write_all(&READY_IDLE).await.map_err(closed)?;
+                client.flush().await.map_err(closed)?;
+                return Ok(input.buf.split_off(input.pos));
+            }
+            _ => client.flush().await.map_err(closed)?,
+        }
+    }
+}
+
+/// ReadyForQuery, not in a transaction.
+const READY_IDLE: [u8; 6] = [b'Z', 0, 0, 0, 5, b'I'];
+
+/// Client bytes read ahead (while parked) followed by the client's stream.
+struct ClientInput {
+    buf: Vec<u8>,
+    pos: usize,
+}
+
+impl ClientInput {
+    /// Makes sure `n` unread bytes are buffered.
+    async fn fill(&mut self, client: &mut Stream, n: usize) -> std::io::Result<()> {
+        while self.buf.len() - self.pos < n {
+            let mut chunk = [0u8; PARKED_READ];
+            let got = client.read(&mut chunk).await?;
+            if got == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            self.buf.extend_from_slice(&chunk[..got]);
+        }
+        Ok(())
+    }
+
+    /// Reads past one whole message without keeping its body; returns its tag.
+    async fn skip_message(&mut self, client: &mut Stream, max: usize) -> std::io::Result<u8> {
+        self.fill(client, 5).await?;
+        let header: [u8; 5] = self.buf[self.pos..self.pos + 5]
+            .try_into()
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidData))?;
+        let body = crate::wire::body_len(&header, max)
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidData))?;
+        self.pos += 5;
+        let mut left = body;
+        loop {
+            let here = (self.buf.len() - self.pos).min(left);
+            self.pos += here;
+            left -= here;
+            if left == 0 {
+                return Ok(header[0]);
+            }
+            self.buf.clear();
+            self.pos = 0;
+            self.fill(client, 1).await?;
         }
     }
 }
@@ -540,6 +686,7 @@ async fn snapshot(
     {
         Ok(s) => {
             if !s.pins.is_empty() {
+                gw.metrics.pinned(s.pins);
                 info!(pins = %s.pins.describe(), "session pinned to its backend connection");
             } else {
                 debug!(
@@ -619,6 +766,7 @@ async fn wait_parked(client: &mut Stream, gw: &Sessions) -> Parked {
             Ok(n) => Parked::Message(buf[..n].to_vec()),
         },
         _ = gw.terminate.cancelled() => Parked::Terminated,
+        _ = gw.end_idle.cancelled() => Parked::Terminated,
     }
 }
 

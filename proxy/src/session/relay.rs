@@ -15,6 +15,7 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use pgwake_protocol::frontend::TERMINATE;
+use pgwake_protocol::stale::{Advance, Splice};
 use pgwake_protocol::{ErrorMessage, FrameError, FrameScanner, SessionTracker, sqlstate};
 use prometheus::IntCounter;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
@@ -88,14 +89,54 @@ enum PumpError {
     Held,
 }
 
+/// What a direction tells the session's tracker: every chunk read, and, while a filter is
+/// active (a revival left statements whose rows changed), the unwritten bytes to edit.
+trait Tap {
+    /// Bytes just read.
+    fn observe(&mut self, new: &[u8]);
+    /// Edits `data` (unwritten, starting where the last call's `ready` ended) and says how much
+    /// is final; `None` when no filter is active (all of it is).
+    fn filter(&mut self, data: &mut [u8]) -> Option<Advance>;
+}
+
+/// The client direction of a session's tracker.
+struct ClientTap<'a>(&'a mut SessionTracker);
+
+impl Tap for ClientTap<'_> {
+    fn observe(&mut self, new: &[u8]) {
+        self.0.observe_client(new, std::time::Instant::now());
+    }
+
+    fn filter(&mut self, data: &mut [u8]) -> Option<Advance> {
+        self.0.filter_client(data)
+    }
+}
+
+/// The backend direction of a session's tracker.
+struct BackendTap<'a>(&'a mut SessionTracker);
+
+impl Tap for BackendTap<'_> {
+    fn observe(&mut self, new: &[u8]) {
+        self.0.observe_backend(new, std::time::Instant::now());
+    }
+
+    fn filter(&mut self, data: &mut [u8]) -> Option<Advance> {
+        self.0.filter_backend(data)
+    }
+}
+
 /// One direction: a buffer, the bytes in it not yet written, and the framing state.
 struct Pump {
     /// Counts the bytes this direction moves.
     counter: IntCounter,
-    /// Bytes read and not yet written are `buf[pos..cap]`.
+    /// Bytes read and not yet written are `buf[pos..cap]`; of those, `buf[ready..cap]` wait
+    /// for more input before a filter lets them go (always empty without a filter).
     buf: Box<[u8]>,
     pos: usize,
+    ready: usize,
     cap: usize,
+    /// A filter's replacement of bytes within `buf[pos..ready]`, and how much of it is written.
+    splice: Option<(Splice, usize)>,
     scanner: FrameScanner,
     /// The source ended.
     eof: bool,
@@ -119,7 +160,9 @@ impl Pump {
         Pump {
             buf: vec![0u8; size].into_boxed_slice(),
             pos: 0,
+            ready: 0,
             cap: 0,
+            splice: None,
             eof: false,
             need_flush: false,
             scanner: FrameScanner::new(max_message),
@@ -138,15 +181,77 @@ impl Pump {
     }
 
     /// Puts client bytes read before the relay started in the buffer, as if just read.
-    fn preload(&mut self, bytes: &[u8], observe: &mut dyn FnMut(&[u8])) -> Result<(), FrameError> {
+    fn preload(&mut self, bytes: &[u8], tap: &mut dyn Tap) -> Result<(), FrameError> {
         let n = bytes.len().min(self.buf.len());
         self.buf[..n].copy_from_slice(&bytes[..n]);
         self.scanner.feed(&self.buf[..n], |_, _| {})?;
-        observe(&self.buf[..n]);
+        tap.observe(&self.buf[..n]);
         self.counter.inc_by(n as u64);
         self.pos = 0;
         self.cap = n;
+        self.apply_filter(tap);
         Ok(())
+    }
+
+    /// Lets the tap's filter edit the unwritten bytes and decide how many are final.
+    fn apply_filter(&mut self, tap: &mut dyn Tap) {
+        match tap.filter(&mut self.buf[..self.cap]) {
+            Some(a) => {
+                self.ready = a.ready.min(self.cap);
+                self.splice = a.splice.map(|s| (s, 0));
+            }
+            None => self.ready = self.cap,
+        }
+    }
+
+    /// Moves bytes a filter holds back to the front of the buffer, so more can be read after
+    /// them; returns how many there are.
+    fn carry_held(&mut self) -> usize {
+        let held = self.cap - self.ready;
+        if held > 0 {
+            self.buf.copy_within(self.ready..self.cap, 0);
+        }
+        self.pos = 0;
+        self.ready = 0;
+        self.cap = held;
+        held
+    }
+
+    /// Writes the final bytes, with a filter's replacement in place of what it replaces.
+    fn poll_write_ready<W: AsyncWrite + ?Sized>(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut w: Pin<&mut W>,
+    ) -> Poll<Result<(), PumpError>> {
+        while self.pos < self.ready {
+            let until = match &self.splice {
+                Some((s, _)) if s.at >= self.pos => s.at,
+                _ => self.ready,
+            };
+            let n = if self.pos == until {
+                let Some((s, done)) = self.splice.as_mut() else {
+                    break;
+                };
+                let n = ready!(w.as_mut().poll_write(cx, &s.with[*done..]))
+                    .map_err(PumpError::Write)?;
+                *done += n;
+                if *done == s.with.len() {
+                    self.pos += s.len;
+                    self.splice = None;
+                }
+                n
+            } else {
+                let n = ready!(w.as_mut().poll_write(cx, &self.buf[self.pos..until]))
+                    .map_err(PumpError::Write)?;
+                self.pos += n;
+                n
+            };
+            if n == 0 {
+                return Poll::Ready(Err(PumpError::Write(io::ErrorKind::WriteZero.into())));
+            }
+            self.need_flush = true;
+        }
+        Poll::Ready(Ok(()))
     }
 
     /// Puts an injected message in the buffer when everything before it is written and the
@@ -155,6 +260,7 @@ impl Pump {
         let n = msg.len().min(self.buf.len());
         self.buf[..n].copy_from_slice(&msg[..n]);
         self.pos = 0;
+        self.ready = n;
         self.cap = n;
         self.eof = true;
     }
@@ -167,7 +273,7 @@ impl Pump {
         cx: &mut Context<'_>,
         mut r: Pin<&mut R>,
         mut w: Pin<&mut W>,
-        observe: &mut dyn FnMut(&[u8]),
+        tap: &mut dyn Tap,
         hold: bool,
     ) -> Poll<Result<(), PumpError>>
     where
@@ -175,13 +281,14 @@ impl Pump {
         W: AsyncWrite + ?Sized,
     {
         loop {
-            if self.pos == self.cap && !self.eof {
-                if self.inject.is_some() && self.scanner.at_boundary() {
+            if self.pos == self.ready && !self.eof {
+                let carried = self.carry_held();
+                if carried == 0 && self.inject.is_some() && self.scanner.at_boundary() {
                     let msg = self.inject.take().unwrap_or_default();
                     self.load(msg);
                     continue;
                 }
-                let mut rb = ReadBuf::new(&mut self.buf);
+                let mut rb = ReadBuf::new(&mut self.buf[carried..]);
                 match r.as_mut().poll_read(cx, &mut rb) {
                     Poll::Pending => {
                         if self.need_flush {
@@ -193,12 +300,15 @@ impl Pump {
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(PumpError::Read(e))),
                     Poll::Ready(Ok(())) => {
                         let n = rb.filled().len();
+                        // Held bytes only exist mid-message, so at a boundary nothing is carried.
                         if hold && self.scanner.at_boundary() && (n == 0 || self.buf[0] == b'E') {
                             self.held = n;
                             return Poll::Ready(Err(PumpError::Held));
                         }
                         if n == 0 {
                             self.eof = true;
+                            // A stream that ends inside a held message ends it as it is.
+                            self.ready = self.cap;
                             if self.scanner.at_boundary()
                                 && self.scanner.last_tag() != Some(b'E')
                                 && let Some(msg) = self.on_eof.take()
@@ -206,36 +316,30 @@ impl Pump {
                                 self.load(msg);
                             }
                         } else {
+                            let new = carried..carried + n;
                             self.scanner
-                                .feed(&self.buf[..n], |_, _| {})
+                                .feed(&self.buf[new.clone()], |_, _| {})
                                 .map_err(PumpError::Frame)?;
                             let mut keep = n;
                             if self.withhold_terminate
                                 && self.scanner.at_boundary()
                                 && self.scanner.last_tag() == Some(b'X')
-                                && self.buf[..n].ends_with(&TERMINATE)
+                                && self.buf[new].ends_with(&TERMINATE)
                             {
                                 keep = n - TERMINATE.len();
                                 self.eof = true;
                             }
-                            observe(&self.buf[..keep]);
+                            tap.observe(&self.buf[carried..carried + keep]);
                             self.moved = true;
                             self.counter.inc_by(keep as u64);
                             self.pos = 0;
-                            self.cap = keep;
+                            self.cap = carried + keep;
+                            self.apply_filter(tap);
                         }
                     }
                 }
             }
-            while self.pos < self.cap {
-                let n = ready!(w.as_mut().poll_write(cx, &self.buf[self.pos..self.cap]))
-                    .map_err(PumpError::Write)?;
-                if n == 0 {
-                    return Poll::Ready(Err(PumpError::Write(io::ErrorKind::WriteZero.into())));
-                }
-                self.pos += n;
-                self.need_flush = true;
-            }
+            ready!(self.poll_write_ready(cx, w.as_mut()))?;
             if self.eof {
                 ready!(w.as_mut().poll_flush(cx)).map_err(PumpError::Write)?;
                 return Poll::Ready(Ok(()));
@@ -307,7 +411,16 @@ async fn changed(rx: Option<&mut watch::Receiver<u64>>) {
     std::future::pending().await
 }
 
-/// Relays until either side ends, `terminate` fires or the watch hands the session back; on
+/// When the gateway's shutdown ends a relay.
+#[derive(Clone, Copy)]
+pub struct Ending<'a> {
+    /// Now, at the next message boundary.
+    pub terminate: &'a CancellationToken,
+    /// As soon as the session is at rest (no transaction open, nothing in flight).
+    pub when_idle: &'a CancellationToken,
+}
+
+/// Relays until either side ends, `ending` says so or the watch hands the session back; on
 /// termination the client gets FATAL `57P01` at the next message boundary. Both streams are
 /// closed only when the session ends, not when it is handed back.
 pub async fn relay(
@@ -315,7 +428,7 @@ pub async fn relay(
     backend: &mut Stream,
     settings: RelaySettings,
     counters: (IntCounter, IntCounter),
-    terminate: &CancellationToken,
+    ending: Ending<'_>,
     watch: SessionWatch<'_>,
 ) -> RelayEnd {
     let SessionWatch {
@@ -334,8 +447,10 @@ pub async fn relay(
         Err(e) => return RelayEnd::ClientFrame(e),
     };
     let mut shutdown = Shutdown {
-        terminated: Box::pin(terminate.cancelled()),
+        terminated: Box::pin(ending.terminate.cancelled()),
+        idle_ends: Box::pin(ending.when_idle.cancelled()),
         boundary_wait: None,
+        client_cut: false,
     };
     let mut handback = Handback {
         park: Box::pin(changed(park)),
@@ -353,13 +468,16 @@ pub async fn relay(
         }
         c2b.moved = false;
         b2c.moved = false;
-        let client_poll = c2b.poll_copy(
-            cx,
-            Pin::new(&mut *client),
-            Pin::new(&mut *backend),
-            &mut |d| tracker.observe_client(d, std::time::Instant::now()),
-            false,
-        );
+        let client_poll = match shutdown.client_cut {
+            true => Poll::Pending,
+            false => c2b.poll_copy(
+                cx,
+                Pin::new(&mut *client),
+                Pin::new(&mut *backend),
+                &mut ClientTap(tracker),
+                false,
+            ),
+        };
         if c2b.moved
             && let Some(f) = on_client_activity.take()
         {
@@ -381,7 +499,7 @@ pub async fn relay(
             cx,
             Pin::new(&mut *backend),
             Pin::new(&mut *client),
-            &mut |d| tracker.observe_backend(d, std::time::Instant::now()),
+            &mut BackendTap(tracker),
             hold,
         ) {
             return Poll::Ready(backend_end(r, &b2c, shutdown.started()));
@@ -395,6 +513,11 @@ pub async fn relay(
             && b2c.drained()
             && !c2b.need_flush
             && !b2c.need_flush;
+        if shutdown.end_if_idle(cx, at_rest, &mut b2c) {
+            // The FATAL goes out on the next turn, from the backend's direction.
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
         handback.poll(cx, at_rest, c2b.moved || b2c.moved)
     })
     .await;
@@ -413,9 +536,7 @@ fn pumps(
     c2b.withhold_terminate = keep_backend;
     let mut b2c = Pump::new(settings.buffer, settings.max_message, counters.1);
     if !preload.is_empty() {
-        c2b.preload(preload, &mut |d| {
-            tracker.observe_client(d, std::time::Instant::now())
-        })?;
+        c2b.preload(preload, &mut ClientTap(tracker))?;
     }
     b2c.on_eof = Some(
         ErrorMessage::fatal(
@@ -453,11 +574,16 @@ fn backend_end(r: Result<(), PumpError>, b2c: &Pump, terminating: bool) -> Relay
     }
 }
 
-/// The gateway's shutdown as a relay sees it: once `terminated` fires, FATAL `57P01` goes to
-/// the client at the next message boundary, and the run ends after a bounded wait for one.
+/// The gateway's shutdown as a relay sees it: once `terminated` fires, or `idle_ends` has fired
+/// and the session is at rest, FATAL `57P01` goes to the client at the next message boundary,
+/// and the run ends after a bounded wait for one.
 struct Shutdown<T> {
     terminated: Pin<Box<T>>,
+    idle_ends: Pin<Box<T>>,
     boundary_wait: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The client's bytes are no longer read: the session was ended at rest, and a query sent
+    /// after that decision must not run without its client hearing the result.
+    client_cut: bool,
 }
 
 impl<T: Future<Output = ()>> Shutdown<T> {
@@ -466,18 +592,34 @@ impl<T: Future<Output = ()>> Shutdown<T> {
         self.boundary_wait.is_some()
     }
 
+    /// Queues the FATAL for the client and starts the wait for a boundary.
+    fn begin(&mut self, b2c: &mut Pump) {
+        b2c.inject = Some(
+            ErrorMessage::fatal(
+                sqlstate::ADMIN_SHUTDOWN,
+                "terminating connection because the gateway is shutting down",
+            )
+            .to_bytes()
+            .to_vec(),
+        );
+        self.boundary_wait = Some(Box::pin(tokio::time::sleep(TERMINATE_BOUNDARY_WAIT)));
+    }
+
+    /// Begins the shutdown of a session `at_rest` once idle sessions are to end; true when it
+    /// did.
+    fn end_if_idle(&mut self, cx: &mut Context<'_>, at_rest: bool, b2c: &mut Pump) -> bool {
+        if !at_rest || self.started() || self.idle_ends.as_mut().poll(cx).is_pending() {
+            return false;
+        }
+        self.client_cut = true;
+        self.begin(b2c);
+        true
+    }
+
     /// Ready with [`RelayEnd::Terminated`] once the wait for a boundary is over.
     fn poll(&mut self, cx: &mut Context<'_>, b2c: &mut Pump) -> Poll<RelayEnd> {
         if self.boundary_wait.is_none() && self.terminated.as_mut().poll(cx).is_ready() {
-            b2c.inject = Some(
-                ErrorMessage::fatal(
-                    sqlstate::ADMIN_SHUTDOWN,
-                    "terminating connection because the gateway is shutting down",
-                )
-                .to_bytes()
-                .to_vec(),
-            );
-            self.boundary_wait = Some(Box::pin(tokio::time::sleep(TERMINATE_BOUNDARY_WAIT)));
+            self.begin(b2c);
         }
         match self
             .boundary_wait

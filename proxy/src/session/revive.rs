@@ -15,7 +15,7 @@ use pgwake_routing::{Endpoint, TenantId, WakeError};
 use tokio::time::{Instant, timeout_at};
 use tracing::debug;
 
-use super::snapshot::{Snapshot, StateError, restore};
+use super::snapshot::{Restored, Snapshot, StateError, restore};
 use super::{Attached, Sessions};
 use crate::auth::{Credential, LoginMaterial};
 use crate::cancel::CancelRegistration;
@@ -137,7 +137,7 @@ pub(super) async fn revive(
     who: &mut Revivable,
     snap: &Snapshot,
     cancel: Option<&CancelRegistration>,
-) -> Result<(Attached, Option<Returnable>), ReviveError> {
+) -> Result<(Attached, Option<Returnable>, Restored), ReviveError> {
     let limit = rv.config.revive_timeout;
     let deadline = Instant::now() + limit;
     let mut claims = rv
@@ -151,7 +151,7 @@ pub(super) async fn revive(
             .map_err(ReviveError::Wake)?;
         let endpoint = admission.endpoint.clone();
         match attempt(gw, (&endpoint, who.tls), &claims, &material, snap, deadline).await {
-            Ok((stream, returnable, slot)) => {
+            Ok((stream, returnable, slot, restored)) => {
                 if let Some(reg) = cancel {
                     gw.cancels.retarget(reg.pid, returnable.target.clone());
                 }
@@ -174,7 +174,7 @@ pub(super) async fn revive(
                     claim: admission.claim,
                     endpoint,
                 };
-                return Ok((attached, Some(returnable)));
+                return Ok((attached, Some(returnable), restored));
             }
             Err(e) if e.retryable() && Instant::now() + RETRY_PAUSE < deadline => {
                 debug!(error = %e, "backend not ready for the revival yet; retrying");
@@ -195,7 +195,7 @@ async fn attempt(
     material: &LoginMaterial,
     snap: &Snapshot,
     deadline: Instant,
-) -> Result<(Stream, Returnable, BackendSlot), ReviveError> {
+) -> Result<(Stream, Returnable, BackendSlot, Restored), ReviveError> {
     let tenant = TenantId::parse(&claims.tenant).map_err(|_| RevivalError::Malformed)?;
     let max = gw.connector.max_message();
     let slot = gw
@@ -205,7 +205,7 @@ async fn attempt(
         .map_err(ReviveError::Connect)?;
     let slot = match slot {
         Slot::Kept(mut kept) => match restore(&mut kept.stream, snap, max, deadline).await {
-            Ok(()) => return Ok((kept.stream, kept.returnable, kept.slot)),
+            Ok(restored) => return Ok((kept.stream, kept.returnable, kept.slot, restored)),
             // The kept connection failed under the restore: a fresh login may not.
             Err(e) => {
                 debug!(error = %e, "restoring on a kept connection failed");
@@ -223,9 +223,9 @@ async fn attempt(
         OpenError::Session(e) => ReviveError::Connect(e),
         OpenError::Refused(body) => ReviveError::Login(frontend::error_fields(&body)),
     })?;
-    restore(&mut detached.stream, snap, max, deadline)
+    let restored = restore(&mut detached.stream, snap, max, deadline)
         .await
         .map_err(ReviveError::Restore)?;
     let returnable = gw.connector.returnable(&tenant, &claims.params, &detached);
-    Ok((detached.stream, returnable, slot))
+    Ok((detached.stream, returnable, slot, restored))
 }

@@ -1,6 +1,13 @@
 //! Recording a session's state on its backend with plain SQL, and restoring it on a new backend
-//! connection: session-level settings first, then prepared statements (a `search_path` change
-//! alters what a statement means).
+//! connection: session-level settings first (a `search_path` change alters what a statement
+//! means), then session authorization and role, then prepared statements.
+//!
+//! Restoring runs only statements the gateway composed, and a `PREPARE` a client sent inside a
+//! longer text is made again from that one statement, through the extended protocol, where the
+//! server refuses more than one command. A piece that cannot be restored (a statement whose
+//! table was dropped, one whose rows no longer look as the client was told) is left out, so it
+//! fails where it is used, not at the revival; only session authorization and role, which
+//! decide what the session may do, end it when they cannot be restored.
 //!
 //! Not carried over, by design: notifications (LISTEN pins a session instead), sequence state
 //! (`currval`, `lastval`), unnamed statements and portals, and anything a session keeps in
@@ -10,15 +17,18 @@
 use std::time::Duration;
 
 use pgwake_protocol::frontend::{self, ErrorFields};
+use pgwake_protocol::sql_text::{PrepareSource, prepare_source};
 use pgwake_protocol::{Pins, SessionTracker};
 use tokio::io::AsyncWriteExt;
 use tokio::time::{Instant, timeout_at};
+use tracing::debug;
 
 use crate::stream::Stream;
 use crate::wire::read_message;
 
 /// One query reads everything a revival needs and the pins the protocol cannot show: each row
-/// is (kind, name, value, extra), all text.
+/// is (kind, name, value, extra), all text. Temporary objects of every kind count, not only
+/// relations.
 const SNAPSHOT_SQL: &str = "\
 SELECT 's', name, current_setting(name), NULL FROM pg_settings \
  WHERE source = 'session' AND name NOT IN \
@@ -27,24 +37,66 @@ UNION ALL SELECT 'a', 'session_authorization', current_setting('session_authoriz
 UNION ALL SELECT 'r', 'role', current_setting('role'), NULL \
 UNION ALL SELECT 'p', name, statement, parameter_types::oid[]::text || from_sql::text \
  FROM pg_prepared_statements \
-UNION ALL SELECT 'x', 'temp', (EXISTS (SELECT FROM pg_class \
- WHERE relnamespace = pg_my_temp_schema()))::text, NULL \
+UNION ALL SELECT 'x', 'temp', (pg_my_temp_schema() <> 0 AND ( \
+ EXISTS (SELECT FROM pg_class WHERE relnamespace = pg_my_temp_schema()) \
+ OR EXISTS (SELECT FROM pg_proc WHERE pronamespace = pg_my_temp_schema()) \
+ OR EXISTS (SELECT FROM pg_type WHERE typnamespace = pg_my_temp_schema()) \
+ OR EXISTS (SELECT FROM pg_operator WHERE oprnamespace = pg_my_temp_schema()) \
+ OR EXISTS (SELECT FROM pg_collation WHERE collnamespace = pg_my_temp_schema()) \
+ OR EXISTS (SELECT FROM pg_conversion WHERE connamespace = pg_my_temp_schema()) \
+ OR EXISTS (SELECT FROM pg_opclass WHERE opcnamespace = pg_my_temp_schema()) \
+ OR EXISTS (SELECT FROM pg_opfamily WHERE opfnamespace = pg_my_temp_schema()) \
+ OR EXISTS (SELECT FROM pg_ts_config WHERE cfgnamespace = pg_my_temp_schema()) \
+ OR EXISTS (SELECT FROM pg_ts_dict WHERE dictnamespace = pg_my_temp_schema()) \
+ OR EXISTS (SELECT FROM pg_ts_parser WHERE prsnamespace = pg_my_temp_schema()) \
+ OR EXISTS (SELECT FROM pg_ts_template WHERE tmplnamespace = pg_my_temp_schema()) \
+ OR EXISTS (SELECT FROM pg_statistic_ext WHERE stxnamespace = pg_my_temp_schema())))::text, NULL \
 UNION ALL SELECT 'x', 'advisory', (EXISTS (SELECT FROM pg_locks \
  WHERE locktype = 'advisory' AND pid = pg_backend_pid()))::text, NULL \
 UNION ALL SELECT 'x', 'listen', (EXISTS (SELECT FROM pg_listening_channels()))::text, NULL \
 UNION ALL SELECT 'x', 'cursor', (EXISTS (SELECT FROM pg_cursors))::text, NULL";
+
+/// Custom settings are not in `pg_settings`, so they are asked for by name: the names the
+/// session's own texts used, and those the database's functions set (a function or trigger
+/// that calls `set_config('app.tenant', …)` or runs `SET app.tenant`). Only the names that
+/// exist in the session are recorded. `{names}` is replaced by the quoted tracked names.
+const CUSTOM_SETTINGS_SQL: &str = r"
+UNION ALL SELECT 's', n, current_setting(n, true), NULL FROM (
+ SELECT lower(m[1]) AS n FROM pg_proc AS p CROSS JOIN LATERAL regexp_matches(p.prosrc,
+ E'(?:set_config\\s*\\(\\s*''|\\mset\\s+(?:session\\s+|local\\s+)?)([a-z_][a-z0-9_$]*(?:\\.[a-z_][a-z0-9_$]*)+)',
+ 'gi') AS m
+ WHERE p.pronamespace <> 'pg_catalog'::regnamespace
+ AND p.pronamespace <> 'information_schema'::regnamespace
+ UNION SELECT unnest(ARRAY[{names}]::text[])) AS c
+ WHERE current_setting(n, true) IS NOT NULL AND n NOT IN (SELECT name FROM pg_settings)";
+
+/// How a prepared statement's result looked to the client when the session was recorded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Described {
+    /// Rows of this shape ([`frontend::row_shape`]).
+    Rows(u64),
+    /// No rows.
+    NoRows,
+    /// Describing it failed: its table changed or went away, so using it fails already.
+    Failed,
+    /// Not checked (a SQL `PREPARE`: `EXECUTE` describes its rows each time).
+    Unchecked,
+}
 
 /// A named prepared statement as `pg_prepared_statements` shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PreparedStatement {
     /// Statement name.
     pub name: String,
-    /// Its text (for SQL-level statements, the whole `PREPARE ...`).
+    /// Its text; for SQL-level statements, the `PREPARE` that made it (the client's whole
+    /// text when it held nothing else, else that one statement of it).
     pub text: String,
     /// Parameter type OIDs.
     pub param_types: Vec<u32>,
     /// Made with SQL `PREPARE` rather than a protocol Parse.
     pub from_sql: bool,
+    /// Its result as the client was told.
+    pub described: Described,
 }
 
 /// A session's state, recorded at a safe point.
@@ -135,20 +187,13 @@ pub async fn take_snapshot(
 ) -> Result<Snapshot, StateError> {
     let deadline = Instant::now() + wait;
     let mut sql = SNAPSHOT_SQL.to_owned();
-    // Custom settings are not in pg_settings: ask for the ones the client set by name (the
-    // tracker accepts only identifier characters, so quoting is plain).
-    let custom: Vec<String> = tracker
+    // The tracker accepts only identifier characters and dots in a name, so quoting is plain.
+    let tracked: Vec<String> = tracker
         .custom_settings()
         .filter(|n| !n.contains('\''))
         .map(|n| format!("'{n}'"))
         .collect();
-    if !custom.is_empty() {
-        sql.push_str(&format!(
-            " UNION ALL SELECT 's', n, current_setting(n, true), NULL \
-             FROM unnest(ARRAY[{}]::text[]) AS n WHERE current_setting(n, true) IS NOT NULL",
-            custom.join(",")
-        ));
-    }
+    sql.push_str(&CUSTOM_SETTINGS_SQL.replace("{names}", &tracked.join(",")));
     let mut out = Vec::with_capacity(sql.len() + 8);
     frontend::query(&mut out, &sql);
     backend.write_all(&out).await?;
@@ -195,10 +240,78 @@ pub async fn take_snapshot(
             }
         }
     }
-    match failure {
-        Some(e) => Err(StateError::Backend(e)),
-        None => Ok(snap),
+    if let Some(e) = failure {
+        return Err(StateError::Backend(e));
     }
+    describe_statements(
+        backend,
+        client,
+        &mut snap,
+        limits.max_message,
+        deadline,
+        wait,
+    )
+    .await?;
+    // A statement already stale on this connection stays so wherever the session goes next.
+    for s in snap.statements.iter_mut() {
+        if tracker.is_stale(&s.name) {
+            s.described = Described::Failed;
+        }
+    }
+    Ok(snap)
+}
+
+/// Records how each protocol-level statement's result looks now, as the client was told when
+/// it prepared it (or, if it changed since, fails to describe, as its next use would fail).
+async fn describe_statements(
+    backend: &mut Stream,
+    client: &mut Stream,
+    snap: &mut Snapshot,
+    max_message: usize,
+    deadline: Instant,
+    wait: Duration,
+) -> Result<(), StateError> {
+    let mut out = Vec::new();
+    let mut asked = Vec::new();
+    for (i, s) in snap.statements.iter().enumerate() {
+        if !s.from_sql {
+            frontend::describe_statement(&mut out, &s.name);
+            frontend::sync(&mut out);
+            asked.push(i);
+        }
+    }
+    if asked.is_empty() {
+        return Ok(());
+    }
+    backend.write_all(&out).await?;
+    backend.flush().await?;
+    let mut answers = asked.into_iter();
+    let mut current = answers.next();
+    let mut described = Described::Failed;
+    while let Some(i) = current {
+        let msg = timeout_at(deadline, read_message(backend, max_message))
+            .await
+            .map_err(|_| StateError::Timeout(wait))??
+            .ok_or_else(|| StateError::Protocol("message length out of range".into()))?;
+        match msg.tag() {
+            b'T' => {
+                described =
+                    frontend::row_shape(msg.body()).map_or(Described::Failed, Described::Rows)
+            }
+            b'n' => described = Described::NoRows,
+            b'E' => described = Described::Failed,
+            b'Z' => {
+                snap.statements[i].described = std::mem::replace(&mut described, Described::Failed);
+                current = answers.next();
+            }
+            b'N' | b'A' | b'S' => client
+                .write_all(&msg.bytes)
+                .await
+                .map_err(StateError::ClientIo)?,
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 impl Snapshot {
@@ -228,11 +341,25 @@ impl Snapshot {
                     .filter(|t| !t.is_empty())
                     .filter_map(|t| t.parse().ok())
                     .collect();
+                let from_sql = from_sql == "true";
+                let text = if from_sql {
+                    match prepare_source(&value, &name) {
+                        PrepareSource::Whole => value,
+                        PrepareSource::Part(statement) => statement.to_owned(),
+                        PrepareSource::Unknown => {
+                            self.pins.insert(Pins::UNATTRIBUTED_PREPARE);
+                            value
+                        }
+                    }
+                } else {
+                    value
+                };
                 self.statements.push(PreparedStatement {
                     name,
-                    text: value,
+                    text,
                     param_types,
-                    from_sql: from_sql == "true",
+                    from_sql,
+                    described: Described::Unchecked,
                 });
             }
             "x" if value == "true" => self.pins.insert(match name.as_str() {
@@ -249,68 +376,144 @@ impl Snapshot {
     }
 }
 
-/// Restores `snap` on a freshly logged-in backend: session authorization, settings and role
-/// with `set_config`, then the prepared statements. Any error fails the whole restore.
+/// What one pipelined step of a restore is for, so its answer can be judged.
+#[derive(Clone, Copy, Debug)]
+enum Step<'a> {
+    /// A setting: left out when the server refuses it (it fails where it is used).
+    Setting(&'a str),
+    /// Session authorization or role: the session ends when it cannot be restored, as it
+    /// would otherwise run with other privileges than it had.
+    Identity(&'a str),
+    /// A prepared statement, made again and described.
+    Statement(&'a PreparedStatement),
+}
+
+/// The outcome of a restore: which statements the new backend connection holds.
+#[derive(Debug, Default)]
+pub struct Restored {
+    /// Names of the prepared statements made again.
+    pub statements: Vec<String>,
+    /// Those of them whose rows are described differently from what the client was told: their
+    /// next use fails with `0A000`, as Postgres fails a cached statement whose result changed.
+    pub stale: Vec<String>,
+    /// Pieces left out (settings refused, statements that no longer parse): each fails where
+    /// it is used.
+    pub left_out: usize,
+}
+
+/// Restores `snap` on a freshly logged-in backend: settings with `set_config`, then session
+/// authorization and role, then the prepared statements, each in its own Sync so one refusal
+/// costs only that piece. Fails only on I/O, a timeout, or an identity that cannot be restored.
 pub async fn restore(
     backend: &mut Stream,
     snap: &Snapshot,
     max_message: usize,
     deadline: Instant,
-) -> Result<(), StateError> {
+) -> Result<Restored, StateError> {
     let mut out = Vec::with_capacity(256 + snap.size * 2);
-    let mut assignments: Vec<(&str, &str)> = Vec::new();
+    let mut steps = Vec::new();
+    let assign = |out: &mut Vec<u8>, name: &str, value: &str| {
+        frontend::parse(out, "", "SELECT set_config($1, $2, false)", &[25, 25]);
+        frontend::bind_text(out, "", &[name, value]);
+        frontend::execute(out);
+        frontend::sync(out);
+    };
+    for (name, value) in &snap.settings {
+        assign(&mut out, name, value);
+        steps.push(Step::Setting(name));
+    }
     if let Some(a) = &snap.session_authorization {
-        assignments.push(("session_authorization", a));
+        assign(&mut out, "session_authorization", a);
+        steps.push(Step::Identity("session_authorization"));
     }
-    assignments.extend(snap.settings.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     if let Some(r) = &snap.role {
-        assignments.push(("role", r));
+        assign(&mut out, "role", r);
+        steps.push(Step::Identity("role"));
     }
-    let mut syncs = 0;
-    if !assignments.is_empty() {
-        frontend::parse(&mut out, "", "SELECT set_config($1, $2, false)", &[25, 25]);
-        for (name, value) in assignments {
-            frontend::bind_text(&mut out, "", &[name, value]);
+    for s in &snap.statements {
+        if s.from_sql {
+            // Through the extended protocol: the server refuses a text of more than one command.
+            frontend::parse(&mut out, "", &s.text, &[]);
+            frontend::bind_text(&mut out, "", &[]);
             frontend::execute(&mut out);
-        }
-        frontend::sync(&mut out);
-        syncs += 1;
-    }
-    let protocol: Vec<&PreparedStatement> =
-        snap.statements.iter().filter(|s| !s.from_sql).collect();
-    if !protocol.is_empty() {
-        for s in protocol {
+        } else {
             frontend::parse(&mut out, &s.name, &s.text, &s.param_types);
+            frontend::describe_statement(&mut out, &s.name);
         }
         frontend::sync(&mut out);
-        syncs += 1;
+        steps.push(Step::Statement(s));
     }
-    for s in snap.statements.iter().filter(|s| s.from_sql) {
-        frontend::query(&mut out, &s.text);
-        syncs += 1;
-    }
-    if syncs == 0 {
-        return Ok(());
+    let mut restored = Restored::default();
+    if steps.is_empty() {
+        return Ok(restored);
     }
     backend.write_all(&out).await?;
     backend.flush().await?;
     let wait = deadline.saturating_duration_since(Instant::now());
+    let mut described = Described::Failed;
     let mut failure = None;
-    while syncs > 0 {
+    let mut steps = steps.into_iter();
+    let mut step = steps.next();
+    while let Some(current) = step {
         let msg = timeout_at(deadline, read_message(backend, max_message))
             .await
             .map_err(|_| StateError::Timeout(wait))??
             .ok_or_else(|| StateError::Protocol("message length out of range".into()))?;
         match msg.tag() {
-            b'Z' => syncs -= 1,
             b'E' if failure.is_none() => failure = Some(frontend::error_fields(msg.body())),
+            b'T' => {
+                described =
+                    frontend::row_shape(msg.body()).map_or(Described::Failed, Described::Rows)
+            }
+            b'n' => described = Described::NoRows,
+            b'Z' => {
+                let answer = (
+                    failure.take(),
+                    std::mem::replace(&mut described, Described::Failed),
+                );
+                judge(current, answer, &mut restored)?;
+                step = steps.next();
+            }
             _ => {}
         }
     }
-    match failure {
-        Some(e) => Err(StateError::Backend(e)),
-        None => Ok(()),
+    Ok(restored)
+}
+
+/// Takes in the answer to one restore step: the error it met, and for a protocol statement how
+/// its rows are described now.
+fn judge(
+    step: Step<'_>,
+    (failure, described): (Option<ErrorFields>, Described),
+    restored: &mut Restored,
+) -> Result<(), StateError> {
+    match (step, failure) {
+        (Step::Identity(what), Some(e)) => {
+            debug!(what, code = %e.code, "the session's identity could not be restored");
+            return Err(StateError::Backend(e));
+        }
+        (Step::Identity(_), None) => {}
+        (Step::Setting(name), Some(e)) => {
+            debug!(setting = name, code = %e.code, "a setting could not be restored; left out");
+            restored.left_out += 1;
+        }
+        (Step::Setting(_), None) => {}
+        (Step::Statement(s), Some(e)) => {
+            debug!(statement = %s.name, code = %e.code, "a prepared statement could not be made again; left out");
+            restored.left_out += 1;
+        }
+        (Step::Statement(s), None) if s.from_sql || s.described == described => {
+            restored.statements.push(s.name.clone());
+        }
+        (Step::Statement(s), None) => {
+            // Its rows no longer look as the client was told: a driver would decode them under
+            // the wrong names and types, so its use fails as Postgres fails it.
+            debug!(statement = %s.name, "a prepared statement now describes other rows");
+            restored.statements.push(s.name.clone());
+            restored.stale.push(s.name.clone());
+        }
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -371,5 +574,20 @@ mod tests {
         s.absorb("p", "b".into(), "select 1".into(), "{}false", "u", limits);
         assert!(s.statements[0].from_sql && s.statements[0].param_types.is_empty());
         assert!(s.too_large, "over max_statements");
+        let mut s = Snapshot::default();
+        let limits = SnapshotLimits {
+            max_statements: 10,
+            ..limits
+        };
+        let text = "insert into audit values ('once'); prepare a as select 1";
+        s.absorb("p", "a".into(), text.into(), "{}true", "u", limits);
+        assert_eq!(s.statements[0].text, " prepare a as select 1");
+        assert!(s.movable());
+        let twice = "prepare b as select 1; deallocate b; prepare b as select 2";
+        s.absorb("p", "b".into(), twice.into(), "{}true", "u", limits);
+        assert_eq!(
+            s.pins.describe(),
+            "PREPARE in a text the gateway cannot attribute"
+        );
     }
 }

@@ -147,6 +147,23 @@ pub fn hibernation(lab: &KubeLab, namespace: &str, name: &str) -> String {
         .to_owned()
 }
 
+/// Waits until the Cluster's `cnpg.io/hibernation` annotation reads `value`: a replica's
+/// admin API shows the tenant "sleeping" as soon as it decides to, and its patch follows.
+pub fn wait_hibernation(lab: &KubeLab, namespace: &str, name: &str, value: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let now = hibernation(lab, namespace, name);
+        if now == value {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Cluster {namespace}/{name}: cnpg.io/hibernation is {now:?}, not {value:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Waits until the fake operator reports the Cluster hibernated (its `cnpg.io/hibernation`
 /// condition is `True`, so its Postgres is stopped).
 pub fn wait_hibernated(lab: &KubeLab, namespace: &str, name: &str) {

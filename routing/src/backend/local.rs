@@ -14,6 +14,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
@@ -91,6 +93,43 @@ pub struct LocalBackend {
     /// gateway does not exit with `initdb` still running (it would finish alone and leave a
     /// data directory without the settings written after it).
     initializing: RwLock<()>,
+    /// The lock on `data_dir` taken by [`LocalBackend::claim`], held until the backend is
+    /// dropped (or the process ends, however it ends).
+    claim: std::sync::Mutex<Option<Flock<fs::File>>>,
+}
+
+/// Name of the lock file in `data_dir`, held by the gateway that serves its tenants.
+const LOCK_FILE: &str = "pgwake.lock";
+
+/// Why [`LocalBackend::claim`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError {
+    /// Another live gateway process serves the tenants of this `data_dir`.
+    #[error("another pgwake{} is serving the tenants in {}", pid_text(*.pid), .data_dir.display())]
+    InUse {
+        /// That process, as it wrote itself in the lock file.
+        pid: Option<u32>,
+        /// The folder.
+        data_dir: PathBuf,
+    },
+    /// The lock file could not be opened, locked or written.
+    #[error("{0}")]
+    Io(String),
+}
+
+fn pid_text(pid: Option<u32>) -> String {
+    pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
+}
+
+/// The server account cannot enter `data_dir` or a folder above it.
+fn unreachable_data_dir(settings: &LocalSettings) -> BackendError {
+    let name = settings.run_as.as_deref().unwrap_or("postgres");
+    BackendError::Unavailable(format!(
+        "the {name} account cannot reach local.data_dir {} (a folder above it, such as a home \
+         folder with mode 700, is closed to it): set local.data_dir to a folder outside it, for \
+         example /var/lib/pgwake/<name>",
+        settings.data_dir.display()
+    ))
 }
 
 fn io_error(context: &str, e: impl std::fmt::Display) -> BackendError {
@@ -112,6 +151,17 @@ impl LocalBackend {
             })?,
         };
         let account = server_account(settings.run_as.as_deref())?;
+        // Looked at before anything is created, so a refused folder is not left behind.
+        let existing = settings
+            .data_dir
+            .ancestors()
+            .find(|a| a.exists())
+            .unwrap_or(Path::new("/"));
+        if let Some(account) = account
+            && !can_enter(account, existing)
+        {
+            return Err(unreachable_data_dir(&settings));
+        }
         fs::create_dir_all(&settings.data_dir).map_err(|e| io_error("create local.data_dir", e))?;
         let backend = LocalBackend {
             settings,
@@ -119,19 +169,14 @@ impl LocalBackend {
             account,
             servers: Mutex::new(Servers::default()),
             initializing: RwLock::new(()),
+            claim: std::sync::Mutex::new(None),
         };
         let data_dir = backend.settings.data_dir.clone();
         backend.give(&data_dir, 0o755)?;
         if let Some(account) = account
             && !can_enter(account, &data_dir)
         {
-            let name = backend.settings.run_as.as_deref().unwrap_or("postgres");
-            return Err(BackendError::Unavailable(format!(
-                "the {name} account cannot reach local.data_dir {} (a folder above it, such as \
-                 a home folder with mode 700, is closed to it): set local.data_dir to a folder \
-                 outside it, for example /var/lib/pgwake/<name>",
-                data_dir.display()
-            )));
+            return Err(unreachable_data_dir(&backend.settings));
         }
         Ok(backend)
     }
@@ -233,8 +278,52 @@ impl LocalBackend {
         Ok(())
     }
 
+    /// Takes the lock that says this process serves the tenants of `data_dir`, so that a second
+    /// gateway on the same folder stops before it touches anything; fails when another live
+    /// process holds it. Only with the lock held may [`LocalBackend::stop_stale`] run: then a
+    /// postmaster found in a data directory was left by a gateway that is gone.
+    pub fn claim(&self) -> Result<(), ClaimError> {
+        use std::io::{Read, Seek, Write};
+        let mut held = self.claim.lock().unwrap_or_else(|p| p.into_inner());
+        if held.is_some() {
+            return Ok(());
+        }
+        let path = self.settings.data_dir.join(LOCK_FILE);
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| ClaimError::Io(format!("open {}: {e}", path.display())))?;
+        // flock: released by the kernel when the process ends, even by SIGKILL.
+        let mut file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(locked) => locked,
+            Err((mut file, Errno::EWOULDBLOCK)) => {
+                let mut text = String::new();
+                let _ = file.read_to_string(&mut text);
+                return Err(ClaimError::InUse {
+                    pid: text.trim().parse().ok(),
+                    data_dir: self.settings.data_dir.clone(),
+                });
+            }
+            Err((_, e)) => {
+                return Err(ClaimError::Io(format!("lock {}: {e}", path.display())));
+            }
+        };
+        // The holder's pid, for the message the next process shows.
+        let written = file
+            .set_len(0)
+            .and_then(|()| file.rewind())
+            .and_then(|()| writeln!(file, "{}", std::process::id()));
+        written.map_err(|e| ClaimError::Io(format!("write {}: {e}", path.display())))?;
+        *held = Some(file);
+        Ok(())
+    }
+
     /// Stops a postmaster left running by an earlier gateway (found through `postmaster.pid`),
-    /// so every server this backend reports on is one it started.
+    /// so every server this backend reports on is one it started. Call it only after
+    /// [`LocalBackend::claim`]: without the lock the postmaster may be a live gateway's.
     pub async fn stop_stale(&self, tenant: &TenantId) {
         let pidfile = self.data_path(tenant).join("postmaster.pid");
         let Some(pid) = fs::read_to_string(&pidfile)

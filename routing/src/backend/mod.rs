@@ -18,7 +18,7 @@ pub use cnpg::{
     cluster_awake, cluster_hibernated, cluster_resource,
 };
 pub use fixed::FixedBackend;
-pub use local::{LocalBackend, LocalSettings, can_enter, find_bin_dir, server_account};
+pub use local::{ClaimError, LocalBackend, LocalSettings, can_enter, find_bin_dir, server_account};
 pub use pool::{
     POOL_LABEL, PoolBackend, PoolClass, Release, STATE_LABEL, TemplateError, cluster_template,
 };

@@ -1,0 +1,352 @@
+//! Watching query texts as they stream past for session state that SQL cannot list afterwards:
+//! the custom settings (`prefix.name`) a text creates, and `setseed`.
+//!
+//! `pg_settings` leaves custom settings out, so a snapshot can only ask for them by name, and
+//! the random generator's state cannot be read at all. The names come from every byte of a
+//! Query's or Parse's text (not a prefix of it), and from the parameters bound to a statement
+//! whose text passes its setting name as a parameter (`set_config($1, …)`). A name the text
+//! computes at run time cannot be learnt, so such a text pins the session instead.
+
+/// Bytes after a keyword that matching it may need (`set session ` and a long name).
+const LOOKAHEAD: usize = 192;
+/// Window capacity kept between messages; a larger one is freed.
+const WINDOW_KEEP: usize = 512;
+
+/// What the texts of one message showed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Findings {
+    /// Custom setting names it may create, folded to lower case.
+    pub names: Vec<String>,
+    /// It calls `setseed`.
+    pub seed: bool,
+    /// It passes a setting's name to `set_config` as a bound parameter.
+    pub bound: bool,
+    /// It passes a setting's name to `set_config` as an expression the gateway cannot read.
+    pub computed: bool,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Phase {
+    /// Not a message with a query text.
+    #[default]
+    Off,
+    /// In a Parse's statement name, before its text.
+    Name,
+    /// In the text.
+    Text,
+    /// Past the text's terminating NUL.
+    Done,
+}
+
+/// Streaming scanner over the text of one client message at a time.
+#[derive(Debug, Default)]
+pub(crate) struct TextWatch {
+    phase: Phase,
+    /// Text not scanned yet; only the last [`LOOKAHEAD`] bytes wait for more.
+    window: Vec<u8>,
+    /// The byte before `window[0]` (a space at the start of a text).
+    before: u8,
+    found: Findings,
+}
+
+impl TextWatch {
+    /// A message with `tag` begins.
+    pub fn start(&mut self, tag: u8) {
+        self.phase = match tag {
+            b'Q' => Phase::Text,
+            b'P' => Phase::Name,
+            _ => Phase::Off,
+        };
+        self.window.clear();
+        self.before = b' ';
+    }
+
+    /// The next payload bytes of the current message.
+    pub fn bytes(&mut self, mut data: &[u8]) {
+        loop {
+            match self.phase {
+                Phase::Off | Phase::Done => return,
+                Phase::Name => match data.iter().position(|&b| b == 0) {
+                    Some(i) => {
+                        data = &data[i + 1..];
+                        self.phase = Phase::Text;
+                    }
+                    None => return,
+                },
+                Phase::Text => {
+                    let end = data.iter().position(|&b| b == 0);
+                    self.window
+                        .extend_from_slice(&data[..end.unwrap_or(data.len())]);
+                    if end.is_some() {
+                        self.scan(self.window.len());
+                        self.phase = Phase::Done;
+                    } else {
+                        self.scan(self.window.len().saturating_sub(LOOKAHEAD));
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The message ended: what its text showed.
+    pub fn finish(&mut self) -> Findings {
+        if self.phase == Phase::Text {
+            self.scan(self.window.len());
+        }
+        self.phase = Phase::Off;
+        self.window.clear();
+        if self.window.capacity() > WINDOW_KEEP {
+            self.window = Vec::new();
+        }
+        std::mem::take(&mut self.found)
+    }
+
+    /// Looks for keywords that start before `upto`, then drops those bytes.
+    fn scan(&mut self, upto: usize) {
+        for i in 0..upto {
+            let before = if i == 0 {
+                self.before
+            } else {
+                self.window[i - 1]
+            };
+            if !is_word(before) && self.window[i].eq_ignore_ascii_case(&b's') {
+                note_at(&self.window[i..], &mut self.found);
+            }
+        }
+        if upto > 0 {
+            self.before = self.window[upto - 1];
+            self.window.drain(..upto);
+        }
+    }
+}
+
+/// Records what a keyword at the start of `w` (a word boundary) does.
+fn note_at(w: &[u8], found: &mut Findings) {
+    if keyword(w, b"setseed").is_some() {
+        found.seed = true;
+    } else if let Some(rest) = keyword(w, b"set_config") {
+        let rest = skip_space(rest);
+        let Some(rest) = rest.strip_prefix(b"(") else {
+            return;
+        };
+        let rest = skip_space(rest);
+        match rest.first() {
+            Some(b'\'') => match setting_name(&rest[1..]) {
+                Some((name, after)) if after.first() == Some(&b'\'') => found.names.push(name),
+                _ => found.computed = true,
+            },
+            Some(b'$') if rest.get(1).is_some_and(u8::is_ascii_digit) => found.bound = true,
+            _ => found.computed = true,
+        }
+    } else if let Some(rest) = keyword(w, b"set")
+        && rest.first().is_some_and(u8::is_ascii_whitespace)
+    {
+        let mut rest = skip_space(rest);
+        for scope in [&b"session"[..], b"local"] {
+            if let Some(after) = keyword(rest, scope)
+                && after.first().is_some_and(u8::is_ascii_whitespace)
+            {
+                rest = skip_space(after);
+            }
+        }
+        if let Some((name, _)) = setting_name(rest) {
+            found.names.push(name);
+        }
+    }
+}
+
+/// The rest of `w` after `word` (compared without case) when the word ends there.
+fn keyword<'a>(w: &'a [u8], word: &[u8]) -> Option<&'a [u8]> {
+    let head = w.get(..word.len())?;
+    let rest = &w[word.len()..];
+    (head.eq_ignore_ascii_case(word) && !rest.first().is_some_and(|&b| is_word(b))).then_some(rest)
+}
+
+fn skip_space(w: &[u8]) -> &[u8] {
+    let n = w.iter().take_while(|b| b.is_ascii_whitespace()).count();
+    &w[n..]
+}
+
+fn is_word(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b >= 0x80
+}
+
+/// A custom setting name (`a.b`, `a.b.c`: identifier parts joined by dots) at the start of `w`,
+/// folded to lower case, and the bytes after it.
+fn setting_name(w: &[u8]) -> Option<(String, &[u8])> {
+    let len = w
+        .iter()
+        .take_while(|&&b| b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b == b'.')
+        .count();
+    let name = &w[..len];
+    let parts_ok = name.split(|&b| b == b'.').all(|p| {
+        p.first()
+            .is_some_and(|&b| b.is_ascii_alphabetic() || b == b'_')
+    });
+    let dotted = name.contains(&b'.');
+    (dotted && parts_ok && len <= LOOKAHEAD / 2).then(|| {
+        (
+            String::from_utf8_lossy(name).to_ascii_lowercase(),
+            &w[len..],
+        )
+    })
+}
+
+/// The custom setting names among the text-format parameters of a Bind whose first bytes are
+/// `body` (a parameter cut off by the end of `body` is not read).
+pub(crate) fn bind_setting_names(body: &[u8]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = body;
+    for _ in 0..2 {
+        let Some(end) = rest.iter().position(|&b| b == 0) else {
+            return out;
+        };
+        rest = &rest[end + 1..];
+    }
+    let int16 = |r: &[u8]| {
+        r.get(..2)
+            .map(|b| u16::from_be_bytes([b[0], b[1]]) as usize)
+    };
+    let Some(formats) = int16(rest) else {
+        return out;
+    };
+    let codes: Vec<u16> = rest[2..]
+        .chunks_exact(2)
+        .take(formats)
+        .map(|c| u16::from_be_bytes([c[0], c[1]]))
+        .collect();
+    if codes.len() < formats {
+        return out;
+    }
+    rest = &rest[2 + 2 * formats..];
+    let Some(count) = int16(rest) else {
+        return out;
+    };
+    rest = &rest[2..];
+    for i in 0..count {
+        let Some(len) = rest
+            .get(..4)
+            .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+        else {
+            return out;
+        };
+        rest = &rest[4..];
+        let Ok(len) = usize::try_from(len) else {
+            continue;
+        };
+        let Some(value) = rest.get(..len) else {
+            return out;
+        };
+        let binary = match codes.len() {
+            0 => false,
+            1 => codes[0] == 1,
+            _ => codes.get(i) == Some(&1),
+        };
+        if !binary
+            && let Some((name, after)) = setting_name(value)
+            && after.is_empty()
+        {
+            out.push(name);
+        }
+        rest = &rest[len..];
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn watch(tag: u8, body: &[u8], chunk: usize) -> Findings {
+        let mut w = TextWatch::default();
+        w.start(tag);
+        for c in body.chunks(chunk.max(1)) {
+            w.bytes(c);
+        }
+        w.finish()
+    }
+
+    fn query(text: &str) -> Vec<u8> {
+        let mut b = text.as_bytes().to_vec();
+        b.push(0);
+        b
+    }
+
+    #[test]
+    fn names_anywhere_in_a_long_text_and_across_chunks() {
+        let text = format!(
+            "select '{}'; SET app.late = 1; set session My.Y to 2; SET LOCAL tx.z = 3; \
+             select pg_catalog.set_config ( 'app.w', 'v', false), set_config('App.Q','x',true); \
+             update t set col = 1; set search_path = x",
+            "x".repeat(5000)
+        );
+        for chunk in [1, 7, 100, 4096, 100_000] {
+            let f = watch(b'Q', &query(&text), chunk);
+            assert_eq!(
+                f.names,
+                ["app.late", "my.y", "tx.z", "app.w", "app.q"],
+                "{chunk}"
+            );
+            assert!(!f.seed && !f.bound && !f.computed);
+        }
+    }
+
+    #[test]
+    fn parse_text_after_the_statement_name() {
+        let mut body = b"set app.no\0select set_config($1, $2, false)\0".to_vec();
+        body.extend([0, 0]);
+        let f = watch(b'P', &body, 3);
+        assert!(f.names.is_empty() && f.bound && !f.computed);
+    }
+
+    #[test]
+    fn computed_names_and_setseed() {
+        let f = watch(
+            b'Q',
+            &query("select set_config('app.' || x, 'v', false)"),
+            5,
+        );
+        assert!(f.computed && f.names.is_empty());
+        let f = watch(
+            b'Q',
+            &query("do $$ begin perform set_config(n, 'v', false); end $$"),
+            64,
+        );
+        assert!(f.computed);
+        assert!(watch(b'Q', &query("SELECT SetSeed(0.5)"), 2).seed);
+        assert!(!watch(b'Q', &query("select reset_seed, offset_x from t"), 2).seed);
+        assert_eq!(watch(b'B', b"whatever\0", 1), Findings::default());
+    }
+
+    fn bind(formats: &[u16], params: &[Option<&[u8]>]) -> Vec<u8> {
+        let mut b = b"\0stmt\0".to_vec();
+        b.extend((formats.len() as u16).to_be_bytes());
+        for f in formats {
+            b.extend(f.to_be_bytes());
+        }
+        b.extend((params.len() as u16).to_be_bytes());
+        for p in params {
+            match p {
+                Some(v) => {
+                    b.extend((v.len() as i32).to_be_bytes());
+                    b.extend_from_slice(v);
+                }
+                None => b.extend((-1i32).to_be_bytes()),
+            }
+        }
+        b
+    }
+
+    #[test]
+    fn bound_names_in_text_parameters() {
+        let body = bind(&[], &[Some(b"App.Tenant"), None, Some(b"acme")]);
+        assert_eq!(bind_setting_names(&body), ["app.tenant"]);
+        let body = bind(&[0, 1], &[Some(b"app.a"), Some(b"app.b")]);
+        assert_eq!(bind_setting_names(&body), ["app.a"]);
+        let body = bind(&[1], &[Some(b"app.a")]);
+        assert!(bind_setting_names(&body).is_empty());
+        assert!(bind_setting_names(&body[..body.len() - 2]).is_empty());
+        assert!(bind_setting_names(&bind(&[], &[Some(b"app.x y")])).is_empty());
+    }
+}
