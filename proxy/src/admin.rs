@@ -42,6 +42,8 @@ pub struct AdminState {
     pub ready: AtomicBool,
     /// The bearer token `/v1/…` requests must present, when one is configured.
     pub token: Option<String>,
+    /// Host names requests may name besides IP addresses and `localhost` (`admin.hosts`).
+    pub hosts: Vec<String>,
     /// When the gateway started, for the uptime in `/v1/summary`.
     pub started: Instant,
 }
@@ -70,9 +72,23 @@ impl AdminState {
     /// The listener is usually bound to a loopback or cluster-internal address, which a web page
     /// on the same machine can still reach: so no request from a browser page (they carry
     /// `Origin`), POSTs only with `Content-Type: application/json` (which a page cannot send
-    /// across origins without a preflight this API never answers), and the token when set.
+    /// across origins without a preflight this API never answers), and the token when set. A
+    /// page whose own name was rebound to this address sends same-origin requests without
+    /// `Origin`, but with its name as `Host`: only IP addresses, `localhost` and the names in
+    /// `admin.hosts` are answered (liveness and readiness, which tell nothing, to any).
     fn refusal(&self, req: &Request<Incoming>) -> Option<Response<Full<Bytes>>> {
         let headers = req.headers();
+        let probe = matches!(req.uri().path(), "/healthz" | "/readyz");
+        let host = headers
+            .get(hyper::header::HOST)
+            .map(|h| h.to_str().unwrap_or("\u{fffd}"));
+        if !probe && host.is_some_and(|h| !self.answers_to(h)) {
+            return Some(json_error(
+                StatusCode::MISDIRECTED_REQUEST,
+                "this Host is not the admin listener's: use its IP address or localhost, or \
+                 list the name in admin.hosts",
+            ));
+        }
         if headers.contains_key(hyper::header::ORIGIN) {
             return Some(json_error(
                 StatusCode::FORBIDDEN,
@@ -108,6 +124,29 @@ impl AdminState {
             }
         }
         None
+    }
+}
+
+impl AdminState {
+    /// Whether a request's `Host` header (name or address, with an optional port) names this
+    /// listener.
+    fn answers_to(&self, host: &str) -> bool {
+        let name = match host.strip_prefix('[') {
+            // An IPv6 literal: "[::1]" or "[::1]:9090".
+            Some(rest) => {
+                return rest
+                    .split_once(']')
+                    .is_some_and(|(ip, _)| ip.parse::<std::net::Ipv6Addr>().is_ok());
+            }
+            None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+        };
+        let name = name.trim_end_matches('.').to_ascii_lowercase();
+        name.parse::<std::net::Ipv4Addr>().is_ok()
+            || name == "localhost"
+            || self
+                .hosts
+                .iter()
+                .any(|h| h.trim_end_matches('.').eq_ignore_ascii_case(&name))
     }
 }
 

@@ -1,9 +1,11 @@
 //! Caps on client connections: in all, per tenant, and for connections still logging in.
 //!
 //! A connection that has not logged in yet has proven nothing but costs a socket, so those have
-//! their own, smaller cap. When it is full, the oldest connection still logging in is ended to
-//! make room: a flood of stalled logins then delays nobody whose login takes milliseconds, and
-//! every stalled one still ends by `limits.auth_timeout` at the latest.
+//! their own, smaller cap. When it is full, a connection still logging in is ended to make room:
+//! of those that got least far (a login that has started its password exchange is further
+//! than one that has only sent its startup message), the oldest. A flood of stalled logins,
+//! however fast new ones come, then ends its own connections first and delays nobody whose login
+//! takes milliseconds, and every stalled one still ends by `limits.auth_timeout` at the latest.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -59,9 +61,12 @@ pub struct Capacity {
 #[derive(Default)]
 struct LoggingIn {
     next: u64,
-    /// Oldest first; cancelling a token ends that connection.
-    open: BTreeMap<u64, CancellationToken>,
+    /// By how far each got, then oldest first; cancelling a token ends that connection.
+    open: BTreeMap<Place, CancellationToken>,
 }
+
+/// A connection's place among those logging in: how far its login got, then its age.
+type Place = (u8, u64);
 
 /// Why a connection is refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -109,13 +114,13 @@ impl Capacity {
             oldest.cancel();
             evicted = true;
         }
-        let id = l.next;
+        let place = (0, l.next);
         l.next += 1;
-        l.open.insert(id, token.clone());
+        l.open.insert(place, token.clone());
         drop(l);
         let slot = ClientSlot {
             capacity: self.clone(),
-            logging_in: Some(id),
+            logging_in: Some(place),
             ended: token,
             tenant: None,
         };
@@ -144,7 +149,7 @@ impl Capacity {
 /// One client connection's place in the counts, for its whole life.
 pub struct ClientSlot {
     capacity: Arc<Capacity>,
-    logging_in: Option<u64>,
+    logging_in: Option<Place>,
     ended: CancellationToken,
     tenant: Option<TenantId>,
 }
@@ -194,10 +199,24 @@ impl ClientSlot {
         Ok(())
     }
 
+    /// The connection's login got further (its password exchange began): it makes room for
+    /// newer connections only after every one that got less far.
+    pub fn progressed(&mut self) {
+        let Some((step, id)) = self.logging_in.filter(|(step, _)| *step < u8::MAX) else {
+            return;
+        };
+        let mut l = self.capacity.lock_logging_in();
+        // Not listed any more once it was ended to make room.
+        if let Some(token) = l.open.remove(&(step, id)) {
+            l.open.insert((step + 1, id), token);
+            self.logging_in = Some((step + 1, id));
+        }
+    }
+
     /// The connection logged in: it no longer counts as logging in and is never evicted.
     pub fn logged_in(&mut self) {
-        if let Some(id) = self.logging_in.take() {
-            self.capacity.lock_logging_in().open.remove(&id);
+        if let Some(place) = self.logging_in.take() {
+            self.capacity.lock_logging_in().open.remove(&place);
         }
     }
 }
@@ -245,6 +264,25 @@ mod tests {
         assert_eq!(cap.clients(), 4);
         drop(a);
         assert_eq!(cap.clients(), 3);
+    }
+
+    #[test]
+    fn connections_that_got_further_are_ended_last() {
+        let cap = capacity(10, 2);
+        let (mut honest, _) = cap.open();
+        let (stalled, _) = cap.open();
+        honest.progressed();
+        let (_newer, evicted) = cap.open();
+        assert!(evicted);
+        assert!(
+            stalled.ended.is_cancelled(),
+            "the one that got less far goes first"
+        );
+        assert!(!honest.ended.is_cancelled(), "though it is the oldest");
+        drop(stalled);
+        assert_eq!(cap.logging_in(), 2);
+        honest.logged_in();
+        assert_eq!(cap.logging_in(), 1);
     }
 
     #[test]

@@ -364,6 +364,7 @@ fn connector_settings(config: &Config) -> Result<ConnectorSettings, BuildError> 
             tls_config: tls::backend_client_config(&config.backend)?,
             max_message: limits.max_message.as_u64() as usize,
             max_client_message: limits.max_startup_message.as_u64() as usize,
+            idle_in_transaction: Some(limits.idle_in_transaction_timeout).filter(|t| !t.is_zero()),
         },
         connect_timeout: limits.connect_timeout,
         login_timeout: limits.login_timeout,

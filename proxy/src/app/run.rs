@@ -157,6 +157,7 @@ fn admin_state(config: &Config, gateway: &Gateway) -> anyhow::Result<Arc<AdminSt
         coordinator: gateway.pipeline().coordinator.clone(),
         ready: true.into(),
         token: read_admin_token(config)?,
+        hosts: config.admin.hosts.clone(),
         started: std::time::Instant::now(),
     }))
 }

@@ -30,8 +30,10 @@ async fn read_password_message(client: &mut Stream, max: usize) -> Result<Vec<u8
 
 /// Authenticates `user` with SCRAM-SHA-256 (or -PLUS when `channel_binding` is given, i.e. the
 /// client link is TLS). An unknown user (`credential` is `None`) goes through a mock exchange
-/// that fails exactly like a wrong password. `reserve` is called when the proof arrives, before
-/// it is checked (the throttle's reservation).
+/// that fails exactly like a wrong password. Of the two `steps`, the first is called when the
+/// client's first SASL message arrives (its login got further than a startup message), the
+/// second when the proof arrives, before it is checked (the throttle's reservation, which may
+/// wait on another attempt's outcome).
 pub async fn authenticate_client(
     client: &mut Stream,
     user: &str,
@@ -39,8 +41,12 @@ pub async fn authenticate_client(
     channel_binding: Option<Vec<u8>>,
     mock_key: &[u8],
     max_message: usize,
-    reserve: impl FnOnce() -> Result<(), SessionError>,
+    steps: (
+        impl FnOnce(),
+        impl AsyncFnOnce() -> Result<(), SessionError>,
+    ),
 ) -> Result<LoginMaterial, SessionError> {
+    let (progressed, reserve) = steps;
     let scram_error = |e: pgwake_protocol::scram::ScramError| match e.kind() {
         ScramErrorKind::InvalidPassword => SessionError::AuthFailed(user.to_owned()),
         ScramErrorKind::ProtocolViolation => SessionError::ClientProtocol(e.to_string()),
@@ -56,6 +62,7 @@ pub async fn authenticate_client(
     let initial = msg::parse_sasl_initial_response(&initial)
         .map_err(|e| SessionError::ClientProtocol(e.to_string()))?;
     let (mechanism, client_first) = (initial.auth_method, initial.data.unwrap_or_default());
+    progressed();
     let nonce = Nonce::from_random(rand::random());
     let (server, server_first) = match &credential {
         Some(c) => ScramServer::start(&c.verifier, cb, nonce, &mechanism, &client_first),
@@ -70,7 +77,7 @@ pub async fn authenticate_client(
 
     let response = read_password_message(client, max_message).await?;
     // The proof is here: it counts against the throttle before it is checked.
-    reserve()?;
+    reserve().await?;
     let (server_final, client_key) = server.finish(&response).map_err(scram_error)?;
     let credential = credential.ok_or_else(|| SessionError::AuthFailed(user.to_owned()))?;
     let mut out = msg::authentication_sasl_final(&server_final);

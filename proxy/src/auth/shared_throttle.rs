@@ -2,7 +2,7 @@
 //! every replica reads, so a client that spreads its guesses over replicas is blocked as if it
 //! used one.
 //!
-//! Each count ((client IP, tenant) and (tenant, user)) is one Lease, `pgwake-throttle-<hash>`,
+//! Each count ((client source, tenant) and (tenant, user)) is one Lease, `pgwake-throttle-<hash>`,
 //! labelled `pgwake.io/throttle`. Its annotation `pgwake.io/failures` maps who failed to how
 //! often (users under an address count, addresses under an account count), so a success takes
 //! back only its own failures as in the local throttle; `renewTime` is the last failure. Writes
@@ -183,13 +183,18 @@ impl SharedThrottle {
             .map(|l| (*l).clone())
     }
 
-    /// How long attempts from `ip` for `user` of `tenant` must wait by the fleet's counts, from
-    /// the watched copy (no API call).
+    /// How long attempts from source `ip` for `user` of `tenant` must wait by the fleet's
+    /// counts, from the watched copy (no API call). The account's count holds back only the
+    /// sources that failed against it, so guesses elsewhere never lock the user out.
     pub fn blocked_for(&self, ip: IpAddr, tenant: &TenantId, user: &str) -> Option<Duration> {
         let now = Timestamp::now();
         Count::both(ip, tenant, user)
             .iter()
-            .filter_map(|c| self.wait(&Record::of(&self.cached(c)?, c), now))
+            .filter_map(|c| {
+                let record = Record::of(&self.cached(c)?, c);
+                let applies = c.kind == "address" || record.failures.contains_key(&c.who);
+                self.wait(&record, now).filter(|_| applies)
+            })
             .max()
     }
 

@@ -18,6 +18,13 @@ pub struct HttpConfig {
     /// Memory one `/sql` response may take while it is built; beyond it the body goes to an
     /// unnamed temporary file (in `$TMPDIR`) and is sent from there.
     pub response_memory: ByteSize,
+    /// What all spilled responses may hold on disk at once, until each is sent; a response
+    /// that finds no room is answered 507.
+    pub max_spill_total: ByteSize,
+    /// Longest a response may go without any of its body being taken by the client; a client
+    /// that stops reading has its connection closed (and the response's file freed).
+    #[serde(with = "super::duration")]
+    pub send_timeout: Duration,
     /// Time a `/sql` request may take once its backend connection is ready.
     #[serde(with = "super::duration")]
     pub query_timeout: Duration,
@@ -31,8 +38,8 @@ pub struct HttpConfig {
     /// How long a request waits for a pool slot when the bounds are reached.
     #[serde(with = "super::duration")]
     pub pool_acquire_timeout: Duration,
-    /// Time a client has to send a request's headers (HTTP/1.1), and the longest a kept-alive
-    /// connection may sit idle between requests.
+    /// Time a client has to send a request's headers (HTTP/1.1), and the longest a connection
+    /// (HTTP/1.1 kept alive, or HTTP/2) may sit with no request in flight.
     #[serde(with = "super::duration")]
     pub header_timeout: Duration,
     /// Time a client has to send a request's whole body; a slower one is answered 408.
@@ -51,6 +58,8 @@ impl Default for HttpConfig {
             max_request_size: ByteSize::mib(10),
             max_response_size: ByteSize::mib(10),
             response_memory: ByteSize::mib(1),
+            max_spill_total: ByteSize::gib(1),
+            send_timeout: Duration::from_secs(30),
             query_timeout: Duration::from_secs(300),
             pool_max_per_key: 20,
             pool_max_total: 500,
@@ -70,8 +79,9 @@ impl HttpConfig {
         let bounds_why =
             "pool bounds must be at least 1 (http.pool_max_per_key, http.pool_max_total)";
         positive("http.pool_max_per_key", &bounds, bounds_why)?;
-        let times = [self.header_timeout, self.body_timeout];
-        let times_why = "http.header_timeout and http.body_timeout must be greater than zero";
+        let times = [self.header_timeout, self.body_timeout, self.send_timeout];
+        let times_why = "http.header_timeout, http.body_timeout and http.send_timeout must be \
+                         greater than zero";
         nonzero("http.header_timeout", &times, times_why)
     }
 }

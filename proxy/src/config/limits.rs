@@ -47,6 +47,12 @@ pub struct Limits {
     /// Sessions that may wait for a backend connection of one such tenant at once; more get
     /// FATAL 53300 at once.
     pub max_backend_waiters: usize,
+    /// Longest a session may sit idle inside an open transaction (holding its backend
+    /// connection, and a place under its tenant's cap); then Postgres ends it with FATAL 25P03,
+    /// as its own `idle_in_transaction_session_timeout` does (set on every backend login).
+    /// 0: no limit.
+    #[serde(with = "super::duration")]
+    pub idle_in_transaction_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -64,6 +70,7 @@ impl Default for Limits {
             relay_buffer: ByteSize::kib(16),
             backend_wait_timeout: Duration::from_secs(30),
             max_backend_waiters: 10_000,
+            idle_in_transaction_timeout: Duration::from_secs(3600),
         }
     }
 }

@@ -22,6 +22,10 @@ pub struct AdminConfig {
     /// A file holding a bearer token that `/v1/…` requests must present (`Authorization:
     /// Bearer …`); none: no token (bind the admin listener to a private address).
     pub token_file: Option<PathBuf>,
+    /// Host names the admin API answers to besides IP addresses and `localhost` (e.g. a
+    /// Service's DNS name that Prometheus scrapes): a request naming any other host is refused,
+    /// so a web page whose name was rebound to this address cannot read the API.
+    pub hosts: Vec<String>,
 }
 
 /// `[listen]`: where the gateway accepts connections (a missing `Option` reads as `None`).

@@ -4,18 +4,13 @@
 //! so a client cannot claim another's address.
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use ipnet::IpNet;
 use pgwake_protocol::proxy_header::{self, DETECT_LEN, Detection, Parsed, ProxyHeaderError};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
-use tokio::time::{Instant, sleep, timeout_at};
+use tokio::time::{Instant, timeout_at};
 use tracing::{debug, warn};
-
-/// Wait between two looks at a connection whose first bytes are only part of a signature
-/// (a client that sent `PR` and paused); real clients send their first message whole.
-const PEEK_PAUSE: Duration = Duration::from_millis(5);
 
 /// Which load balancers may name the client, and how long their header may be.
 #[derive(Clone, Debug, Default)]
@@ -122,23 +117,15 @@ impl ProxyProtocol {
 }
 
 /// Whether the connection's first bytes are a PROXY header, looked at without reading them;
-/// a connection that closes or stays silent is not (negotiation reports those).
+/// a connection that closes or stays silent is not (negotiation reports those). Only what
+/// arrived first is looked at: a load balancer sends its header whole, and waiting for the rest
+/// of a partial signature (`\r\n`, as an idle client may send) would mean polling a connection
+/// that may never say more. Such a client's bytes go to negotiation (or the HTTP parser), which
+/// refuses them as anything else that is not a startup message or a request.
 async fn starts_with_header(tcp: &TcpStream, deadline: Instant) -> bool {
     let mut prefix = [0u8; DETECT_LEN];
-    loop {
-        let n = match timeout_at(deadline, tcp.peek(&mut prefix)).await {
-            Ok(Ok(n)) if n > 0 => n,
-            _ => return false,
-        };
-        match proxy_header::detect(&prefix[..n]) {
-            Detection::Header => return true,
-            Detection::NotHeader => return false,
-            Detection::NeedMore => {
-                if Instant::now() + PEEK_PAUSE > deadline {
-                    return false;
-                }
-                sleep(PEEK_PAUSE).await;
-            }
-        }
+    match timeout_at(deadline, tcp.peek(&mut prefix)).await {
+        Ok(Ok(n)) if n > 0 => proxy_header::detect(&prefix[..n]) == Detection::Header,
+        _ => false,
     }
 }

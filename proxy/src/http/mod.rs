@@ -15,6 +15,7 @@ mod websocket;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -25,11 +26,13 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span};
 
+use crate::capacity::ClientSlot;
 use crate::config::HttpConfig;
 use crate::front::{Front, Shards, accept_next};
 use crate::tls::ServerCertificates;
@@ -47,6 +50,8 @@ pub struct HttpState {
     pub tls: Option<Arc<ServerCertificates>>,
     /// Accept connections without TLS.
     pub allow_plaintext: bool,
+    /// The room spilled `/sql` responses share on disk (`http.max_spill_total`).
+    pub spill_budget: Arc<spill::SpillBudget>,
 }
 
 impl HttpState {
@@ -60,6 +65,7 @@ impl HttpState {
     ) -> HttpState {
         HttpState {
             front,
+            spill_budget: spill::SpillBudget::new(config.max_spill_total.as_u64()),
             config,
             tls,
             allow_plaintext,
@@ -85,11 +91,104 @@ fn full(bytes: Bytes) -> Body {
         .boxed_unsync()
 }
 
+/// What one HTTP connection's serving loop learns from its requests: how many are in flight
+/// (a connection with none is idle, and closed after `http.header_timeout`), whether one of
+/// them logged in (the connection then no longer counts as logging in), and when a response
+/// body last went out (one stalled past `http.send_timeout` ends the connection).
+pub(crate) struct ConnActivity {
+    in_flight: AtomicUsize,
+    authenticated: AtomicBool,
+    changed: Notify,
+    /// Response bodies being sent.
+    sending: AtomicUsize,
+    /// When a response body last gave the connection a frame to send.
+    progress: std::sync::Mutex<tokio::time::Instant>,
+}
+
+impl Default for ConnActivity {
+    fn default() -> Self {
+        ConnActivity {
+            in_flight: AtomicUsize::new(0),
+            authenticated: AtomicBool::new(false),
+            changed: Notify::new(),
+            sending: AtomicUsize::new(0),
+            progress: std::sync::Mutex::new(tokio::time::Instant::now()),
+        }
+    }
+}
+
+impl ConnActivity {
+    /// Counts a request in flight until the guard drops (with the response body, once sent).
+    fn busy(self: &Arc<Self>) -> Busy {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.changed.notify_one();
+        Busy(self.clone())
+    }
+
+    /// A request on this connection passed the password check.
+    pub(crate) fn logged_in(&self) {
+        self.authenticated.store(true, Ordering::Release);
+        self.changed.notify_one();
+    }
+
+    fn quiet(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) == 0
+    }
+
+    fn progressed(&self) {
+        *self.progress.lock().unwrap_or_else(|p| p.into_inner()) = tokio::time::Instant::now();
+    }
+
+    /// When the bodies being sent count as stalled, if any is being sent.
+    fn stalled_at(&self, send_timeout: Duration) -> Option<tokio::time::Instant> {
+        if self.sending.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        Some(*self.progress.lock().unwrap_or_else(|p| p.into_inner()) + send_timeout)
+    }
+}
+
+/// A request in flight on its connection.
+struct Busy(Arc<ConnActivity>);
+
+impl Busy {
+    /// The request's response is going out: its body is being sent until the guard drops.
+    fn sending(self) -> Sending {
+        self.0.sending.fetch_add(1, Ordering::AcqRel);
+        self.0.progressed();
+        self.0.changed.notify_one();
+        Sending(self)
+    }
+}
+
+/// A response body being sent (its request still in flight).
+struct Sending(Busy);
+
+impl Sending {
+    fn progressed(&self) {
+        (self.0).0.progressed();
+    }
+}
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        (self.0).0.sending.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.0.changed.notify_one();
+    }
+}
+
 /// Accepts HTTP connections until `stop` fires; each runs as a task in `tasks` on one of the
 /// session threads, like a Postgres connection, so that its requests, the pooled backend
 /// connections they use and the tasks they spawn (HTTP/2 streams, WebSocket sessions) share one
-/// event loop. Shutdown waits for requests and WebSocket sessions in flight like for TCP
-/// sessions.
+/// event loop. Each counts against the client connection caps like a Postgres connection: as
+/// logging in (the oldest such is ended to make room) until one of its requests logs in.
+/// Shutdown waits for requests and WebSocket sessions in flight like for TCP sessions.
 pub async fn serve(
     listener: TcpListener,
     state: Arc<HttpState>,
@@ -115,11 +214,15 @@ pub async fn serve(
         })
     };
     while let Some((tcp, peer)) = accept_next(&listener, &stop, "http").await {
+        let (slot, evicted) = state.front.capacity.open();
+        if evicted {
+            state.front.metrics.error("login_evicted");
+        }
         let state = state.clone();
         let conn_tasks = tasks.clone();
         let stop = stop.clone();
         shards.spawn(&tasks, tcp, move |tcp| {
-            connection(tcp, peer, state, conn_tasks, stop)
+            connection(tcp, peer, state, conn_tasks, stop, slot)
         });
     }
     reaper.abort();
@@ -127,18 +230,30 @@ pub async fn serve(
 }
 
 /// Names the connection's client (a trusted load balancer's PROXY header, or the socket), then
-/// serves it in a span carrying that address.
+/// serves it in a span carrying that address; a connection past the gateway's cap is closed,
+/// and one still logging in is ended when it must make room for newer ones.
 async fn connection(
     mut tcp: TcpStream,
     socket_peer: SocketAddr,
     state: Arc<HttpState>,
     tasks: TaskTracker,
     stop: CancellationToken,
+    mut slot: ClientSlot,
 ) {
-    let _ = tcp.set_nodelay(true);
     let front = &state.front;
+    if slot.check_gateway().is_err() {
+        front.metrics.error("gateway_full");
+        return;
+    }
+    let _ = tcp.set_nodelay(true);
+    let evicted = slot.eviction();
     let header_deadline = tokio::time::Instant::now() + front.startup_timeout;
-    let interrupted = stop.cancelled();
+    let interrupted = async {
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = evicted.cancelled() => {}
+        }
+    };
     let named = front.client_address(&mut tcp, socket_peer, header_deadline, interrupted);
     let Some(peer) = named.await else {
         return;
@@ -147,42 +262,43 @@ async fn connection(
     if peer != socket_peer {
         span.record("via", tracing::field::display(socket_peer));
     }
-    serve_connection(tcp, peer, state, tasks, stop)
-        .instrument(span)
-        .await
+    let serve = serve_connection(tcp, peer, state, tasks, stop, &mut slot);
+    tokio::select! {
+        _ = serve.instrument(span) => {}
+        // Never once a request logged in.
+        _ = evicted.cancelled() => debug!("http connection ended to make room for newer ones"),
+    }
 }
 
-async fn serve_connection(
+/// The connection's transport, like the Postgres listener's: TLS when its first byte starts a
+/// handshake, plaintext only when allowed (a plaintext client is told why otherwise); `None`
+/// when the connection ends first.
+async fn transport(
     tcp: TcpStream,
-    peer: SocketAddr,
-    state: Arc<HttpState>,
-    tasks: TaskTracker,
-    stop: CancellationToken,
-) {
-    let gw = state.front.clone();
+    state: &HttpState,
+) -> Option<(Box<dyn crate::stream::TunnelIo>, bool)> {
+    let gw = &state.front;
     let deadline = gw.startup_timeout;
-    // Like the Postgres listener: TLS when the first byte starts a handshake, plaintext only
-    // when allowed.
     let mut first = [0u8; 1];
     let is_tls = match tokio::time::timeout(deadline, tcp.peek(&mut first)).await {
         Ok(Ok(1)) => first[0] == TLS_HANDSHAKE_RECORD,
-        _ => return,
+        _ => return None,
     };
-    let (io, tls): (Box<dyn crate::stream::TunnelIo>, bool) = match (&state.tls, is_tls) {
+    match (&state.tls, is_tls) {
         (Some(certs), true) => {
             // The certificates current now; a reload later does not touch this connection.
             let acceptor = TlsAcceptor::from(certs.current().http_config.clone());
             match tokio::time::timeout(deadline, acceptor.accept(tcp)).await {
-                Ok(Ok(s)) => (Box::new(s), true),
+                Ok(Ok(s)) => Some((Box::new(s), true)),
                 Ok(Err(e)) => {
                     debug!(error = %e, "http TLS handshake failed");
                     gw.metrics.error("tls_handshake");
-                    return;
+                    None
                 }
-                Err(_) => return,
+                Err(_) => None,
             }
         }
-        (_, false) if state.allow_plaintext => (Box::new(tcp), false),
+        (_, false) if state.allow_plaintext => Some((Box::new(tcp), false)),
         _ => {
             // Say why in HTTP, so `curl http://…` shows the fix instead of an empty reply.
             gw.metrics.error("plaintext_refused");
@@ -196,14 +312,45 @@ async fn serve_connection(
                 .keep_alive(false)
                 .serve_connection(TokioIo::new(tcp), refuse);
             let _ = tokio::time::timeout(deadline, conn).await;
-            return;
+            None
         }
+    }
+}
+
+async fn serve_connection(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    state: Arc<HttpState>,
+    tasks: TaskTracker,
+    stop: CancellationToken,
+    slot: &mut ClientSlot,
+) {
+    let Some((io, tls)) = transport(tcp, &state).await else {
+        return;
     };
     let header_timeout = state.config.header_timeout;
+    let send_timeout = state.config.send_timeout;
+    let metrics = state.front.metrics.clone();
+    let activity = Arc::new(ConnActivity::default());
+    let requests = activity.clone();
     let service = service_fn(move |req: Request<Incoming>| {
         let state = state.clone();
         let tasks = tasks.clone();
-        async move { Ok::<_, Infallible>(route(req, peer, tls, state, tasks).await) }
+        let activity = requests.clone();
+        async move {
+            let busy = activity.busy();
+            let response = route(req, peer, tls, state, tasks, &activity).await;
+            // Busy until the body is sent (or the connection drops it).
+            let sending = busy.sending();
+            let response = response.map(|body| {
+                body.map_frame(move |f| {
+                    sending.progressed();
+                    f
+                })
+                .boxed_unsync()
+            });
+            Ok::<_, Infallible>(response)
+        }
     });
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // A client that trickles its headers (or holds a kept-alive connection idle) is closed.
@@ -213,16 +360,48 @@ async fn serve_connection(
         .header_read_timeout(header_timeout);
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
-    tokio::select! {
-        r = conn.as_mut() => {
-            if let Err(e) = r {
-                debug!(error = %e, "http connection ended with an error");
+    loop {
+        // Every version and phase has the same deadline: with no request in flight (an HTTP/2
+        // connection that sent its preface and SETTINGS, a kept-alive one), the connection is
+        // closed `header_timeout` after its last request ended.
+        let quiet = activity.quiet();
+        let stalled_at = activity.stalled_at(send_timeout);
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    debug!(error = %e, "http connection ended with an error");
+                }
+                return;
             }
-        }
-        _ = stop.cancelled() => {
-            // Shutdown: finish requests in flight, take no more on this connection.
-            conn.as_mut().graceful_shutdown();
-            let _ = conn.await;
+            _ = stop.cancelled() => {
+                // Shutdown: finish requests in flight, take no more on this connection.
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+                return;
+            }
+            _ = activity.changed.notified() => {
+                if activity.authenticated.load(Ordering::Acquire) {
+                    slot.logged_in();
+                }
+            }
+            // A client that stopped reading holds the response (a spilled one holds a file)
+            // and the connection: both end once nothing went out for `send_timeout`.
+            _ = tokio::time::sleep_until(stalled_at.unwrap_or_else(tokio::time::Instant::now)),
+                if stalled_at.is_some() =>
+            {
+                let now = tokio::time::Instant::now();
+                if activity.stalled_at(send_timeout).is_some_and(|t| t <= now) {
+                    debug!(?send_timeout, "the client stopped reading its response; closing");
+                    metrics.error("http_send_timeout");
+                    return;
+                }
+            }
+            _ = tokio::time::sleep(header_timeout), if quiet => {
+                debug!(idle = ?header_timeout, "http connection idle; closing it");
+                conn.as_mut().graceful_shutdown();
+                let _ = tokio::time::timeout(header_timeout, conn.as_mut()).await;
+                return;
+            }
         }
     }
 }
@@ -233,12 +412,13 @@ async fn route(
     tls: bool,
     state: Arc<HttpState>,
     tasks: TaskTracker,
+    activity: &ConnActivity,
 ) -> Response<Body> {
     if websocket::is_upgrade(&req) {
         return websocket::upgrade(req, peer, tls, state, tasks);
     }
     let answer = match (req.method(), req.uri().path()) {
-        (&Method::POST, "/sql") => return sql::handle(req, peer, &state).await,
+        (&Method::POST, "/sql") => return sql::handle(req, peer, &state, activity).await,
         (&Method::OPTIONS, "/sql") => preflight(),
         (_, "/sql") => plain(StatusCode::METHOD_NOT_ALLOWED, "use POST /sql"),
         _ => plain(
@@ -246,27 +426,17 @@ async fn route(
             "not found: use POST /sql or a WebSocket",
         ),
     };
-    let limit = state.config.max_request_size.as_u64() as usize;
-    drain(req.into_body(), limit, state.config.body_timeout).await;
+    drain(req.into_body(), state.config.body_timeout).await;
     answer
 }
 
-/// Reads and drops what is left of a request body (at most `limit` bytes, within `wait`)
-/// before an early answer. Over HTTP/2 an answer sent while the request is still open is
-/// followed by a stream reset, which clients such as curl report instead of the answer.
-pub(crate) async fn drain(mut body: Incoming, limit: usize, wait: std::time::Duration) {
+/// Reads and drops what is left of a request body before an early answer, until its end or
+/// for `wait` at most. Over HTTP/2 an answer sent while the request is still open is followed
+/// by a stream reset, which clients such as curl report instead of the answer. Nothing read
+/// is kept, so only time bounds it, whatever size the client declared.
+pub(crate) async fn drain(mut body: Incoming, wait: std::time::Duration) {
     use http_body_util::BodyExt;
-    let read = async {
-        let mut seen = 0usize;
-        while let Some(Ok(frame)) = body.frame().await {
-            if let Some(data) = frame.data_ref() {
-                seen += data.len();
-                if seen > limit {
-                    return;
-                }
-            }
-        }
-    };
+    let read = async { while let Some(Ok(_)) = body.frame().await {} };
     let _ = tokio::time::timeout(wait, read).await;
 }
 

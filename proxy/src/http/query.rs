@@ -1,10 +1,13 @@
 //! Running `/sql` statements on a pooled backend connection with the extended protocol (text
 //! parameters, text results), and shaping the replies as the serverless driver expects.
 //!
-//! Everything one request needs is written at once: the pending session reset, `BEGIN` for a
+//! Everything one request needs is sent in one go: the pending session reset, `BEGIN` for a
 //! batch, each statement as Parse/Bind/Describe/Execute/Sync, `COMMIT`. After an error the
 //! backend skips to the next Sync, later statements of a batch fail inside the aborted
-//! transaction and `COMMIT` rolls back, so one round trip serves any request.
+//! transaction and `COMMIT` rolls back, so one round trip serves any request. Replies are read
+//! while the request is still being written: a batch whose early results fill the socket
+//! would otherwise leave Postgres waiting for the gateway to read and the gateway waiting for
+//! Postgres to read, until the query timeout.
 
 use pgwake_protocol::backend::type_oid as oid;
 use pgwake_protocol::frontend;
@@ -39,6 +42,10 @@ pub enum QueryError {
     /// The results grew past the response limit; the connection is mid-reply.
     #[error("response larger than {0} bytes")]
     TooLarge(usize),
+    /// A statement asked for something `/sql` cannot carry (COPY to or from the client); the
+    /// connection is mid-reply.
+    #[error("unsupported: {}", .0.get("message").and_then(Value::as_str).unwrap_or("?"))]
+    Unsupported(Map<String, Value>),
     /// The backend connection failed.
     #[error("backend I/O: {0}")]
     Io(#[from] std::io::Error),
@@ -89,7 +96,12 @@ pub async fn run(
     limits: Limits,
     out: &mut SpillBuffer,
 ) -> Result<(), QueryError> {
-    let (resets, plan) = send_request(conn, statements, begin, limits.statements).await?;
+    let (request, resets, plan) = build_request(conn, statements, begin, limits.statements)?;
+    let (mut rd, mut wr) = tokio::io::split(&mut conn.stream);
+    let write = async {
+        wr.write_all(&request).await?;
+        wr.flush().await
+    };
     let batch = begin.is_some();
     if batch {
         out.buf().extend_from_slice(b"{\"results\":[");
@@ -102,78 +114,73 @@ pub async fn run(
     let mut reply = 0usize;
     let first_statement = resets + usize::from(batch);
     let mut current = ResultWriter::new(shape);
-    let mut header = [0u8; 5];
     // One buffer for every message of the request: a result costs one row at a time here.
     let mut body = Vec::new();
-    while replies_left > 0 {
-        conn.stream.read_exact(&mut header).await?;
-        let tag = header[0];
-        let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
-        let in_statement = reply >= first_statement && reply < first_statement + statements.len();
-        let Some(size) = len.checked_sub(4) else {
-            return Err(QueryError::Protocol("message length out of range".into()));
-        };
-        if tag == b'D' && in_statement {
-            // Counted before the row is read, so one huge row is refused without being held.
-            rows_read = rows_read.saturating_add(size + 5);
-            if rows_read > limits.max_response {
-                return Err(QueryError::TooLarge(limits.max_response));
+    let (status, needs_reset, cache) = (
+        &mut conn.status,
+        &mut conn.needs_reset,
+        &mut conn.statements,
+    );
+    let read = async {
+        while replies_left > 0 {
+            let in_statement =
+                reply >= first_statement && reply < first_statement + statements.len();
+            let tag = next_reply(&mut rd, &mut body, in_statement, &mut rows_read, &limits).await?;
+            match tag {
+                b'Z' => {
+                    *status = body.first().copied().unwrap_or(b'E');
+                    if in_statement && first_error.is_none() {
+                        current.finish(out.buf())?;
+                    }
+                    replies_left -= 1;
+                    reply += 1;
+                }
+                b'E' => {
+                    let fields = error_fields(&body);
+                    if reply < resets {
+                        return Err(QueryError::Protocol("the session reset failed".into()));
+                    }
+                    if first_error.is_none() {
+                        first_error = Some(fields);
+                        error_at = in_statement.then(|| reply - first_statement);
+                    }
+                }
+                // A setting the backend reports changed (`SET`, `set_config`, a function's side
+                // effect): the next request must not inherit it.
+                b'S' if in_statement => *needs_reset = true,
+                b'H' | b'G' | b'W' if in_statement => return Err(copy_refused()),
+                b'1' if in_statement => {
+                    let i = reply - first_statement;
+                    if let Prepared::New(name) = &plan[i] {
+                        cache.confirm(&statements[i].query, name.clone());
+                    }
+                }
+                _ if !in_statement || first_error.is_some() => {}
+                b'T' => current.fields(out.buf(), &body)?,
+                b'D' => {
+                    current.row(out.buf(), &body)?;
+                    if out.len() > limits.max_response as u64 {
+                        return Err(QueryError::TooLarge(limits.max_response));
+                    }
+                    out.settle().await.map_err(QueryError::Spill)?;
+                }
+                b'C' => current.complete(&body),
+                // Parse/Bind complete, NoData, empty query, notices, parameter changes,
+                // notifications and the replies to the reset, BEGIN and COMMIT carry nothing the
+                // response needs.
+                _ => {}
             }
-        } else if size > limits.max_message {
-            return Err(QueryError::Protocol("message length out of range".into()));
         }
-        body.clear();
-        body.resize(size, 0);
-        conn.stream.read_exact(&mut body).await?;
-        match tag {
-            b'Z' => {
-                conn.status = body.first().copied().unwrap_or(b'E');
-                if in_statement && first_error.is_none() {
-                    current.finish(out.buf())?;
-                }
-                replies_left -= 1;
-                reply += 1;
-            }
-            b'E' => {
-                let fields = error_fields(&body);
-                if reply < resets {
-                    return Err(QueryError::Protocol("the session reset failed".into()));
-                }
-                if first_error.is_none() {
-                    first_error = Some(fields);
-                    error_at = in_statement.then(|| reply - first_statement);
-                }
-            }
-            // A setting the backend reports changed (`SET`, `set_config`, a function's side
-            // effect): the next request must not inherit it.
-            b'S' if in_statement => conn.needs_reset = true,
-            b'1' if in_statement => {
-                let i = reply - first_statement;
-                if let Prepared::New(name) = &plan[i] {
-                    conn.statements.confirm(&statements[i].query, name.clone());
-                }
-            }
-            _ if !in_statement || first_error.is_some() => {}
-            b'T' => current.fields(out.buf(), &body)?,
-            b'D' => {
-                current.row(out.buf(), &body)?;
-                if out.len() > limits.max_response as u64 {
-                    return Err(QueryError::TooLarge(limits.max_response));
-                }
-                out.settle().await.map_err(QueryError::Spill)?;
-            }
-            b'C' => current.complete(&body),
-            // Parse/Bind complete, NoData, empty query, notices, parameter changes,
-            // notifications and the replies to the reset, BEGIN and COMMIT carry nothing the
-            // response needs.
-            _ => {}
-        }
-    }
+        Ok::<_, QueryError>(())
+    };
+    while_writing(write, read).await?;
     if let Some(e) = first_error {
-        if stale(&e, error_at, &plan) {
-            return Err(QueryError::StaleStatement(e));
-        }
-        return Err(QueryError::Postgres(e));
+        let stale = stale(&e, error_at, &plan);
+        return Err(if stale {
+            QueryError::StaleStatement(e)
+        } else {
+            QueryError::Postgres(e)
+        });
     }
     if batch {
         out.buf().extend_from_slice(b"]}");
@@ -181,15 +188,76 @@ pub async fn run(
     Ok(())
 }
 
-/// Writes the whole request in one go: the pending reset if any, the Close of statements
-/// evicted from the cache, BEGIN, every statement, COMMIT. Returns how many replies come before
-/// the batch's BEGIN or the first statement, and how each statement was sent.
-async fn send_request(
+/// Reads the next reply message into `body` and returns its tag. A statement's row counts
+/// against the response limit before it is read, so one huge row is refused without being
+/// held; any other message is bounded by the message limit.
+async fn next_reply(
+    rd: &mut (impl tokio::io::AsyncRead + Unpin),
+    body: &mut Vec<u8>,
+    in_statement: bool,
+    rows_read: &mut usize,
+    limits: &Limits,
+) -> Result<u8, QueryError> {
+    let mut header = [0u8; 5];
+    rd.read_exact(&mut header).await?;
+    let tag = header[0];
+    let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+    let Some(size) = len.checked_sub(4) else {
+        return Err(QueryError::Protocol("message length out of range".into()));
+    };
+    if tag == b'D' && in_statement {
+        *rows_read = rows_read.saturating_add(size + 5);
+        if *rows_read > limits.max_response {
+            return Err(QueryError::TooLarge(limits.max_response));
+        }
+    } else if size > limits.max_message {
+        return Err(QueryError::Protocol("message length out of range".into()));
+    }
+    body.clear();
+    body.resize(size, 0);
+    rd.read_exact(body).await?;
+    Ok(tag)
+}
+
+/// The answer to COPY with the client as one end: its rows would not be in the answer (TO
+/// STDOUT), or the backend would wait for rows that never come (FROM STDIN).
+fn copy_refused() -> QueryError {
+    QueryError::Unsupported(client_error(
+        "0A000",
+        "COPY to or from the client (STDOUT, STDIN) is not supported over SQL over HTTP: use \
+         a Postgres connection, or COPY to a table or query the rows",
+    ))
+}
+
+/// Reads the replies with `read` while `write` sends the request. Every reply follows the
+/// whole request, so reading ends first only with an error (the connection, mid-request, is
+/// then not reused).
+async fn while_writing(
+    write: impl Future<Output = std::io::Result<()>>,
+    read: impl Future<Output = Result<(), QueryError>>,
+) -> Result<(), QueryError> {
+    tokio::pin!(write, read);
+    let mut written = false;
+    loop {
+        tokio::select! {
+            w = &mut write, if !written => {
+                w?;
+                written = true;
+            }
+            r = &mut read => return r,
+        }
+    }
+}
+
+/// The whole request: the pending reset if any, the Close of statements evicted from the
+/// cache, BEGIN, every statement, COMMIT. Also returns how many replies come before the
+/// batch's BEGIN or the first statement, and how each statement is sent.
+fn build_request(
     conn: &mut BackendConn,
     statements: &[Statement],
     begin: Option<&str>,
     cache: CacheLimits,
-) -> Result<(usize, Vec<Prepared>), QueryError> {
+) -> Result<(Vec<u8>, usize, Vec<Prepared>), QueryError> {
     // Refused before anything changes: the reset still due and the cache stay as they are.
     for s in statements {
         check(s)?;
@@ -215,9 +283,7 @@ async fn send_request(
     if begin.is_some() {
         frontend::query(&mut request, "COMMIT");
     }
-    conn.stream.write_all(&request).await?;
-    conn.stream.flush().await?;
-    Ok((leading, plan))
+    Ok((request, leading, plan))
 }
 
 /// Refuses a statement the protocol cannot carry.

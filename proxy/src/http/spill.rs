@@ -1,9 +1,13 @@
 //! A `/sql` response body assembled in memory up to a bound and in an unnamed temporary file
 //! beyond it. The status of a response is known only once its last statement has run (a later
 //! statement of a batch may fail), so the body cannot go out while it is built; spilling keeps
-//! what a large result costs on disk rather than in the gateway's memory.
+//! what a large result costs on disk rather than in the gateway's memory. What all responses
+//! keep on disk together is bounded by a [`SpillBudget`] (`http.max_spill_total`), held until
+//! each body has been sent or dropped.
 
 use std::io::{Seek, SeekFrom, Write};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use futures_util::TryStreamExt;
@@ -16,6 +20,60 @@ use super::Body;
 /// Size of the reads that send a spilled body.
 const SEND_CHUNK: usize = 64 * 1024;
 
+/// The room all spilled responses share on disk.
+pub struct SpillBudget {
+    limit: u64,
+    used: AtomicU64,
+}
+
+impl SpillBudget {
+    /// Room for `limit` bytes of spilled responses at once.
+    pub fn new(limit: u64) -> Arc<SpillBudget> {
+        Arc::new(SpillBudget {
+            limit,
+            used: AtomicU64::new(0),
+        })
+    }
+
+    /// Bytes spilled responses hold now.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Acquire)
+    }
+}
+
+/// The part of the budget one response holds, given back when it is dropped (with the body
+/// stream, once sent).
+struct Held {
+    budget: Arc<SpillBudget>,
+    bytes: u64,
+}
+
+impl Held {
+    /// Takes `n` more bytes of the budget, or fails when it has no room left.
+    fn take(&mut self, n: u64) -> std::io::Result<()> {
+        let limit = self.budget.limit;
+        self.budget
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(n).filter(|total| *total <= limit)
+            })
+            .map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::StorageFull,
+                    format!("spilled responses hold {limit} bytes already (http.max_spill_total)"),
+                )
+            })?;
+        self.bytes += n;
+        Ok(())
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.budget.used.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
 /// A response body under construction: append with [`SpillBuffer::buf`], then call
 /// [`SpillBuffer::settle`] so that what outgrew the memory bound moves to disk.
 pub struct SpillBuffer {
@@ -23,27 +81,30 @@ pub struct SpillBuffer {
     file: Option<std::fs::File>,
     spilled: u64,
     memory: usize,
+    held: Held,
 }
 
 impl SpillBuffer {
-    /// An empty body that keeps at most about `memory` bytes in memory.
-    pub fn new(memory: usize) -> SpillBuffer {
+    /// An empty body that keeps at most about `memory` bytes in memory, and spills into the
+    /// room `budget` has left.
+    pub fn new(memory: usize, budget: Arc<SpillBudget>) -> SpillBuffer {
         SpillBuffer {
             mem: Vec::new(),
             file: None,
             spilled: 0,
             memory,
+            held: Held { budget, bytes: 0 },
         }
+    }
+
+    /// An empty body with the same bounds.
+    pub fn empty_like(&self) -> SpillBuffer {
+        SpillBuffer::new(self.memory, self.held.budget.clone())
     }
 
     /// The in-memory tail, to append to.
     pub fn buf(&mut self) -> &mut Vec<u8> {
         &mut self.mem
-    }
-
-    /// The memory bound it was made with.
-    pub fn memory(&self) -> usize {
-        self.memory
     }
 
     /// Bytes written so far, in memory and on disk.
@@ -61,6 +122,7 @@ impl SpillBuffer {
         if self.mem.len() < self.memory {
             return Ok(());
         }
+        self.held.take(self.mem.len() as u64)?;
         // The buffer itself travels to the blocking thread and back: no copy of it is made.
         let mem = std::mem::take(&mut self.mem);
         let file = self.file.take();
@@ -90,6 +152,8 @@ impl SpillBuffer {
         let Some(file) = self.file else {
             return Ok(super::full(Bytes::from(self.mem)));
         };
+        let mut held = self.held;
+        held.take(self.mem.len() as u64)?;
         let mem = self.mem;
         let file = tokio::task::spawn_blocking(move || {
             let mut file = file;
@@ -100,7 +164,11 @@ impl SpillBuffer {
         .await
         .map_err(std::io::Error::other)??;
         let file = tokio::fs::File::from_std(file);
-        let frames = ReaderStream::with_capacity(file, SEND_CHUNK).map_ok(Frame::data);
+        // The room on disk is given back with the stream: once sent, or dropped unsent.
+        let frames = ReaderStream::with_capacity(file, SEND_CHUNK).map_ok(move |chunk| {
+            let _held = &held;
+            Frame::data(chunk)
+        });
         Ok(BodyExt::boxed_unsync(StreamBody::new(frames)))
     }
 }
@@ -115,7 +183,7 @@ mod tests {
 
     #[tokio::test]
     async fn small_bodies_stay_in_memory() {
-        let mut b = SpillBuffer::new(1024);
+        let mut b = SpillBuffer::new(1024, SpillBudget::new(1 << 20));
         b.buf().extend_from_slice(b"{\"rows\":[]}");
         b.settle().await.expect("settle");
         assert!(b.in_memory());
@@ -128,7 +196,8 @@ mod tests {
 
     #[tokio::test]
     async fn large_bodies_spill_and_come_back_whole_and_in_order() {
-        let mut b = SpillBuffer::new(1000);
+        let budget = SpillBudget::new(1 << 20);
+        let mut b = SpillBuffer::new(1000, budget.clone());
         let mut expected = Vec::new();
         for i in 0..10_000u32 {
             let piece = format!("{i},");
@@ -139,6 +208,24 @@ mod tests {
         }
         assert!(!b.in_memory());
         assert_eq!(b.len(), expected.len() as u64);
-        assert_eq!(collect(b.into_body().await.expect("body")).await, expected);
+        let body = b.into_body().await.expect("body");
+        assert_eq!(budget.used(), expected.len() as u64);
+        assert_eq!(collect(body).await, expected);
+        assert_eq!(budget.used(), 0, "given back with the body");
+    }
+
+    #[tokio::test]
+    async fn spills_past_the_budget_are_refused_until_room_is_given_back() {
+        let budget = SpillBudget::new(3000);
+        let mut a = SpillBuffer::new(1000, budget.clone());
+        a.buf().extend_from_slice(&[b'a'; 2000]);
+        a.settle().await.expect("room for a");
+        let mut b = SpillBuffer::new(1000, budget.clone());
+        b.buf().extend_from_slice(&[b'b'; 2000]);
+        let err = b.settle().await.expect_err("no room for b");
+        assert_eq!(err.kind(), std::io::ErrorKind::StorageFull);
+        drop(a);
+        assert_eq!(budget.used(), 0);
+        b.settle().await.expect("room once a is gone");
     }
 }

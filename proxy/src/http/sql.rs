@@ -17,7 +17,7 @@ use tracing::{Instrument, debug, info};
 
 use super::query::{self, Limits, QueryError, Shape, client_error};
 use super::spill::SpillBuffer;
-use super::{Body, HttpState, json, plain};
+use super::{Body, ConnActivity, HttpState, json, plain};
 use crate::auth::LoginMaterial;
 use crate::cancel::CancelOnDrop;
 use crate::config::BackendTls;
@@ -26,9 +26,6 @@ use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 use crate::upstream::{BackendConn, CacheLimits, OpenError, PoolError, PoolKey, Pooled};
 use pgwake_routing::{Endpoint, TenantId};
-
-/// How far past `http.max_request_size` an oversized body is read and dropped before its 413.
-const DRAIN_FACTOR: usize = 4;
 
 /// SQLSTATE `query_canceled`, for requests over `http.query_timeout`.
 const QUERY_CANCELED: &str = "57014";
@@ -174,9 +171,10 @@ pub async fn handle(
     req: Request<Incoming>,
     peer: SocketAddr,
     state: &Arc<HttpState>,
+    conn: &ConnActivity,
 ) -> Response<Body> {
     let span = tracing::info_span!("sql", tenant = tracing::field::Empty);
-    let result = execute(req, peer, state).instrument(span).await;
+    let result = execute(req, peer, state, conn).instrument(span).await;
     state.record_pool();
     let response = match result {
         Ok((body, len)) => super::cors(Response::builder().status(StatusCode::OK))
@@ -202,14 +200,22 @@ async fn execute(
     req: Request<Incoming>,
     peer: SocketAddr,
     state: &Arc<HttpState>,
+    conn: &ConnActivity,
 ) -> Result<(Body, u64), Refusal> {
     let gw = &state.front.pipeline;
-    let (headers, body) = read_request(req, state).await?;
-    let conn_string = headers
-        .get("neon-connection-string")
-        .and_then(|v| v.to_str().ok())
-        .ok_or_else(|| bad_request("missing header Neon-Connection-String"))?;
-    let target = parse_connection_string(conn_string)?;
+    let (parts, body) = req.into_parts();
+    let headers = parts.headers;
+    // Nothing of the body is kept before the password is checked: a refusal drops what the
+    // client sent (up to a bound, so that an HTTP/2 client sees the answer).
+    let login = match admit_headers(gw, peer, &headers, state).await {
+        Ok(login) => login,
+        Err(refusal) => {
+            drop_body(body, state).await;
+            return Err(refusal);
+        }
+    };
+    conn.logged_in();
+    let body = read_body(body, state).await?;
     let shape = Shape {
         raw_text: flag(&headers, "neon-raw-text-output"),
         array_mode: flag(&headers, "neon-array-mode"),
@@ -224,7 +230,6 @@ async fn execute(
     } else {
         None
     };
-    let login = admit(gw, peer, &target).await?;
     let admission = gw
         .coordinator
         .ensure_awake(&login.tenant)
@@ -247,7 +252,8 @@ async fn execute(
         conn.cancel.as_ref().and_then(|r| r.target()),
         gw.connector.connect_timeout(),
     );
-    let mut out = SpillBuffer::new(state.config.response_memory.as_u64() as usize);
+    let memory = state.config.response_memory.as_u64() as usize;
+    let mut out = SpillBuffer::new(memory, state.spill_budget.clone());
     let run = run_statements(
         &mut conn,
         &statements,
@@ -293,7 +299,7 @@ async fn run_statements(
     // Nothing ran. The reset in front of the retry drops whatever the backend still holds, and
     // empties the cache with it.
     conn.needs_reset = true;
-    *out = SpillBuffer::new(out.memory());
+    *out = out.empty_like();
     let uncached = Limits {
         statements: CacheLimits {
             capacity: 0,
@@ -304,33 +310,51 @@ async fn run_statements(
     query::run(conn, statements, begin, shape, uncached, out).await
 }
 
-/// Reads a request's headers and whole body, within `http.max_request_size` and
-/// `http.body_timeout`.
-async fn read_request(
-    req: Request<Incoming>,
-    state: &HttpState,
-) -> Result<(HeaderMap, Bytes), Refusal> {
-    let max_request = state.config.max_request_size.as_u64() as usize;
-    let too_large = || {
-        Refusal::Status(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("request body larger than {max_request} bytes (http.max_request_size)"),
-        )
-    };
-    let declared = req
-        .headers()
+/// The body length a request's headers declare.
+fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers
         .get(hyper::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    let (parts, mut body) = req.into_parts();
-    // An oversized body is still read (and dropped), up to a bound, so that the 413 reaches an
-    // HTTP/2 client before the stream closes.
-    let drain_limit = max_request.saturating_mul(DRAIN_FACTOR);
-    if declared.is_some_and(|n| n > max_request as u64) {
-        if declared.is_some_and(|n| n <= drain_limit as u64) {
-            super::drain(body, drain_limit, state.config.body_timeout).await;
-        }
-        return Err(too_large());
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+}
+
+/// Reads and drops a refused request's body within `http.body_timeout`, so that the answer
+/// reaches an HTTP/2 client before its stream closes.
+async fn drop_body(body: Incoming, state: &HttpState) {
+    super::drain(body, state.config.body_timeout).await;
+}
+
+/// The 413 for a body over `http.max_request_size`.
+fn too_large(max_request: usize) -> Refusal {
+    Refusal::Status(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("request body larger than {max_request} bytes (http.max_request_size)"),
+    )
+}
+
+/// What the headers alone decide, before any of the body is kept: a declared body over
+/// `http.max_request_size` (413), the connection string, and the password it holds.
+async fn admit_headers(
+    gw: &Pipeline,
+    peer: SocketAddr,
+    headers: &HeaderMap,
+    state: &HttpState,
+) -> Result<CheckedLogin, Refusal> {
+    let max_request = state.config.max_request_size.as_u64() as usize;
+    if declared_length(headers).is_some_and(|n| n > max_request as u64) {
+        return Err(too_large(max_request));
     }
+    let conn_string = headers
+        .get("neon-connection-string")
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| bad_request("missing header Neon-Connection-String"))?;
+    let target = parse_connection_string(conn_string)?;
+    admit(gw, peer, &target).await
+}
+
+/// Reads a logged-in request's whole body, within `http.max_request_size` and
+/// `http.body_timeout`.
+async fn read_body(mut body: Incoming, state: &HttpState) -> Result<Bytes, Refusal> {
+    let max_request = state.config.max_request_size.as_u64() as usize;
     let read = tokio::time::timeout(state.config.body_timeout, async {
         let mut kept = Vec::new();
         while let Some(frame) = body.frame().await {
@@ -339,8 +363,9 @@ async fn read_request(
                 continue;
             };
             if kept.len() + data.len() > max_request {
-                super::drain(body, drain_limit, state.config.body_timeout).await;
-                return Err(too_large());
+                // Still read (and dropped) so that the 413 reaches an HTTP/2 client.
+                drop_body(body, state).await;
+                return Err(too_large(max_request));
             }
             kept.extend_from_slice(data);
         }
@@ -355,7 +380,7 @@ async fn read_request(
             ),
         )
     })??;
-    Ok((parts.headers, body))
+    Ok(body)
 }
 
 /// Who a request logs in as, once the gateway has checked its password.
@@ -475,6 +500,9 @@ async fn answer(
             );
             let len = out.len();
             let body = out.into_body().await.map_err(|e| {
+                if e.kind() == std::io::ErrorKind::StorageFull {
+                    return no_room(metrics, &e);
+                }
                 info!(error = %e, "sql over http: the spilled response could not be read back");
                 Refusal::Status(
                     StatusCode::INTERNAL_SERVER_ERROR,
@@ -488,14 +516,9 @@ async fn answer(
             conn.release();
             Err(Refusal::Error(fields))
         }
-        Err(QueryError::Spill(e)) => {
-            info!(error = %e, "sql over http: no room for a large response");
-            metrics.error("http_response_spill");
-            Err(Refusal::Status(
-                StatusCode::INSUFFICIENT_STORAGE,
-                "the response could not be stored: no room in the temporary folder".into(),
-            ))
-        }
+        Err(QueryError::Spill(e)) => Err(no_room(metrics, &e)),
+        // The connection is mid-reply: dropped, not pooled (its statement is cancelled).
+        Err(QueryError::Unsupported(fields)) => Err(Refusal::Error(fields)),
         Err(QueryError::TooLarge(limit)) => {
             metrics.error("http_response_too_large");
             Err(Refusal::Status(
@@ -512,6 +535,21 @@ async fn answer(
             )))
         }
     }
+}
+
+/// The 507 for a response that found no room on disk: the temporary folder is full, or spilled
+/// responses hold `http.max_spill_total` already.
+fn no_room(metrics: &Metrics, e: &std::io::Error) -> Refusal {
+    info!(error = %e, "sql over http: no room for a large response");
+    metrics.error("http_response_spill");
+    let why = match e.kind() {
+        std::io::ErrorKind::StorageFull => e.to_string(),
+        _ => "no room in the temporary folder".to_owned(),
+    };
+    Refusal::Status(
+        StatusCode::INSUFFICIENT_STORAGE,
+        format!("the response could not be stored: {why}"),
+    )
 }
 
 #[cfg(test)]

@@ -86,7 +86,7 @@ async fn authenticate_named(
     let Some((tenant, profile)) = router.admit(id, peer) else {
         let (unknown, forbidden) = (router.unknown_tenant, router.directory.get(id).is_some());
         return Err(auth
-            .refuse_unknown_tenant(unknown, client, peer, (id, forbidden), user)
+            .refuse_unknown_tenant(unknown, client, peer, (id, forbidden), user, slot)
             .await);
     };
     slot.claim_tenant(&tenant.id, profile.max_clients)
@@ -94,7 +94,8 @@ async fn authenticate_named(
     let material = match profile.gateway_credentials() {
         Some(source) => {
             let user = user.ok_or(SessionError::NoUser)?;
-            let login = auth.authenticate(client, peer, &tenant.id, source.as_ref(), user);
+            let source = source.as_ref();
+            let login = auth.authenticate(client, peer, &tenant.id, source, user, slot);
             let material = tokio::time::timeout(auth.timeout, login)
                 .await
                 .map_err(|_| SessionError::AuthTimeout)??;

@@ -11,8 +11,9 @@ use tokio::io::AsyncWriteExt;
 
 use crate::auth::client::authenticate_client;
 use crate::auth::password::PasswordChecker;
-use crate::auth::throttle::Throttle;
+use crate::auth::throttle::{Reservation, Throttle};
 use crate::auth::{CredentialSource, LoginMaterial, NoUsers};
+use crate::capacity::ClientSlot;
 use crate::config::UnknownTenant;
 use crate::error::SessionError;
 use crate::metrics::Metrics;
@@ -23,7 +24,8 @@ use crate::wire::read_password_message;
 pub struct Authenticator {
     /// Failed-authentication throttle.
     pub throttle: Throttle,
-    /// Key for mock SCRAM salts of unknown users.
+    /// Key for mock SCRAM salts of unknown users (each tenant's derived from it: see
+    /// [`Authenticator::mock_key_for`]).
     pub mock_key: Vec<u8>,
     /// Cleartext password checks (HTTP and WebSocket logins, passwords naming their tenant).
     pub passwords: PasswordChecker,
@@ -38,7 +40,9 @@ pub struct Authenticator {
 impl Authenticator {
     /// Checks the client's password with the throttle around it: SCRAM, or a cleartext
     /// password for WebSocket clients (the serverless driver sends it in the clear inside the
-    /// tunnel, often pipelined right behind the startup message).
+    /// tunnel, often pipelined right behind the startup message). `slot` is told when the
+    /// exchange has begun (the client's first answer arrived), for whom to end first when
+    /// connections still logging in must make room.
     pub async fn authenticate(
         &self,
         client: &mut Stream,
@@ -46,6 +50,7 @@ impl Authenticator {
         tenant: &TenantId,
         source: &dyn CredentialSource,
         user: &str,
+        slot: &mut ClientSlot,
     ) -> Result<LoginMaterial, SessionError> {
         if let Some(wait) = self.throttle.blocked_for(peer.ip(), tenant, user) {
             self.metrics.auth_attempt("throttled");
@@ -53,6 +58,7 @@ impl Authenticator {
         }
         if client.is_tunnel() {
             let password = self.ask_cleartext_password(client).await?;
+            slot.progressed();
             let material = self
                 .check_password(peer, tenant, source, user, &password)
                 .await?;
@@ -64,25 +70,37 @@ impl Authenticator {
         })?;
         // The certificate this client's handshake was served, even if a reload came since.
         let channel_binding = client.channel_binding().map(<[u8]>::to_vec);
-        let reserve = || {
-            self.throttle
-                .reserve(peer.ip(), tenant, user)
-                .map_err(SessionError::Throttled)
+        let mut reservation = None;
+        let reserve = async || {
+            let r = self.throttle.reserve(peer.ip(), tenant, user).await;
+            reservation = Some(r.map_err(SessionError::Throttled)?);
+            Ok(())
         };
         let result = authenticate_client(
             client,
             user,
             credential,
             channel_binding,
-            &self.mock_key,
+            &self.mock_key_for(tenant),
             self.max_client_message,
-            reserve,
+            (|| slot.progressed(), reserve),
         )
         .await;
-        self.attempt_done(peer, tenant, source, user, &result);
+        self.attempt_done(peer, tenant, source, user, reservation, &result);
         self.share_outcome(peer, tenant, source, user, &result)
             .await;
         result
+    }
+
+    /// The key of `tenant`'s mock salts. A salt that depended on the user name alone would be
+    /// the same under every tenant that does not exist (or is refused) and differ under one
+    /// where the user is real: probing one common user name across tenants would tell which
+    /// exist. Keyed by tenant too, every tenant answers with its own stable salt, real or not.
+    fn mock_key_for(&self, tenant: &TenantId) -> Vec<u8> {
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &self.mock_key);
+        ring::hmac::sign(&key, tenant.as_str().as_bytes())
+            .as_ref()
+            .to_vec()
     }
 
     /// Tells a client whose password was checked in the clear that it is in.
@@ -143,26 +161,29 @@ impl Authenticator {
             .and_then(|c| self.passwords.recall(tenant, user, c, password))
         {
             let result = Ok(material);
-            self.attempt_done(peer, tenant, source, user, &result);
+            self.attempt_done(peer, tenant, source, user, None, &result);
             self.share_outcome(peer, tenant, source, user, &result)
                 .await;
             return result;
         }
-        let result = match self.throttle.reserve(peer.ip(), tenant, user) {
-            Err(wait) => Err(SessionError::Throttled(wait)),
-            Ok(()) => match credential {
-                Some(c) => self.passwords.check(tenant, user, c, password).await,
-                // The same key derivation as for a known user, so timing tells nothing.
-                None => {
-                    self.passwords
-                        .check_unknown(&self.mock_key, user, password)
-                        .await;
-                    None
-                }
+        let (reservation, result) = match self.throttle.reserve(peer.ip(), tenant, user).await {
+            Err(wait) => (None, Err(SessionError::Throttled(wait))),
+            Ok(r) => {
+                let material = match credential {
+                    Some(c) => self.passwords.check(tenant, user, c, password).await,
+                    // The same key derivation as for a known user, so timing tells nothing.
+                    None => {
+                        self.passwords
+                            .check_unknown(&self.mock_key_for(tenant), user, password)
+                            .await;
+                        None
+                    }
+                };
+                let result = material.ok_or_else(|| SessionError::AuthFailed(user.to_owned()));
+                (Some(r), result)
             }
-            .ok_or_else(|| SessionError::AuthFailed(user.to_owned())),
         };
-        self.attempt_done(peer, tenant, source, user, &result);
+        self.attempt_done(peer, tenant, source, user, reservation, &result);
         self.share_outcome(peer, tenant, source, user, &result)
             .await;
         result
@@ -177,6 +198,7 @@ impl Authenticator {
         peer: SocketAddr,
         (tenant, forbidden): (&TenantId, bool),
         user: Option<&str>,
+        slot: &mut ClientSlot,
     ) -> SessionError {
         let refused = |hidden_as: Option<&str>| SessionError::UnknownTenant {
             tenant: tenant.to_string(),
@@ -189,7 +211,7 @@ impl Authenticator {
         let Some(user) = user else {
             return SessionError::NoUser;
         };
-        let login = self.authenticate(client, peer, tenant, &NoUsers, user);
+        let login = self.authenticate(client, peer, tenant, &NoUsers, user, slot);
         match tokio::time::timeout(self.timeout, login).await {
             Err(_) => SessionError::AuthTimeout,
             Ok(Err(SessionError::AuthFailed(user))) => refused(Some(&user)),
@@ -252,19 +274,24 @@ impl Authenticator {
             .await;
     }
 
-    /// Counts an authentication attempt's outcome and tells the local throttle.
+    /// Counts an authentication attempt's outcome and settles it with the local throttle: a
+    /// success takes its `reservation` (if it made one) back, anything else leaves it counted.
     fn attempt_done<T>(
         &self,
         peer: SocketAddr,
         tenant: &TenantId,
         source: &dyn CredentialSource,
         user: &str,
+        reservation: Option<Reservation<'_>>,
         result: &Result<T, SessionError>,
     ) {
         match result {
             Ok(_) => {
                 self.metrics.auth_attempt("ok");
-                self.throttle.success(peer.ip(), tenant, user);
+                match reservation {
+                    Some(r) => r.success(),
+                    None => self.throttle.success(peer.ip(), tenant, user),
+                }
             }
             // The mock exchange for a tenant that does not exist (or refuses the address).
             Err(SessionError::AuthFailed(_)) if source.kind() == NoUsers.kind() => {

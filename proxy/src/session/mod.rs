@@ -429,7 +429,7 @@ impl<'g> Live<'g> {
             let conn = (stream, slot);
             Box::pin(gw.connector.give_back(conn, endpoint, back, true)).await;
         } else {
-            Box::pin(crate::upstream::close(stream)).await;
+            Box::pin(crate::upstream::close((stream, slot))).await;
         }
         gw.metrics.parked(how.label());
         // Until it is revived, the session's cancel key must reach no backend: the one it left

@@ -1,6 +1,7 @@
 //! Opening a backend connection: TCP, then TLS as the tenant's backend TLS mode asks.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use pgwake_protocol::backend::ssl_request;
 use pgwake_routing::Endpoint;
@@ -23,6 +24,8 @@ pub struct BackendLink {
     pub max_message: usize,
     /// Largest message accepted from a client during login (password, SASL).
     pub max_client_message: usize,
+    /// `idle_in_transaction_session_timeout` every backend login sets (`None`: left alone).
+    pub idle_in_transaction: Option<Duration>,
 }
 
 /// Opens TCP (and TLS, per `mode`) to `endpoint` by `deadline`.

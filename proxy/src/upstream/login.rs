@@ -45,6 +45,25 @@ pub(super) struct LoggedIn {
 /// (`57P03`, or the connection cut mid-login by a crash restart) is `BackendNotReady`, to be
 /// retried; a detached login's refusal is the backend's ErrorResponse body. Callers bound it
 /// in time.
+/// The startup parameters with the settings the gateway imposes on every backend session: the
+/// idle-in-transaction limit (`limits.idle_in_transaction_timeout`) after anything the client
+/// asked for under that name, so that the gateway's value is the one Postgres keeps.
+fn with_gateway_settings(link: &BackendLink, params: &[(String, String)]) -> Vec<(String, String)> {
+    const IDLE_IN_TRANSACTION: &str = "idle_in_transaction_session_timeout";
+    let mut out: Vec<_> = params
+        .iter()
+        .filter(|(k, _)| link.idle_in_transaction.is_none() || k != IDLE_IN_TRANSACTION)
+        .cloned()
+        .collect();
+    if let Some(t) = link.idle_in_transaction {
+        out.push((
+            IDLE_IN_TRANSACTION.to_owned(),
+            format!("{}ms", t.as_millis()),
+        ));
+    }
+    out
+}
+
 pub(super) async fn log_in(
     link: &BackendLink,
     backend: &mut Stream,
@@ -72,8 +91,9 @@ pub(super) async fn log_in(
             SessionError::BackendNotReady(format!("the connection ended during the login: {e}"))
         }
     };
+    let params = with_gateway_settings(link, params);
     backend
-        .write_all(&startup_packet(params))
+        .write_all(&startup_packet(params.iter()))
         .await
         .map_err(|e| io(&login, e))?;
     let mut done = LoggedIn::default();

@@ -24,7 +24,7 @@ use tracing::debug;
 pub use cap::BackendSlot;
 pub use connect::BackendLink;
 pub use pool::{BackendConn, PoolError, PoolKey, PoolSettings, PoolStats, Pooled};
-pub use reuse::{Returnable, close};
+pub use reuse::Returnable;
 pub use statements::{CacheLimits, Prepared};
 
 use self::cap::Caps;
@@ -555,7 +555,7 @@ impl Connector {
             }
             _ => {
                 self.metrics.reuse_return("not_safe");
-                reuse::close(stream).await;
+                close((stream, slot)).await;
             }
         }
     }
@@ -567,4 +567,12 @@ impl Connector {
             reuse.clone().run_reaper(self.metrics.clone(), stop).await;
         }
     }
+}
+
+/// Closes a session's backend connection, giving up its place under the tenant's cap first: the
+/// place belongs to the connection, and the session (parked, or waiting for its revival) may
+/// live on long after it.
+pub async fn close((stream, slot): (Stream, BackendSlot)) {
+    drop(slot);
+    reuse::close(stream).await;
 }
