@@ -1,5 +1,6 @@
 //! Watching query texts as they stream past for session state that SQL cannot list afterwards:
-//! the custom settings (`prefix.name`) a text creates, and `setseed`.
+//! the custom settings (`prefix.name`) a text creates (`SET`, `RESET`, `set_config`), and
+//! `setseed`.
 //!
 //! `pg_settings` leaves custom settings out, so a snapshot can only ask for them by name, and
 //! the random generator's state cannot be read at all. The names come from every byte of a
@@ -110,7 +111,8 @@ impl TextWatch {
             } else {
                 self.window[i - 1]
             };
-            if !is_word(before) && self.window[i].eq_ignore_ascii_case(&b's') {
+            let first = self.window[i].to_ascii_lowercase();
+            if !is_word(before) && (first == b's' || first == b'r') {
                 note_at(&self.window[i..], &mut self.found);
             }
         }
@@ -141,9 +143,10 @@ fn note_at(w: &[u8], found: &mut Findings) {
             Some(b'$') if rest.get(1).is_some_and(u8::is_ascii_digit) => found.bound = true,
             _ => found.computed = true,
         }
-    } else if let Some(rest) = keyword(w, b"set")
+    } else if let Some(rest) = keyword(w, b"set").or_else(|| keyword(w, b"reset"))
         && rest.first().is_some_and(u8::is_ascii_whitespace)
     {
+        // RESET of a custom setting defines it (empty) as SET does.
         let mut rest = skip_space(rest);
         for scope in [&b"session"[..], b"local"] {
             if let Some(after) = keyword(rest, scope)
@@ -331,6 +334,8 @@ mod tests {
         assert!(f.names.is_empty() && !f.computed, "{f:?}");
         let f = watch(b'Q', &query("SET \"App.MixedCase\" = 'v'"), 4);
         assert_eq!(f.names, ["app.mixedcase"]);
+        let f = watch(b'Q', &query("RESET app.never; RESET ALL; reset role"), 3);
+        assert_eq!(f.names, ["app.never"]);
     }
 
     #[test]

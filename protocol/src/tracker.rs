@@ -916,7 +916,7 @@ mod tests {
         );
         let mut t = SessionTracker::default();
         t.observe_client(&query("reset app.x; setx a.b; SET a..b = 1"), now());
-        assert_eq!(t.custom_settings().count(), 0);
+        assert_eq!(t.custom_settings().collect::<Vec<_>>(), ["app.x"]);
         assert!(t.pins().is_empty());
     }
 
