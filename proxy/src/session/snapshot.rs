@@ -24,7 +24,7 @@ use tokio::time::{Instant, timeout_at};
 use tracing::debug;
 
 use crate::stream::Stream;
-use crate::wire::read_message;
+use crate::wire::{RawMessage, read_message};
 
 /// One query reads everything a revival needs and the pins the protocol cannot show: each row
 /// is (kind, name, value, extra), all text. Temporary objects of every kind count, not only
@@ -209,10 +209,7 @@ pub async fn take_snapshot(
     };
     let mut failure = None;
     loop {
-        let msg = timeout_at(deadline, read_message(backend, limits.max_message))
-            .await
-            .map_err(|_| StateError::Timeout(wait))??
-            .ok_or_else(|| StateError::Protocol("message length out of range".into()))?;
+        let msg = next_message(backend, limits.max_message, deadline, wait).await?;
         match msg.tag() {
             b'D' => {
                 let row = frontend::data_row(msg.body())
@@ -261,6 +258,20 @@ pub async fn take_snapshot(
     Ok(snap)
 }
 
+/// The backend's next message, read whole before `deadline` (`wait` is the time it was given,
+/// for the error).
+async fn next_message(
+    backend: &mut Stream,
+    max_message: usize,
+    deadline: Instant,
+    wait: Duration,
+) -> Result<RawMessage, StateError> {
+    timeout_at(deadline, read_message(backend, max_message))
+        .await
+        .map_err(|_| StateError::Timeout(wait))??
+        .ok_or_else(|| StateError::Protocol("message length out of range".into()))
+}
+
 /// Records how each protocol-level statement's result looks now, as the client was told when
 /// it prepared it (or, if it changed since, fails to describe, as its next use would fail).
 async fn describe_statements(
@@ -289,10 +300,7 @@ async fn describe_statements(
     let mut current = answers.next();
     let mut described = Described::Failed;
     while let Some(i) = current {
-        let msg = timeout_at(deadline, read_message(backend, max_message))
-            .await
-            .map_err(|_| StateError::Timeout(wait))??
-            .ok_or_else(|| StateError::Protocol("message length out of range".into()))?;
+        let msg = next_message(backend, max_message, deadline, wait).await?;
         match msg.tag() {
             b'T' => {
                 described =
@@ -455,10 +463,7 @@ pub async fn restore(
     let mut steps = steps.into_iter();
     let mut step = steps.next();
     while let Some(current) = step {
-        let msg = timeout_at(deadline, read_message(backend, max_message))
-            .await
-            .map_err(|_| StateError::Timeout(wait))??
-            .ok_or_else(|| StateError::Protocol("message length out of range".into()))?;
+        let msg = next_message(backend, max_message, deadline, wait).await?;
         match msg.tag() {
             b'E' if failure.is_none() => failure = Some(frontend::error_fields(msg.body())),
             b'T' => {
