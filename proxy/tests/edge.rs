@@ -407,24 +407,7 @@ async fn post_query(
     sql: &str,
 ) -> (u16, String) {
     let body = serde_json::to_vec(&serde_json::json!({ "query": sql, "params": [] })).unwrap();
-    let body = body.as_slice();
-    let mut s = TcpStream::connect(("127.0.0.1", http)).await.unwrap();
-    let head = format!(
-        "POST /sql HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
-         Content-Type: application/json\r\n\
-         Neon-Connection-String: postgresql://{user}:{password}@{tenant}.{}:5432/postgres\r\n\
-         Content-Length: {}\r\n\r\n",
-        common::SNI_SUFFIX,
-        body.len()
-    );
-    s.write_all(head.as_bytes()).await.unwrap();
-    s.write_all(body).await.unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.unwrap();
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let status = text.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned());
-    (status, body.unwrap_or_default())
+    common::post_sql_body(http, (user, password, tenant), &body).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -353,13 +353,7 @@ const MIB: u64 = 1024 * 1024;
 /// the status and body of the answer.
 async fn post_body(http: u16, password: &str, declared: usize, sent: usize) -> (u16, String) {
     let mut s = TcpStream::connect(("127.0.0.1", http)).await.unwrap();
-    let head = format!(
-        "POST /sql HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
-         Content-Type: application/json\r\n\
-         Neon-Connection-String: postgresql://pgwake:{password}@edge.{}:5432/postgres\r\n\
-         Content-Length: {declared}\r\n\r\n",
-        common::SNI_SUFFIX
-    );
+    let head = common::sql_request_head(("pgwake", password, "edge"), declared);
     let mut body = br#"{"query":"select $1","params":[""#.to_vec();
     body.resize(declared - 3, b'x');
     body.extend_from_slice(br#""]}"#);
@@ -373,15 +367,8 @@ async fn post_body(http: u16, password: &str, declared: usize, sent: usize) -> (
     let mut raw = Vec::new();
     let _ = rd.read_to_end(&mut raw).await;
     drop(writer.await);
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .unwrap_or("0")
-        .parse()
-        .unwrap();
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned());
-    (status, body.unwrap_or_default())
+    let (status, body) = common::http_answer(&raw);
+    (status.unwrap_or(0), body)
 }
 
 /// Item 6: `/sql` read a request's whole body before checking its password, so twenty
@@ -428,23 +415,7 @@ async fn sql_bodies_are_not_held_before_the_password_is_checked() {
 
 /// `POST /sql` of `body` (JSON) as pgwake on tenant `edge`: (status, body).
 async fn post_json(http: u16, body: &[u8]) -> (u16, String) {
-    let mut s = TcpStream::connect(("127.0.0.1", http)).await.unwrap();
-    let head = format!(
-        "POST /sql HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
-         Content-Type: application/json\r\n\
-         Neon-Connection-String: postgresql://pgwake:{LOCAL_PASSWORD}@edge.{}:5432/postgres\r\n\
-         Content-Length: {}\r\n\r\n",
-        common::SNI_SUFFIX,
-        body.len()
-    );
-    s.write_all(head.as_bytes()).await.unwrap();
-    s.write_all(body).await.unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.unwrap();
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let status = text.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned());
-    (status, body.unwrap_or_default())
+    common::post_sql_body(http, ("pgwake", LOCAL_PASSWORD, "edge"), body).await
 }
 
 /// Item 4: a `/sql` batch was written whole before any reply was read, so a batch of

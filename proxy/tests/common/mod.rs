@@ -630,3 +630,39 @@ pub fn jdbc_classpath() -> Option<String> {
     }
     Some(format!("{}/*", lib.display()))
 }
+
+/// The head of a plain HTTP/1.1 `POST /sql` whose connection string names `user`, `password`
+/// and `tenant` (by the SNI suffix), for a body of `length` bytes.
+pub fn sql_request_head((user, password, tenant): (&str, &str, &str), length: usize) -> String {
+    format!(
+        "POST /sql HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+         Content-Type: application/json\r\n\
+         Neon-Connection-String: postgresql://{user}:{password}@{tenant}.{SNI_SUFFIX}:5432/postgres\r\n\
+         Content-Length: {length}\r\n\r\n"
+    )
+}
+
+/// The status (none when the answer has no status line) and body of a raw HTTP answer.
+pub fn http_answer(raw: &[u8]) -> (Option<u16>, String) {
+    let text = String::from_utf8_lossy(raw).into_owned();
+    let status = text.split_whitespace().nth(1).and_then(|s| s.parse().ok());
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned());
+    (status, body.unwrap_or_default())
+}
+
+/// `POST /sql` of a JSON `body` over plain HTTP on `http`, logged in as `who` (user, password,
+/// tenant): the status and body of the answer.
+pub async fn post_sql_body(http: u16, who: (&str, &str, &str), body: &[u8]) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", http))
+        .await
+        .unwrap();
+    s.write_all(sql_request_head(who, body.len()).as_bytes())
+        .await
+        .unwrap();
+    s.write_all(body).await.unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    let (status, body) = http_answer(&raw);
+    (status.expect("an HTTP status line"), body)
+}
