@@ -7,7 +7,7 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Gateway, LOCAL_PASSWORD, startup_packet};
+use common::{Gateway, LOCAL_PASSWORD, read_message, sqlstate, startup_packet};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -235,24 +235,6 @@ async fn connection_caps_answer_53300() {
     assert_eq!(db.message(), "sorry, too many clients already");
     assert!(gw.labelled_metric("pgwake_errors_total", &[("kind", "gateway_full")]) >= 1.0);
     assert!(gw.labelled_metric("pgwake_errors_total", &[("kind", "tenant_full")]) >= 1.0);
-}
-
-/// Reads one backend message: (tag, body).
-async fn read_message(s: &mut TcpStream) -> Option<(u8, Vec<u8>)> {
-    let mut head = [0u8; 5];
-    s.read_exact(&mut head).await.ok()?;
-    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
-    let mut body = vec![0u8; len.checked_sub(4)?];
-    s.read_exact(&mut body).await.ok()?;
-    Some((head[0], body))
-}
-
-/// The SQLSTATE of an ErrorResponse body.
-fn sqlstate(body: &[u8]) -> String {
-    body.split(|&b| b == 0)
-        .find_map(|f| f.strip_prefix(b"C"))
-        .map(|c| String::from_utf8_lossy(c).into_owned())
-        .unwrap_or_default()
 }
 
 /// A SCRAM login stopped after the server-first message, ready to send a proof.

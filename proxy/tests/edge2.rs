@@ -8,7 +8,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{Gateway, LOCAL_PASSWORD, startup_packet};
+use common::{Gateway, LOCAL_PASSWORD, read_message, sqlstate, startup_packet};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
@@ -22,24 +22,6 @@ async fn connect_from(source: &str, port: u16) -> TcpStream {
         .connect(SocketAddr::from(([127, 0, 0, 1], port)))
         .await
         .unwrap()
-}
-
-/// Reads one backend message: (tag, body).
-async fn read_message(s: &mut TcpStream) -> Option<(u8, Vec<u8>)> {
-    let mut head = [0u8; 5];
-    s.read_exact(&mut head).await.ok()?;
-    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
-    let mut body = vec![0u8; len.checked_sub(4)?];
-    s.read_exact(&mut body).await.ok()?;
-    Some((head[0], body))
-}
-
-/// The SQLSTATE of an ErrorResponse body.
-fn sqlstate(body: &[u8]) -> String {
-    body.split(|&b| b == 0)
-        .find_map(|f| f.strip_prefix(b"C"))
-        .map(|c| String::from_utf8_lossy(c).into_owned())
-        .unwrap_or_default()
 }
 
 /// A whole plaintext SCRAM login as `user` on `<tenant>.postgres` from `source`: "" once the

@@ -666,3 +666,22 @@ pub async fn post_sql_body(http: u16, who: (&str, &str, &str), body: &[u8]) -> (
     let (status, body) = http_answer(&raw);
     (status.expect("an HTTP status line"), body)
 }
+
+/// Reads one backend message from a raw client socket: (tag, body); `None` at its end.
+pub async fn read_message(s: &mut tokio::net::TcpStream) -> Option<(u8, Vec<u8>)> {
+    use tokio::io::AsyncReadExt;
+    let mut head = [0u8; 5];
+    s.read_exact(&mut head).await.ok()?;
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    let mut body = vec![0u8; len.checked_sub(4)?];
+    s.read_exact(&mut body).await.ok()?;
+    Some((head[0], body))
+}
+
+/// The SQLSTATE of an ErrorResponse body.
+pub fn sqlstate(body: &[u8]) -> String {
+    body.split(|&b| b == 0)
+        .find_map(|f| f.strip_prefix(b"C"))
+        .map(|c| String::from_utf8_lossy(c).into_owned())
+        .unwrap_or_default()
+}
