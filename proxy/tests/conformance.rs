@@ -28,7 +28,7 @@
 //! 300) sequences, a long run sets it higher:
 //!
 //! ```text
-//! PGWAKE_CONFORMANCE_SEQUENCES=20000 cargo test --release -p pgwake --test conformance -- generated --nocapture
+//! PGWAKE_CONFORMANCE_SEQUENCES=20000 PGWAKE_CONFORMANCE_SHARDS=6 cargo test --release -p pgwake --test conformance -- generated --nocapture
 //! ```
 //!
 //! Each run prints its seed; `PGWAKE_CONFORMANCE_SEED=<seed>` replays the same sequences.
@@ -58,8 +58,18 @@ use std::time::Instant;
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
-/// Local tenants (each its own Postgres) that run scenarios side by side.
+/// Local tenants (each its own Postgres) that run scenarios side by side, unless
+/// `PGWAKE_CONFORMANCE_SHARDS` says otherwise: a run waits on moves more than it computes, so a
+/// long run goes faster with more of them.
 const SHARDS: usize = 2;
+
+fn shards() -> usize {
+    std::env::var("PGWAKE_CONFORMANCE_SHARDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(SHARDS)
+}
 
 /// Copies the gateway's log where `PGWAKE_CONFORMANCE_KEEP_LOG` says, if it says.
 fn keep_log(lab: &lab::Lab) {
@@ -80,7 +90,7 @@ fn scenarios() {
         let words: Vec<&str> = only.split(',').map(str::trim).collect();
         all.retain(|s| words.iter().any(|w| s.name.contains(w)));
     }
-    let lab = Arc::new(lab::Lab::start(SHARDS));
+    let lab = Arc::new(lab::Lab::start(shards()));
     let dbs = run::Databases::Fresh("c".into());
     let outcomes = rt.block_on(run::run_all(lab.clone(), Arc::new(all), dbs, false));
     keep_log(&lab);
@@ -230,7 +240,7 @@ fn generated_sequences() {
         .enable_all()
         .build()
         .unwrap();
-    let lab = Arc::new(lab::Lab::start(SHARDS));
+    let lab = Arc::new(lab::Lab::start(shards()));
     let started = Instant::now();
     let sequences = Arc::new(sequences);
     let dbs = run::Databases::PerShard {
