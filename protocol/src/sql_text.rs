@@ -9,6 +9,8 @@
 //! to a server goes through the extended protocol, where the server refuses more than one
 //! command.
 
+use std::ops::Range;
+
 /// Longest identifier the server keeps (`NAMEDATALEN - 1`); longer ones are truncated.
 const MAX_IDENTIFIER: usize = 63;
 
@@ -76,21 +78,39 @@ pub fn prepare_source<'a>(text: &'a str, name: &str) -> PrepareSource<'a> {
 /// The statement name a `PREPARE name …` statement gives, folded as the server folds it
 /// (unquoted names to lower case, quoted ones as written), truncated to the server's limit.
 pub fn prepared_name(statement: &str) -> Option<String> {
+    named_by(statement, "prepare").map(|(name, _)| name)
+}
+
+/// The prepared statements a text runs with SQL `EXECUTE name`: each one's folded name and
+/// where its name is written in `text`, in order.
+pub fn executed_statements(text: &str) -> Vec<(String, Range<usize>)> {
+    split_statements(text)
+        .into_iter()
+        .filter_map(|statement| {
+            let start = statement.as_ptr() as usize - text.as_ptr() as usize;
+            let (name, at) = named_by(statement, "execute")?;
+            Some((name, start + at.start..start + at.end))
+        })
+        .collect()
+}
+
+/// The name that follows `keyword` at the start of `statement`, folded, and where it is written.
+fn named_by(statement: &str, keyword: &str) -> Option<(String, Range<usize>)> {
     let bytes = statement.as_bytes();
     let i = skip_blank(bytes, 0);
     let word_end = i + bytes[i..]
         .iter()
         .take_while(|b| b.is_ascii_alphabetic())
         .count();
-    if !statement[i..word_end].eq_ignore_ascii_case("prepare") {
+    if !statement[i..word_end].eq_ignore_ascii_case(keyword) {
         return None;
     }
     let j = skip_blank(bytes, word_end);
     if j == word_end {
         return None;
     }
-    let (name, _) = identifier(statement, j)?;
-    Some(name)
+    let (name, end) = identifier(statement, j)?;
+    Some((name, j..end))
 }
 
 /// Reads an identifier at `at`: its folded, truncated name and the index after it.
@@ -303,5 +323,17 @@ mod tests {
         assert_eq!(split_statements("select /* a; b").len(), 1);
         assert_eq!(split_statements("select $q$ a; b").len(), 1);
         assert!(split_statements(" -- only a comment; here").is_empty());
+    }
+
+    #[test]
+    fn finds_the_statements_a_text_executes() {
+        let text =
+            "select 'execute no'; EXECUTE  by_A(1); /* c */ execute \"Q\"\"x\"; explain execute p";
+        let found = executed_statements(text);
+        let names: Vec<&str> = found.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["by_a", "Q\"x"]);
+        assert_eq!(&text[found[0].1.clone()], "by_A");
+        assert_eq!(&text[found[1].1.clone()], "\"Q\"\"x\"");
+        assert!(executed_statements("executed(1)").is_empty());
     }
 }

@@ -1,6 +1,6 @@
 //! Watching query texts as they stream past for session state that SQL cannot list afterwards:
-//! the custom settings (`prefix.name`) a text creates (`SET`, `RESET`, `set_config`), and
-//! `setseed`.
+//! the custom settings (`prefix.name`) a text creates (`SET`, `RESET`, `set_config`),
+//! `setseed`, and whether it reads sequence state (`currval`, `lastval`).
 //!
 //! `pg_settings` leaves custom settings out, so a snapshot can only ask for them by name, and
 //! the random generator's state cannot be read at all. The names come from every byte of a
@@ -20,6 +20,8 @@ pub(crate) struct Findings {
     pub names: Vec<String>,
     /// It calls `setseed`.
     pub seed: bool,
+    /// It calls `currval` or `lastval`.
+    pub sequence_read: bool,
     /// It passes a setting's name to `set_config` as a bound parameter.
     pub bound: bool,
     /// It passes a setting's name to `set_config` as an expression the gateway cannot read.
@@ -112,7 +114,7 @@ impl TextWatch {
                 self.window[i - 1]
             };
             let first = self.window[i].to_ascii_lowercase();
-            if !is_word(before) && (first == b's' || first == b'r') {
+            if !is_word(before) && matches!(first, b's' | b'r' | b'c' | b'l') {
                 note_at(&self.window[i..], &mut self.found);
             }
         }
@@ -127,6 +129,8 @@ impl TextWatch {
 fn note_at(w: &[u8], found: &mut Findings) {
     if keyword(w, b"setseed").is_some() {
         found.seed = true;
+    } else if keyword(w, b"currval").is_some() || keyword(w, b"lastval").is_some() {
+        found.sequence_read = true;
     } else if let Some(rest) = keyword(w, b"set_config") {
         let rest = skip_space(rest);
         let Some(rest) = rest.strip_prefix(b"(") else {
@@ -354,6 +358,9 @@ mod tests {
         assert!(f.computed);
         assert!(watch(b'Q', &query("SELECT SetSeed(0.5)"), 2).seed);
         assert!(!watch(b'Q', &query("select reset_seed, offset_x from t"), 2).seed);
+        assert!(watch(b'Q', &query("select 1; SELECT CurrVal('s')"), 3).sequence_read);
+        assert!(watch(b'Q', &query("select lastval ()"), 1).sequence_read);
+        assert!(!watch(b'Q', &query("select my_currval, lastvalue from t"), 2).sequence_read);
         assert_eq!(watch(b'B', b"whatever\0", 1), Findings::default());
     }
 

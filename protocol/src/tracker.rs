@@ -15,7 +15,7 @@
 use std::collections::{BTreeSet, VecDeque};
 use std::time::Instant;
 
-use crate::stale::{Advance, StaleStatements};
+use crate::stale::{Advance, StaleStatement, StaleStatements};
 use crate::text_watch::{Findings, TextWatch, bind_setting_names};
 
 /// Bytes kept of a client message whose payload matters (statement names, query text, the
@@ -66,9 +66,12 @@ impl Pins {
     /// A prepared statement was made by a multi-statement text the gateway cannot attribute
     /// (two `PREPARE`s of one name in it), so it cannot be made again on its own.
     pub const UNATTRIBUTED_PREPARE: Pins = Pins(1 << 9);
+    /// The session drew from a sequence (`nextval`, a serial column): its `currval` and
+    /// `lastval` cannot be set on another backend without changing the sequence for everyone.
+    pub const SEQUENCE_STATE: Pins = Pins(1 << 10);
 
     /// Every reason with its description and its metric label, in bit order.
-    pub const ALL: [(Pins, &'static str, &'static str); 10] = [
+    pub const ALL: [(Pins, &'static str, &'static str); 11] = [
         (Pins::TRANSACTION, "open transaction", "transaction"),
         (Pins::LISTEN, "LISTEN", "listen"),
         (Pins::HELD_CURSOR, "WITH HOLD cursor", "held_cursor"),
@@ -94,6 +97,11 @@ impl Pins {
             Pins::UNATTRIBUTED_PREPARE,
             "PREPARE in a text the gateway cannot attribute",
             "unattributed_prepare",
+        ),
+        (
+            Pins::SEQUENCE_STATE,
+            "sequence state (currval, lastval)",
+            "sequence_state",
         ),
     ];
 
@@ -286,6 +294,8 @@ pub struct SessionTracker {
     setting_statements: BTreeSet<Box<str>>,
     /// The unnamed statement does so.
     unnamed_sets_setting: bool,
+    /// A text called `currval` or `lastval`: the session relies on sequence state.
+    reads_sequences: bool,
     /// Statements made again on this backend connection whose rows changed.
     stale: StaleStatements,
     client_messages: u64,
@@ -317,6 +327,7 @@ impl SessionTracker {
             text: TextWatch::default(),
             setting_statements: BTreeSet::new(),
             unnamed_sets_setting: false,
+            reads_sequences: false,
             stale: StaleStatements::default(),
             client_messages: 0,
             last_activity: None,
@@ -431,6 +442,7 @@ impl SessionTracker {
         if found.seed {
             self.pins.insert(Pins::RANDOM_SEED);
         }
+        self.reads_sequences |= found.sequence_read;
     }
 
     /// Remembers a custom setting name the session may have created; past the limit the
@@ -653,9 +665,19 @@ impl SessionTracker {
     }
 
     /// True when `name` was made again on this backend connection with rows that differ from
-    /// what the client was told.
+    /// what the client was told, or could not be made again.
     pub fn is_stale(&self, name: &str) -> bool {
         self.stale.contains(name)
+    }
+
+    /// True once a text of the session called `currval` or `lastval`.
+    pub fn reads_sequence_state(&self) -> bool {
+        self.reads_sequences
+    }
+
+    /// The stale statements and what their use answers.
+    pub fn stale_statements(&self) -> impl Iterator<Item = (&str, &StaleStatement)> {
+        self.stale.names()
     }
 
     /// Edits client bytes on their way to the backend while statements are stale (see
@@ -670,15 +692,15 @@ impl SessionTracker {
         self.stale.active().then(|| self.stale.backend(data))
     }
 
-    /// The backend connection was replaced by a fresh one holding these statements, of which
-    /// `stale` describe other rows than the client was told (after a revival): in-stream state
-    /// starts over, status idle.
+    /// The backend connection was replaced by a fresh one holding these statements (after a
+    /// revival); the `stale` ones describe other rows than the client was told or could not be
+    /// made again, and their uses answer as given. In-stream state starts over, status idle.
     pub fn reset_for_new_backend<'a>(
         &mut self,
         statements: impl IntoIterator<Item = &'a str>,
-        stale: impl IntoIterator<Item = &'a str>,
+        stale: impl IntoIterator<Item = (&'a str, StaleStatement)>,
     ) {
-        self.stale = StaleStatements::start(stale.into_iter().map(Into::into));
+        self.stale = StaleStatements::start(stale.into_iter().map(|(n, a)| (n.into(), a)));
         self.backend = Reader::default();
         self.status = TxStatus::Idle;
         self.ops.clear();

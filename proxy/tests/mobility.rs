@@ -21,11 +21,17 @@ park_session_after = \"300ms\"
 ";
 
 async fn gateway(cap: Option<u32>) -> Gateway {
+    gateway_with(cap, "").await
+}
+
+/// A gateway with `revival` lines added to [`PARKING`]'s `[revival]` section.
+async fn gateway_with(cap: Option<u32>, revival: &str) -> Gateway {
     let mut tenants = Gateway::local_tenants(&["m"], "");
     if let Some(cap) = cap {
         tenants.push_str(&format!("max_backend_connections = {cap}\n"));
     }
-    tokio::task::spawn_blocking(move || Gateway::launch(PARKING, &tenants, &[]))
+    let extra = format!("{PARKING}{revival}");
+    tokio::task::spawn_blocking(move || Gateway::launch(&extra, &tenants, &[]))
         .await
         .unwrap()
 }
@@ -204,6 +210,61 @@ async fn temporary_functions_and_setseed_pin_the_session() {
         .map(|r| r.get(0))
         .collect();
     assert_eq!(got, want, "the seeded sequence goes on as it began");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequence_state_pins_once_read_or_always_when_asked() {
+    let gw = gateway(None).await;
+    let other = connect_other(&gw).await;
+    other
+        .batch_execute("drop table if exists seq_rows; create table seq_rows (id serial, v int)")
+        .await
+        .unwrap();
+    let pins = |gw: &Gateway| {
+        gw.labelled_metric("pgwake_session_pins_total", &[("reason", "sequence_state")])
+    };
+
+    // A session that inserts rows and never reads currval keeps moving (its tenant can sleep).
+    let c = connect(&gw).await;
+    assert!(run_then_park(&gw, &c, "insert into seq_rows (v) values (1)").await);
+    assert_eq!(pins(&gw), 0.0);
+
+    // Once it has read currval it stays, and currval and lastval answer as they did.
+    let c = connect(&gw).await;
+    let moved = run_then_park(
+        &gw,
+        &c,
+        "insert into seq_rows (v) values (2); select currval('seq_rows_id_seq')",
+    )
+    .await;
+    assert!(!moved, "a session that reads currval after drawing stays");
+    assert!(pins(&gw) >= 1.0);
+    let drawn = text(&c, "select currval('seq_rows_id_seq')::text").await;
+    let last = text(&c, "select lastval()::text").await;
+    assert_eq!(drawn, last);
+    let max = text(&c, "select max(id)::text from seq_rows").await;
+    assert_eq!(drawn, max);
+
+    // DISCARD SEQUENCES forgets the state: the session moves again.
+    assert!(run_then_park(&gw, &c, "discard sequences").await);
+
+    // revival.sequence_state = "pin": drawing alone pins.
+    let strict = gateway_with(None, "sequence_state = \"pin\"\n").await;
+    let other = connect_other(&strict).await;
+    other
+        .batch_execute("drop table if exists seq_rows; create table seq_rows (id serial, v int)")
+        .await
+        .unwrap();
+    let c = connect(&strict).await;
+    let moved = run_then_park(&strict, &c, "insert into seq_rows (v) values (3)").await;
+    assert!(!moved, "drawing from a sequence pins under \"pin\"");
+    assert!(pins(&strict) >= 1.0);
+    let drawn = text(&c, "select currval('seq_rows_id_seq')::text").await;
+    let max = text(&c, "select max(id)::text from seq_rows").await;
+    assert_eq!(drawn, max);
+    // A session that never drew moves under either policy.
+    let c = connect(&strict).await;
+    assert!(run_then_park(&strict, &c, "select 1").await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

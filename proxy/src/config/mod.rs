@@ -34,7 +34,7 @@ pub use local::LocalConfig;
 pub use peer::PeerConfig;
 pub use pool_class::{PoolClassConfig, PoolRelease};
 pub use reuse::ReuseConfig;
-pub use revival::{PinnedPolicy, RevivalConfig, RevivalKeyConfig};
+pub use revival::{PinnedPolicy, RevivalConfig, RevivalKeyConfig, SequenceStatePolicy};
 pub use routing::{RoutingConfig, UnknownTenant};
 pub use tenant::{AuthMode, CredentialsConfig, TenantBackend, TenantConfig};
 pub use wake::WakeConfig;

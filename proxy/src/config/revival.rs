@@ -46,6 +46,9 @@ pub struct RevivalConfig {
     /// Largest recorded session state (settings and statement texts) a session may have and
     /// still be moved.
     pub max_snapshot: ByteSize,
+    /// When a session that drew from a sequence stays on its backend connection: its
+    /// `currval` and `lastval` cannot be carried over.
+    pub sequence_state: SequenceStatePolicy,
 }
 
 impl Default for RevivalConfig {
@@ -61,8 +64,24 @@ impl Default for RevivalConfig {
             max_statements: 1000,
             max_custom_settings: 256,
             max_snapshot: ByteSize::kib(256),
+            sequence_state: SequenceStatePolicy::PinIfRead,
         }
     }
+}
+
+/// When a session that drew from a sequence (`nextval`, a serial or identity column) is
+/// pinned. A pinned idle session keeps its tenant awake, so pinning every such session would
+/// keep awake any tenant whose clients insert rows.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum SequenceStatePolicy {
+    /// Once the session's own text has called `currval` or `lastval`: a client that reads
+    /// them does so again. One that first reads them after a move gets ERROR 55000, as on a
+    /// new connection.
+    #[default]
+    PinIfRead,
+    /// Always: every `currval` and `lastval` answers as on Postgres, at the cost of sleep.
+    Pin,
 }
 
 /// What a pinned idle session does to an idle tenant.

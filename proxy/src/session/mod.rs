@@ -35,7 +35,7 @@ pub use self::revive::{Revivable, Revival};
 use self::relay::{RelayEnd, SessionWatch, relay};
 use self::snapshot::{Restored, Snapshot, SnapshotLimits, StateError, take_snapshot};
 use crate::cancel::{CancelMap, CancelRegistration, cancel_in_background};
-use crate::config::PinnedPolicy;
+use crate::config::{PinnedPolicy, SequenceStatePolicy};
 use crate::metrics::Metrics;
 use crate::stream::Stream;
 use crate::upstream::{BackendSlot, Connector, Returnable};
@@ -472,7 +472,7 @@ impl<'g> Live<'g> {
                     self.park_rx = self.current.claim.park_requests();
                     self.migrate_rx = self.current.claim.migrate_requests();
                     let names = restored.statements.iter().map(String::as_str);
-                    let stale = restored.stale.iter().map(String::as_str);
+                    let stale = restored.stale.iter().map(|(n, a)| (n.as_str(), a.clone()));
                     self.tracker.reset_for_new_backend(names, stale);
                     self.snap = Some(snapshot);
                     return Ok(self);
@@ -672,6 +672,8 @@ async fn snapshot(
         max_statements: rv.config.max_statements,
         max_bytes: rv.config.max_snapshot.as_u64() as usize,
         max_message: gw.relay.max_message as usize,
+        check_sequences: rv.config.sequence_state == SequenceStatePolicy::Pin
+            || tracker.reads_sequence_state(),
     };
     let wait = gw.snapshot_timeout;
     match take_snapshot(

@@ -283,6 +283,14 @@ impl Pump {
         loop {
             if self.pos == self.ready && !self.eof {
                 let carried = self.carry_held();
+                if carried > 0 {
+                    // A filter makes one edit per pass and holds back what follows it, which
+                    // may be whole messages already here: it sees them again before any read.
+                    self.apply_filter(tap);
+                    if self.ready > 0 {
+                        continue;
+                    }
+                }
                 if carried == 0 && self.inject.is_some() && self.scanner.at_boundary() {
                     let msg = self.inject.take().unwrap_or_default();
                     self.load(msg);

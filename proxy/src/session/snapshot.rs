@@ -9,15 +9,16 @@
 //! fails where it is used, not at the revival; only session authorization and role, which
 //! decide what the session may do, end it when they cannot be restored.
 //!
-//! Not carried over, by design: notifications (LISTEN pins a session instead), sequence state
-//! (`currval`, `lastval`), unnamed statements and portals, and anything a session keeps in
-//! extension-private memory. Prepared statements are re-parsed with their recorded parameter
+//! Not carried over, by design: notifications (LISTEN pins a session instead, as does sequence
+//! state: `currval` and `lastval`), unnamed statements and portals, and anything a session keeps
+//! in extension-private memory. Prepared statements are re-parsed with their recorded parameter
 //! type OIDs, which hold on the same cluster (a tenant's database after a sleep or restart).
 
 use std::time::Duration;
 
 use pgwake_protocol::frontend::{self, ErrorFields};
 use pgwake_protocol::sql_text::{PrepareSource, prepare_source};
+use pgwake_protocol::stale::{StaleAnswer, StaleStatement};
 use pgwake_protocol::{Pins, SessionTracker};
 use tokio::io::AsyncWriteExt;
 use tokio::time::{Instant, timeout_at};
@@ -28,7 +29,8 @@ use crate::wire::{RawMessage, read_message};
 
 /// One query reads everything a revival needs and the pins the protocol cannot show: each row
 /// is (kind, name, value, extra), all text. Temporary objects of every kind count, not only
-/// relations.
+/// relations. The unnamed portal this query runs in shows in `pg_cursors`; a client's own
+/// cursor that outlives its transaction has a name.
 const SNAPSHOT_SQL: &str = "\
 SELECT 's', name, current_setting(name), NULL FROM pg_settings \
  WHERE source IN ('session', 'database', 'user', 'database user') AND name NOT IN \
@@ -36,7 +38,7 @@ SELECT 's', name, current_setting(name), NULL FROM pg_settings \
 UNION ALL SELECT 'a', 'session_authorization', current_setting('session_authorization'), NULL \
 UNION ALL SELECT 'r', 'role', current_setting('role'), NULL \
 UNION ALL SELECT 'p', name, statement, parameter_types::oid[]::text || from_sql::text \
- FROM pg_prepared_statements \
+ FROM pg_prepared_statements WHERE name <> '\u{7f}pgwake snapshot' \
 UNION ALL SELECT 'x', 'temp', (pg_my_temp_schema() <> 0 AND ( \
  EXISTS (SELECT FROM pg_class WHERE relnamespace = pg_my_temp_schema()) \
  OR EXISTS (SELECT FROM pg_proc WHERE pronamespace = pg_my_temp_schema()) \
@@ -54,7 +56,18 @@ UNION ALL SELECT 'x', 'temp', (pg_my_temp_schema() <> 0 AND ( \
 UNION ALL SELECT 'x', 'advisory', (EXISTS (SELECT FROM pg_locks \
  WHERE locktype = 'advisory' AND pid = pg_backend_pid()))::text, NULL \
 UNION ALL SELECT 'x', 'listen', (EXISTS (SELECT FROM pg_listening_channels()))::text, NULL \
-UNION ALL SELECT 'x', 'cursor', (EXISTS (SELECT FROM pg_cursors))::text, NULL";
+UNION ALL SELECT 'x', 'cursor', (EXISTS (SELECT FROM pg_cursors WHERE name <> ''))::text, NULL";
+
+/// Whether the session has drawn from a sequence, asked without an error in the server's log:
+/// `lastval()` fails when it has not, so a block catches that and otherwise raises a notice the
+/// snapshot reads (with the notice level set for this block alone, whatever the session's).
+const SEQUENCE_STATE_SQL: &str = "DO $pgwake$BEGIN \
+ PERFORM pg_catalog.set_config('client_min_messages', 'notice', true); \
+ PERFORM pg_catalog.lastval(); RAISE NOTICE 'pgwake: sequence state'; \
+ EXCEPTION WHEN object_not_in_prerequisite_state THEN NULL; END$pgwake$";
+
+/// The notice [`SEQUENCE_STATE_SQL`] raises.
+const SEQUENCE_STATE_NOTICE: &str = "pgwake: sequence state";
 
 /// Custom settings are not in `pg_settings`, so they are asked for by name: the names the
 /// session's own texts used, and those the database's functions set (a function or trigger
@@ -79,8 +92,16 @@ pub enum Described {
     NoRows,
     /// Describing it failed: its table changed or went away, so using it fails already.
     Failed,
-    /// Not checked (a SQL `PREPARE`: `EXECUTE` describes its rows each time).
-    Unchecked,
+}
+
+impl PreparedStatement {
+    /// This statement, not to be used as the new backend connection holds it.
+    fn stale(&self, answer: StaleAnswer) -> StaleStatement {
+        StaleStatement {
+            answer,
+            param_types: self.param_types.as_slice().into(),
+        }
+    }
 }
 
 /// A named prepared statement as `pg_prepared_statements` shows it.
@@ -114,6 +135,9 @@ pub struct Snapshot {
     pub role: Option<String>,
     /// Named prepared statements.
     pub statements: Vec<PreparedStatement>,
+    /// Statements that could not be made again at an earlier revival and that the client has
+    /// not closed, with the ErrorResponse their use answers.
+    pub failed: Vec<(String, StaleStatement)>,
     /// Pins the stream and the SQL checks found.
     pub pins: Pins,
     /// Bytes of settings and statement text held.
@@ -173,6 +197,24 @@ pub struct SnapshotLimits {
     pub max_bytes: usize,
     /// Largest backend message read.
     pub max_message: usize,
+    /// Ask whether the session drew from a sequence, and pin it if so.
+    pub check_sequences: bool,
+}
+
+/// The name of the gateway's own statement while it asks something of a session's backend
+/// (a name no client picks: it starts with DEL).
+const OWN_STATEMENT: &str = "\u{7f}pgwake snapshot";
+
+/// Runs `sql` as the gateway's own named statement rather than a simple Query, which would
+/// destroy the session's unnamed statement, and closes it in a batch of its own, so it never
+/// outlives the question even when `sql` fails. Answers in two batches.
+fn ask(out: &mut Vec<u8>, sql: &str) {
+    frontend::parse(out, OWN_STATEMENT, sql, &[]);
+    frontend::bind_text(out, OWN_STATEMENT, &[]);
+    frontend::execute(out);
+    frontend::sync(out);
+    frontend::close_statement(out, OWN_STATEMENT);
+    frontend::sync(out);
 }
 
 /// Records the session's state on its backend (at a safe point). Asynchronous messages the
@@ -194,8 +236,11 @@ pub async fn take_snapshot(
         .map(|n| format!("'{n}'"))
         .collect();
     sql.push_str(&CUSTOM_SETTINGS_SQL.replace("{names}", &tracked.join(",")));
-    let mut out = Vec::with_capacity(sql.len() + 8);
-    frontend::query(&mut out, &sql);
+    let mut out = Vec::with_capacity(sql.len() + SEQUENCE_STATE_SQL.len() + 128);
+    ask(&mut out, &sql);
+    if limits.check_sequences {
+        ask(&mut out, SEQUENCE_STATE_SQL);
+    }
     backend.write_all(&out).await?;
     backend.flush().await?;
     // The statement list comes from pg_prepared_statements, so the tracker losing count of
@@ -208,10 +253,14 @@ pub async fn take_snapshot(
         ..Snapshot::default()
     };
     let mut failure = None;
-    loop {
+    // Every answer is read, whatever the first one was, so none of it reaches the client.
+    let batches = if limits.check_sequences { 4 } else { 2 };
+    let mut answered = 0;
+    while answered < batches {
         let msg = next_message(backend, limits.max_message, deadline, wait).await?;
+        let sequence_check = answered >= 2;
         match msg.tag() {
-            b'D' => {
+            b'D' if !sequence_check => {
                 let row = frontend::data_row(msg.body())
                     .filter(|r| r.len() == 4)
                     .ok_or_else(|| StateError::Protocol("malformed row".into()))?;
@@ -222,13 +271,22 @@ pub async fn take_snapshot(
                 };
                 snap.absorb(&text(0), text(1), text(2), &text(3), login_user, limits);
             }
-            b'E' => failure = Some(frontend::error_fields(msg.body())),
-            b'Z' => break,
+            b'N' if sequence_check
+                && frontend::error_fields(msg.body()).message == SEQUENCE_STATE_NOTICE =>
+            {
+                snap.pins.insert(Pins::SEQUENCE_STATE);
+            }
+            b'E' if !sequence_check => failure = Some(frontend::error_fields(msg.body())),
+            b'E' => {
+                let e = frontend::error_fields(msg.body());
+                debug!(code = %e.code, "the sequence state check failed");
+            }
+            b'Z' => answered += 1,
             b'N' | b'A' | b'S' => client
                 .write_all(&msg.bytes)
                 .await
                 .map_err(StateError::ClientIo)?,
-            b'T' | b'C' => {}
+            b'1' | b'2' | b'3' | b'C' => {}
             other => {
                 return Err(StateError::Protocol(format!(
                     "message type {:?} during the snapshot",
@@ -254,6 +312,17 @@ pub async fn take_snapshot(
         if tracker.is_stale(&s.name) {
             s.described = Described::Failed;
         }
+    }
+    for (name, stale) in tracker.stale_statements() {
+        if let StaleAnswer::Failed(error) = &stale.answer
+            && !snap.statements.iter().any(|s| s.name == name)
+        {
+            snap.size += name.len() + error.len();
+            snap.failed.push((name.to_owned(), stale.clone()));
+        }
+    }
+    if snap.size > limits.max_bytes {
+        snap.too_large = true;
     }
     Ok(snap)
 }
@@ -285,11 +354,9 @@ async fn describe_statements(
     let mut out = Vec::new();
     let mut asked = Vec::new();
     for (i, s) in snap.statements.iter().enumerate() {
-        if !s.from_sql {
-            frontend::describe_statement(&mut out, &s.name);
-            frontend::sync(&mut out);
-            asked.push(i);
-        }
+        frontend::describe_statement(&mut out, &s.name);
+        frontend::sync(&mut out);
+        asked.push(i);
     }
     if asked.is_empty() {
         return Ok(());
@@ -367,7 +434,8 @@ impl Snapshot {
                     text,
                     param_types,
                     from_sql,
-                    described: Described::Unchecked,
+                    // Until the Describe that follows says how it looks.
+                    described: Described::Failed,
                 });
             }
             "x" if value == "true" => self.pins.insert(match name.as_str() {
@@ -401,9 +469,12 @@ enum Step<'a> {
 pub struct Restored {
     /// Names of the prepared statements made again.
     pub statements: Vec<String>,
-    /// Those of them whose rows are described differently from what the client was told: their
-    /// next use fails with `0A000`, as Postgres fails a cached statement whose result changed.
-    pub stale: Vec<String>,
+    /// Statements the client must not use as the new backend connection holds them, with what
+    /// their use answers: those whose rows are described differently from what the client was
+    /// told fail with `0A000`, as Postgres fails a cached statement whose result changed; those
+    /// that could not be made again fail with the error their Parse met, as Postgres fails a
+    /// statement whose table went away when it next uses it.
+    pub stale: Vec<(String, StaleStatement)>,
     /// Pieces left out (settings refused, statements that no longer parse): each fails where
     /// it is used.
     pub left_out: usize,
@@ -444,6 +515,7 @@ pub async fn restore(
             frontend::parse(&mut out, "", &s.text, &[]);
             frontend::bind_text(&mut out, "", &[]);
             frontend::execute(&mut out);
+            frontend::describe_statement(&mut out, &s.name);
         } else {
             frontend::parse(&mut out, &s.name, &s.text, &s.param_types);
             frontend::describe_statement(&mut out, &s.name);
@@ -452,6 +524,7 @@ pub async fn restore(
         steps.push(Step::Statement(s));
     }
     let mut restored = Restored::default();
+    restored.stale.extend(snap.failed.iter().cloned());
     if steps.is_empty() {
         return Ok(restored);
     }
@@ -465,7 +538,9 @@ pub async fn restore(
     while let Some(current) = step {
         let msg = next_message(backend, max_message, deadline, wait).await?;
         match msg.tag() {
-            b'E' if failure.is_none() => failure = Some(frontend::error_fields(msg.body())),
+            b'E' if failure.is_none() => {
+                failure = Some((frontend::error_fields(msg.body()), msg.bytes));
+            }
             b'T' => {
                 described =
                     frontend::row_shape(msg.body()).map_or(Described::Failed, Described::Rows)
@@ -489,25 +564,29 @@ pub async fn restore(
 /// its rows are described now.
 fn judge(
     step: Step<'_>,
-    (failure, described): (Option<ErrorFields>, Described),
+    (failure, described): (Option<(ErrorFields, Vec<u8>)>, Described),
     restored: &mut Restored,
 ) -> Result<(), StateError> {
     match (step, failure) {
-        (Step::Identity(what), Some(e)) => {
+        (Step::Identity(what), Some((e, _))) => {
             debug!(what, code = %e.code, "the session's identity could not be restored");
             return Err(StateError::Backend(e));
         }
         (Step::Identity(_), None) => {}
-        (Step::Setting(name), Some(e)) => {
+        (Step::Setting(name), Some((e, _))) => {
             debug!(setting = name, code = %e.code, "a setting could not be restored; left out");
             restored.left_out += 1;
         }
         (Step::Setting(_), None) => {}
-        (Step::Statement(s), Some(e)) => {
-            debug!(statement = %s.name, code = %e.code, "a prepared statement could not be made again; left out");
+        (Step::Statement(s), Some((e, bytes))) => {
+            // Postgres would meet the same error when it next used the statement.
+            debug!(statement = %s.name, code = %e.code, "a prepared statement could not be made again; its use answers that error");
             restored.left_out += 1;
+            restored
+                .stale
+                .push((s.name.clone(), s.stale(StaleAnswer::Failed(bytes.into()))));
         }
-        (Step::Statement(s), None) if s.from_sql || s.described == described => {
+        (Step::Statement(s), None) if s.described == described => {
             restored.statements.push(s.name.clone());
         }
         (Step::Statement(s), None) => {
@@ -515,7 +594,9 @@ fn judge(
             // the wrong names and types, so its use fails as Postgres fails it.
             debug!(statement = %s.name, "a prepared statement now describes other rows");
             restored.statements.push(s.name.clone());
-            restored.stale.push(s.name.clone());
+            restored
+                .stale
+                .push((s.name.clone(), s.stale(StaleAnswer::ResultChanged)));
         }
     }
     Ok(())
@@ -531,6 +612,7 @@ mod tests {
             max_statements: 1,
             max_bytes: 1000,
             max_message: 1000,
+            check_sequences: false,
         };
         let mut s = Snapshot::default();
         s.absorb(

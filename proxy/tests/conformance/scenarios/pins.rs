@@ -165,6 +165,17 @@ pub fn all() -> Vec<Scenario> {
             ],
         ),
         sc(
+            "currval_read_then_kept_across_moves",
+            vec![
+                q("CREATE SEQUENCE s2"),
+                q("SELECT nextval('s2'), currval('s2')"),
+                q("SELECT currval('s2')"),
+                q("SELECT nextval('s2'), lastval()"),
+                q("DISCARD SEQUENCES"),
+                q("SELECT 1"),
+            ],
+        ),
+        sc(
             "serial_insert_then_lastval",
             vec![
                 q("INSERT INTO audit(note) VALUES ('x')"),

@@ -227,6 +227,17 @@ pub fn all() -> Vec<Scenario> {
             ],
         ),
         sc(
+            // Pinned, so it never moves, but the gateway reads its state at every pause: that
+            // must not cost the unnamed statement.
+            "unnamed_statement_survives_the_snapshots_of_a_pinned_session",
+            vec![
+                q("CREATE TEMP TABLE keep_here (x int)"),
+                prep("", "SELECT 'unnamed' AS u", &[]),
+                exec_named("", &[]),
+                exec_named("", &[]),
+            ],
+        ),
+        sc(
             "unnamed_extended_queries",
             vec![
                 ext("SELECT $1::int * 3 AS tripled", &[23], &["3"]),
