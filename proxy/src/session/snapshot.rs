@@ -147,6 +147,28 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// A statement already stale on this connection stays so wherever the session goes next:
+    /// one made again with other rows is recorded as failing to describe, one that could not
+    /// be made again keeps the error its use answers.
+    fn carry_stale(&mut self, tracker: &SessionTracker, limits: SnapshotLimits) {
+        for s in self.statements.iter_mut() {
+            if tracker.is_stale(&s.name) {
+                s.described = Described::Failed;
+            }
+        }
+        for (name, stale) in tracker.stale_statements() {
+            if let StaleAnswer::Failed(error) = &stale.answer
+                && !self.statements.iter().any(|s| s.name == name)
+            {
+                self.size += name.len() + error.len();
+                self.failed.push((name.to_owned(), stale.clone()));
+            }
+        }
+        if self.size > limits.max_bytes {
+            self.too_large = true;
+        }
+    }
+
     /// A snapshot that marks the session as not movable (the query failed, or revival is not
     /// possible for it), so it is not retried until the client sends something.
     pub fn unmovable(at_message: u64) -> Snapshot {
@@ -307,23 +329,7 @@ pub async fn take_snapshot(
         wait,
     )
     .await?;
-    // A statement already stale on this connection stays so wherever the session goes next.
-    for s in snap.statements.iter_mut() {
-        if tracker.is_stale(&s.name) {
-            s.described = Described::Failed;
-        }
-    }
-    for (name, stale) in tracker.stale_statements() {
-        if let StaleAnswer::Failed(error) = &stale.answer
-            && !snap.statements.iter().any(|s| s.name == name)
-        {
-            snap.size += name.len() + error.len();
-            snap.failed.push((name.to_owned(), stale.clone()));
-        }
-    }
-    if snap.size > limits.max_bytes {
-        snap.too_large = true;
-    }
+    snap.carry_stale(tracker, limits);
     Ok(snap)
 }
 
