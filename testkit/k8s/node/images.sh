@@ -102,13 +102,17 @@ if [[ ${1:-} != pgwake ]]; then
       sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')
     cp -r "$src/." "$gobuild/"
     chmod -R u+w "$gobuild"
-    (cd "$gobuild" && CGO_ENABLED=0 nice -n 19 "$go" build -trimpath -o "$root/manager" \
+    # Laid out as the release image is: the operator finds the instance manager binaries it can
+    # hand to pods as operator/manager_<arch>, and /manager points at this machine's one.
+    mkdir -p "$root/operator"
+    ln -s operator/manager_amd64 "$root/manager"
+    (cd "$gobuild" && CGO_ENABLED=0 nice -n 19 "$go" build -trimpath -o "$root/operator/manager_amd64" \
       -ldflags "-s -w -X github.com/cloudnative-pg/cloudnative-pg/pkg/versions.buildVersion=$cnpg_version" \
       ./cmd/manager)
     mkdir -p "$root/controller" "$root/tmp"
     chmod 1777 "$root/tmp"
     pack "$root" "$out/cloudnative-pg.tar" "pgwake.local/cloudnative-pg:$cnpg_version" \
-      --entrypoint '["/manager"]' --user 10001:10001
+      --entrypoint '["/manager"]' --user 10001:10001 --workdir /
     rm -rf "$root" "$gobuild"
   fi
 
