@@ -1,0 +1,457 @@
+//! End to end on a real one-node Kubernetes cluster (testkit/k8s/node): the real CloudNativePG
+//! operator runs real Postgres pods, and the gateway runs from deploy/ as its two-replica
+//! Deployment. Clients are psql, through the gateway's Service address.
+//!
+//! Opt-in, because the lab needs root, minutes to start and more than CI's two cores:
+//!
+//! ```sh
+//! testkit/k8s/node/up.sh && testkit/k8s/node/cnpg.sh
+//! PGWAKE_K8S_NODE=1 testkit/k8s/node/exec.sh cargo test -p pgwake --test k8s_node -- --test-threads=1
+//! ```
+//!
+//! Without `PGWAKE_K8S_NODE=1` every test here returns at once. The tests share the lab's one
+//! gateway Deployment and reconfigure it, so they run one at a time (a lock, as well).
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// One test at a time: they all deploy to the same namespaces.
+static LAB: Mutex<()> = Mutex::new(());
+
+/// The gateway's idle timeout in the lab, short so that a test sees a tenant go back to sleep.
+const IDLE_TIMEOUT: &str = "20s";
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn opted_in() -> bool {
+    if std::env::var("PGWAKE_K8S_NODE").as_deref() == Ok("1") {
+        return true;
+    }
+    eprintln!("skipped: set PGWAKE_K8S_NODE=1 and run inside testkit/k8s/node/exec.sh");
+    false
+}
+
+/// `kubectl ARGS`, its stdout; panics with stderr when it fails.
+fn kubectl(args: &[&str]) -> String {
+    try_kubectl(args).unwrap_or_else(|e| panic!("kubectl {}: {e}", args.join(" ")))
+}
+
+fn try_kubectl(args: &[&str]) -> Result<String, String> {
+    let out = Command::new("kubectl")
+        .arg("--request-timeout=30s")
+        .args(args)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
+    }
+}
+
+/// Runs a lab script (deploy.sh, ...) with the given environment; panics when it fails.
+fn script(name: &str, args: &[&str], env: &[(&str, &str)]) {
+    let out = Command::new(repo().join("testkit/k8s/node").join(name))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run a lab script");
+    assert!(
+        out.status.success(),
+        "{name} {}: {}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    start.elapsed()
+}
+
+fn jsonpath(kind_name: &[&str], path: &str) -> String {
+    let mut args = vec!["get"];
+    args.extend_from_slice(kind_name);
+    let jp = format!("jsonpath={path}");
+    args.extend_from_slice(&["-o", &jp]);
+    try_kubectl(&args).unwrap_or_default()
+}
+
+fn secret_password(namespace: &str, name: &str) -> String {
+    let b64 = kubectl(&[
+        "-n",
+        namespace,
+        "get",
+        "secret",
+        name,
+        "-o",
+        "jsonpath={.data.password}",
+    ]);
+    let out = Command::new("base64")
+        .arg("-d")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            c.stdin.take().unwrap().write_all(b64.as_bytes())?;
+            c.wait_with_output()
+        })
+        .expect("base64 -d");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn gateway_address() -> String {
+    kubectl(&[
+        "-n",
+        "pgwake",
+        "get",
+        "svc",
+        "pgwake",
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    ])
+}
+
+/// A libpq connection string to tenant `tenant` through the gateway Service.
+fn conninfo(tenant: &str) -> String {
+    format!(
+        "host={} port=5432 user=app dbname=app sslmode=require options=endpoint={tenant} connect_timeout=120",
+        gateway_address()
+    )
+}
+
+/// One psql run of `sql`; its unaligned output, or its error text.
+fn psql(conninfo: &str, password: &str, sql: &str) -> Result<String, String> {
+    let out = Command::new("psql")
+        .args(["-X", "-At", "-v", "ON_ERROR_STOP=1", "-c", sql, conninfo])
+        .env("PGPASSWORD", password)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
+    }
+}
+
+/// A psql process holding one session open; statements go to its stdin, answers come back a
+/// line at a time (each statement is followed by a marker line so an answer's end is known).
+struct Session {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Session {
+    fn open(conninfo: &str, password: &str) -> Session {
+        let mut child = Command::new("psql")
+            .args(["-X", "-At", "-q", conninfo])
+            .env("PGPASSWORD", password)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn psql");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Session {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    /// Runs one statement; the lines it printed before the marker.
+    fn query(&mut self, sql: &str) -> Vec<String> {
+        writeln!(self.stdin, "{sql};\n\\echo __done__").expect("write to psql");
+        self.stdin.flush().unwrap();
+        let mut lines = Vec::new();
+        loop {
+            let mut line = String::new();
+            let n = self.stdout.read_line(&mut line).expect("read from psql");
+            assert!(n > 0, "psql ended; printed {lines:?}");
+            let line = line.trim_end().to_owned();
+            if line == "__done__" {
+                return lines;
+            }
+            lines.push(line);
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn hibernation(namespace: &str, cluster: &str) -> String {
+    jsonpath(
+        &["-n", namespace, "cluster", cluster],
+        "{.metadata.annotations.cnpg\\.io/hibernation}",
+    )
+}
+
+fn instance_pods(namespace: &str, cluster: &str) -> Vec<String> {
+    let names = jsonpath(
+        &[
+            "-n",
+            namespace,
+            "pods",
+            "-l",
+            &format!("cnpg.io/cluster={cluster},cnpg.io/podRole=instance"),
+        ],
+        "{.items[*].metadata.name}",
+    );
+    names.split_whitespace().map(str::to_owned).collect()
+}
+
+/// deploy/base and deploy/examples/cnpg, with the lab's idle timeout; the alpha Cluster asleep.
+fn deploy_cnpg_tenant() {
+    script(
+        "deploy.sh",
+        &["base", "examples/cnpg"],
+        &[("PGWAKE_NODE_IDLE_TIMEOUT", IDLE_TIMEOUT)],
+    );
+    wait_for("the alpha-app Secret", Duration::from_secs(120), || {
+        try_kubectl(&["-n", "pgwake", "get", "secret", "alpha-app"]).is_ok()
+    });
+}
+
+#[test]
+fn a_client_wakes_a_hibernated_cluster_which_sleeps_again_under_an_idle_session() {
+    if !opted_in() {
+        return;
+    }
+    let _lab = LAB.lock().unwrap_or_else(|e| e.into_inner());
+    deploy_cnpg_tenant();
+    let password = secret_password("pgwake", "alpha-app");
+    wait_for("alpha hibernated", Duration::from_secs(300), || {
+        hibernation("pgwake", "alpha") == "on" && instance_pods("pgwake", "alpha").is_empty()
+    });
+
+    // The first connection wakes it: the operator starts a real pod, and the gateway answers
+    // once Postgres in it does.
+    let woke = Instant::now();
+    let answer = psql(
+        &conninfo("alpha"),
+        &password,
+        "select current_user || ' on ' || current_setting('server_version')",
+    )
+    .expect("the first connection to a hibernated cluster");
+    eprintln!("alpha woke and answered in {:?}", woke.elapsed());
+    assert!(answer.starts_with("app on 15."), "{answer}");
+    assert_eq!(hibernation("pgwake", "alpha"), "off");
+    assert_eq!(instance_pods("pgwake", "alpha").len(), 1);
+
+    // An idle session stays open while the tenant goes back to sleep.
+    let mut session = Session::open(&conninfo("alpha"), &password);
+    let before = session.query("select pg_backend_pid()");
+    assert_eq!(before.len(), 1, "{before:?}");
+    let slept = wait_for(
+        "alpha hibernated again under an idle session",
+        Duration::from_secs(300),
+        || hibernation("pgwake", "alpha") == "on" && instance_pods("pgwake", "alpha").is_empty(),
+    );
+    eprintln!("alpha slept {slept:?} after the session went idle");
+
+    // Its next query wakes the tenant and is answered, in the same psql session.
+    let after = session.query("select 40 + 2");
+    assert_eq!(after, vec!["42".to_owned()], "psql {}", session.pid());
+    assert_eq!(hibernation("pgwake", "alpha"), "off");
+}
+
+/// A `kubectl get -w` running in the background: every event it prints, with when it arrived.
+struct Watch {
+    child: Child,
+    events: std::sync::Arc<Mutex<Vec<(std::time::SystemTime, serde_json::Value)>>>,
+}
+
+impl Watch {
+    fn start(args: &[&str]) -> Watch {
+        let mut child = Command::new("kubectl")
+            .arg("get")
+            .args(args)
+            .args(["--watch", "--output-watch-events", "-o", "json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn kubectl get --watch");
+        let stdout = child.stdout.take().unwrap();
+        let events = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let sink = events.clone();
+        std::thread::spawn(move || {
+            let stream = serde_json::Deserializer::from_reader(BufReader::new(stdout))
+                .into_iter::<serde_json::Value>();
+            for event in stream.map_while(Result::ok) {
+                let at = std::time::SystemTime::now();
+                sink.lock().unwrap().push((at, event));
+            }
+        });
+        // The watch lists what exists first; give it a moment to get there.
+        std::thread::sleep(Duration::from_millis(500));
+        Watch { child, events }
+    }
+
+    /// When an event after `since` first satisfied `test`.
+    fn first(
+        &self,
+        since: std::time::SystemTime,
+        test: impl Fn(&serde_json::Value) -> bool,
+    ) -> Option<std::time::SystemTime> {
+        self.events
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(at, e)| *at >= since && test(&e["object"]))
+            .map(|(at, _)| *at)
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn condition_true(obj: &serde_json::Value, kind: &str) -> bool {
+    obj["status"]["conditions"]
+        .as_array()
+        .is_some_and(|cs| cs.iter().any(|c| c["type"] == kind && c["status"] == "True"))
+}
+
+fn container_running(obj: &serde_json::Value, name: &str) -> bool {
+    obj["status"]["containerStatuses"]
+        .as_array()
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["name"] == name && c["state"]["running"].is_object())
+        })
+}
+
+/// The wall-clock time Postgres in `pod` logged that it accepts connections, after `since`.
+fn postgres_accepting(namespace: &str, pod: &str, since: std::time::SystemTime) -> Option<std::time::SystemTime> {
+    let logs = try_kubectl(&["-n", namespace, "logs", pod, "-c", "postgres"]).ok()?;
+    logs.lines()
+        .filter(|l| l.contains("ready to accept connections"))
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["ts"].as_str().map(str::to_owned))
+        .filter_map(|ts| parse_rfc3339(&ts))
+        .find(|t| *t >= since)
+}
+
+/// `2026-11-26T23:39:09.40597491Z` as a SystemTime (UTC, as the operator logs it).
+fn parse_rfc3339(ts: &str) -> Option<std::time::SystemTime> {
+    let (date, time) = ts.trim_end_matches('Z').split_once('T')?;
+    let mut d = date.split('-').map(|x| x.parse::<i64>());
+    let (y, m, day) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);
+    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
+    let mut t = hms.split(':').map(|x| x.parse::<i64>());
+    let (hh, mm, ss) = (t.next()?.ok()?, t.next()?.ok()?, t.next()?.ok()?);
+    // Days from the civil date (proleptic Gregorian), as in Howard Hinnant's algorithm.
+    let (y, m) = if m <= 2 { (y - 1, m + 9) } else { (y, m - 3) };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * m + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + hh * 3600 + mm * 60 + ss;
+    let nanos: u32 = format!("{frac:0<9}")[..9].parse().ok()?;
+    Some(std::time::UNIX_EPOCH + Duration::new(u64::try_from(secs).ok()?, nanos))
+}
+
+fn ms_between(a: std::time::SystemTime, b: Option<std::time::SystemTime>) -> Option<f64> {
+    b.and_then(|b| b.duration_since(a).ok())
+        .map(|d| d.as_secs_f64() * 1000.0)
+}
+
+/// p50, p90 and max of `xs`, in ms.
+fn summary(xs: &mut [f64]) -> String {
+    if xs.is_empty() {
+        return "n/a".to_owned();
+    }
+    xs.sort_by(f64::total_cmp);
+    let at = |q: f64| xs[((xs.len() - 1) as f64 * q).round() as usize];
+    format!("{:.0} / {:.0} / {:.0}", at(0.5), at(0.9), xs[xs.len() - 1])
+}
+
+/// Cycles each measurement makes (PGWAKE_K8S_NODE_CYCLES, default 10).
+fn cycles() -> usize {
+    std::env::var("PGWAKE_K8S_NODE_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10)
+}
+
+/// The wake of a hibernated cluster, measured the way a client sees it (first row) and broken
+/// down by what the cluster's watchers saw. Prints a table; opt-in with PGWAKE_K8S_NODE_BENCH=1
+/// as well, since it takes minutes.
+#[test]
+fn measure_hibernation_wake() {
+    if !opted_in() || std::env::var("PGWAKE_K8S_NODE_BENCH").as_deref() != Ok("1") {
+        return;
+    }
+    let _lab = LAB.lock().unwrap_or_else(|e| e.into_inner());
+    deploy_cnpg_tenant();
+    let password = secret_password("pgwake", "alpha-app");
+    let pods = Watch::start(&["-n", "pgwake", "pods", "-l", "cnpg.io/cluster=alpha"]);
+    let clusters = Watch::start(&["-n", "pgwake", "clusters.postgresql.cnpg.io", "alpha"]);
+    let (mut first_row, mut patched, mut scheduled, mut started, mut accepting, mut status) =
+        (vec![], vec![], vec![], vec![], vec![], vec![]);
+    let mut pod_and_postgres = vec![];
+    for cycle in 0..cycles() {
+        wait_for("alpha asleep", Duration::from_secs(300), || {
+            hibernation("pgwake", "alpha") == "on" && instance_pods("pgwake", "alpha").is_empty()
+        });
+        let t0 = std::time::SystemTime::now();
+        let answer = psql(&conninfo("alpha"), &password, "select 1").expect("wake");
+        let row = ms_between(t0, Some(std::time::SystemTime::now())).unwrap();
+        assert_eq!(answer, "1");
+        let pod = instance_pods("pgwake", "alpha").pop().expect("a running instance");
+        let p = ms_between(
+            t0,
+            clusters.first(t0, |c| c["metadata"]["annotations"]["cnpg.io/hibernation"] == "off"),
+        );
+        let s = ms_between(t0, pods.first(t0, |o| o["metadata"]["name"] == pod.as_str() && condition_true(o, "PodScheduled")));
+        let c = ms_between(t0, pods.first(t0, |o| o["metadata"]["name"] == pod.as_str() && container_running(o, "postgres")));
+        let a = ms_between(t0, postgres_accepting("pgwake", &pod, t0));
+        let r = ms_between(t0, clusters.first(t0, |c| c["status"]["readyInstances"] == 1 && condition_true(c, "Ready")));
+        eprintln!(
+            "cycle {cycle}: first row {row:.0} ms; patched {p:?} scheduled {s:?} started {c:?} accepting {a:?} status {r:?}"
+        );
+        first_row.push(row);
+        patched.extend(p);
+        scheduled.extend(s);
+        started.extend(c);
+        if let (Some(s), Some(a)) = (s, a) {
+            pod_and_postgres.push(a - s);
+        }
+        accepting.extend(a);
+        status.extend(r);
+    }
+    println!("| step (ms after the client connects) | p50 / p90 / max |");
+    println!("| --- | --- |");
+    println!("| annotation patched to off | {} |", summary(&mut patched));
+    println!("| pod scheduled | {} |", summary(&mut scheduled));
+    println!("| postgres container started | {} |", summary(&mut started));
+    println!("| Postgres accepting (its log) | {} |", summary(&mut accepting));
+    println!("| operator status Ready | {} |", summary(&mut status));
+    println!("| client's first row | {} |", summary(&mut first_row));
+    println!("| (pod start + Postgres start: scheduled to accepting) | {} |", summary(&mut pod_and_postgres));
+}
