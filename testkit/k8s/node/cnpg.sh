@@ -9,7 +9,7 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-work=${1:-${XDG_CACHE_HOME:-$HOME/.cache}/pgwake/node}
+work=${1:-${PGWAKE_NODE_WORK:-${XDG_CACHE_HOME:-$HOME/.cache}/pgwake/node}}
 version=1.28.1
 pg_image=pgwake.local/postgresql:15.18
 export PGWAKE_NODE_WORK=$work

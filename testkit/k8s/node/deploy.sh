@@ -13,7 +13,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../../.." && pwd)
-work=${XDG_CACHE_HOME:-$HOME/.cache}/pgwake/node
+work=${PGWAKE_NODE_WORK:-${XDG_CACHE_HOME:-$HOME/.cache}/pgwake/node}
 if [[ $# -gt 0 && -d $1 && ! -d $repo/deploy/$1 ]]; then
   work=$1
   shift

@@ -10,7 +10,7 @@
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-work=${1:-${XDG_CACHE_HOME:-$HOME/.cache}/pgwake/node}
+work=${1:-${PGWAKE_NODE_WORK:-${XDG_CACHE_HOME:-$HOME/.cache}/pgwake/node}}
 [[ -d $work ]] || exit 0
 work=$(cd "$work" && pwd)
 netns=$(cat "$work/netns" 2>/dev/null || true)

@@ -20,7 +20,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/pgwake
-work=${1:-$cache/node}
+work=${1:-${PGWAKE_NODE_WORK:-$cache/node}}
 mkdir -p "$work"
 work=$(cd "$work" && pwd)
 netns=${PGWAKE_NODE_NETNS:-pgwake-node}
