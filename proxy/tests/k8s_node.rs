@@ -331,9 +331,10 @@ impl Drop for Watch {
 }
 
 fn condition_true(obj: &serde_json::Value, kind: &str) -> bool {
-    obj["status"]["conditions"]
-        .as_array()
-        .is_some_and(|cs| cs.iter().any(|c| c["type"] == kind && c["status"] == "True"))
+    obj["status"]["conditions"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c["type"] == kind && c["status"] == "True")
+    })
 }
 
 fn container_running(obj: &serde_json::Value, name: &str) -> bool {
@@ -346,7 +347,11 @@ fn container_running(obj: &serde_json::Value, name: &str) -> bool {
 }
 
 /// The wall-clock time Postgres in `pod` logged that it accepts connections, after `since`.
-fn postgres_accepting(namespace: &str, pod: &str, since: std::time::SystemTime) -> Option<std::time::SystemTime> {
+fn postgres_accepting(
+    namespace: &str,
+    pod: &str,
+    since: std::time::SystemTime,
+) -> Option<std::time::SystemTime> {
     let logs = try_kubectl(&["-n", namespace, "logs", pod, "-c", "postgres"]).ok()?;
     logs.lines()
         .filter(|l| l.contains("ready to accept connections"))
@@ -423,15 +428,34 @@ fn measure_hibernation_wake() {
         let answer = psql(&conninfo("alpha"), &password, "select 1").expect("wake");
         let row = ms_between(t0, Some(std::time::SystemTime::now())).unwrap();
         assert_eq!(answer, "1");
-        let pod = instance_pods("pgwake", "alpha").pop().expect("a running instance");
+        let pod = instance_pods("pgwake", "alpha")
+            .pop()
+            .expect("a running instance");
         let p = ms_between(
             t0,
-            clusters.first(t0, |c| c["metadata"]["annotations"]["cnpg.io/hibernation"] == "off"),
+            clusters.first(t0, |c| {
+                c["metadata"]["annotations"]["cnpg.io/hibernation"] == "off"
+            }),
         );
-        let s = ms_between(t0, pods.first(t0, |o| o["metadata"]["name"] == pod.as_str() && condition_true(o, "PodScheduled")));
-        let c = ms_between(t0, pods.first(t0, |o| o["metadata"]["name"] == pod.as_str() && container_running(o, "postgres")));
+        let s = ms_between(
+            t0,
+            pods.first(t0, |o| {
+                o["metadata"]["name"] == pod.as_str() && condition_true(o, "PodScheduled")
+            }),
+        );
+        let c = ms_between(
+            t0,
+            pods.first(t0, |o| {
+                o["metadata"]["name"] == pod.as_str() && container_running(o, "postgres")
+            }),
+        );
         let a = ms_between(t0, postgres_accepting("pgwake", &pod, t0));
-        let r = ms_between(t0, clusters.first(t0, |c| c["status"]["readyInstances"] == 1 && condition_true(c, "Ready")));
+        let r = ms_between(
+            t0,
+            clusters.first(t0, |c| {
+                c["status"]["readyInstances"] == 1 && condition_true(c, "Ready")
+            }),
+        );
         eprintln!(
             "cycle {cycle}: first row {row:.0} ms; patched {p:?} scheduled {s:?} started {c:?} accepting {a:?} status {r:?}"
         );
@@ -450,8 +474,298 @@ fn measure_hibernation_wake() {
     println!("| annotation patched to off | {} |", summary(&mut patched));
     println!("| pod scheduled | {} |", summary(&mut scheduled));
     println!("| postgres container started | {} |", summary(&mut started));
-    println!("| Postgres accepting (its log) | {} |", summary(&mut accepting));
+    println!(
+        "| Postgres accepting (its log) | {} |",
+        summary(&mut accepting)
+    );
     println!("| operator status Ready | {} |", summary(&mut status));
     println!("| client's first row | {} |", summary(&mut first_row));
-    println!("| (pod start + Postgres start: scheduled to accepting) | {} |", summary(&mut pod_and_postgres));
+    println!(
+        "| (pod start + Postgres start: scheduled to accepting) | {} |",
+        summary(&mut pod_and_postgres)
+    );
+}
+
+/// The password every cluster of the pool class "small" is bootstrapped with (deploy/README.md
+/// has the user create this Secret before applying deploy/examples/pool).
+fn ensure_pool_secret() -> String {
+    if try_kubectl(&["-n", "pool", "get", "secret", "small-app"]).is_err() {
+        let out = Command::new("openssl")
+            .args(["rand", "-hex", "16"])
+            .output()
+            .expect("openssl rand");
+        let password = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+        let _ = try_kubectl(&["create", "namespace", "pool"]);
+        kubectl(&[
+            "-n",
+            "pool",
+            "create",
+            "secret",
+            "generic",
+            "small-app",
+            "--type=kubernetes.io/basic-auth",
+            "--from-literal=username=app",
+            &format!("--from-literal=password={password}"),
+        ]);
+    }
+    secret_password("pool", "small-app")
+}
+
+fn warm_clusters() -> usize {
+    let names = jsonpath(
+        &[
+            "-n",
+            "pool",
+            "clusters.postgresql.cnpg.io",
+            "-l",
+            "pgwake.io/pool=small,pgwake.io/state=warm",
+        ],
+        "{range .items[?(@.status.readyInstances==1)]}{.metadata.name} {end}",
+    );
+    names.split_whitespace().count()
+}
+
+fn claimed_by(tenant: &str) -> Vec<String> {
+    jsonpath(
+        &[
+            "-n",
+            "pool",
+            "clusters.postgresql.cnpg.io",
+            "-l",
+            &format!("pgwake.io/pool=small,pgwake.io/tenant={tenant}"),
+        ],
+        "{.items[*].metadata.name}",
+    )
+    .split_whitespace()
+    .map(str::to_owned)
+    .collect()
+}
+
+fn deploy_pool() -> String {
+    let password = ensure_pool_secret();
+    script(
+        "deploy.sh",
+        &["examples/pool"],
+        &[("PGWAKE_NODE_IDLE_TIMEOUT", IDLE_TIMEOUT)],
+    );
+    password
+}
+
+#[test]
+fn a_pool_tenant_claims_a_warm_cluster_and_releases_it() {
+    if !opted_in() {
+        return;
+    }
+    let _lab = LAB.lock().unwrap_or_else(|e| e.into_inner());
+    let password = deploy_pool();
+    wait_for("three warm clusters", Duration::from_secs(600), || {
+        warm_clusters() >= 3
+    });
+    wait_for("beta holds no cluster", Duration::from_secs(300), || {
+        claimed_by("beta").is_empty()
+    });
+
+    let t0 = Instant::now();
+    let answer = psql(&conninfo("beta"), &password, "select current_database()").expect("claim");
+    eprintln!("beta's first row after {:?}", t0.elapsed());
+    assert_eq!(answer, "app");
+    let claimed = claimed_by("beta");
+    assert_eq!(claimed.len(), 1, "{claimed:?}");
+    let state = jsonpath(
+        &["-n", "pool", "clusters.postgresql.cnpg.io", &claimed[0]],
+        "{.metadata.labels.pgwake\\.io/state}",
+    );
+    assert_eq!(state, "claimed");
+    // The claimed cluster was running already: its instance pod is older than the claim.
+    let pod_started = jsonpath(
+        &["-n", "pool", "pod", &format!("{}-1", claimed[0])],
+        "{.status.startTime}",
+    );
+    let started = parse_rfc3339(&pod_started).expect("the claimed cluster's pod start time");
+    assert!(
+        started + t0.elapsed() < std::time::SystemTime::now(),
+        "the pod started before the claim"
+    );
+
+    // Idle: released (deleted, release = "delete"), and the pool is refilled.
+    wait_for("beta's cluster released", Duration::from_secs(300), || {
+        try_kubectl(&[
+            "-n",
+            "pool",
+            "get",
+            "clusters.postgresql.cnpg.io",
+            &claimed[0],
+        ])
+        .is_err()
+    });
+    assert!(claimed_by("beta").is_empty());
+    wait_for("the pool refilled", Duration::from_secs(600), || {
+        warm_clusters() >= 3
+    });
+}
+
+#[test]
+fn the_sidecar_pods_application_reaches_its_database_on_loopback() {
+    if !opted_in() {
+        return;
+    }
+    let _lab = LAB.lock().unwrap_or_else(|e| e.into_inner());
+    let _ = try_kubectl(&["create", "namespace", "shop"]);
+    // The sidecar's tenant: deploy/examples/cnpg's cluster, named orders, in the app's namespace.
+    let cluster = std::fs::read_to_string(repo().join("deploy/examples/cnpg/cluster.yaml"))
+        .unwrap()
+        .replace("name: alpha", "name: orders")
+        .replace("pgwake.io/tenant: alpha", "pgwake.io/tenant: orders");
+    let mut apply = Command::new("kubectl")
+        .args(["-n", "shop", "apply", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    apply
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(cluster.as_bytes())
+        .unwrap();
+    assert!(apply.wait().unwrap().success());
+    wait_for("the orders-app Secret", Duration::from_secs(300), || {
+        try_kubectl(&["-n", "shop", "get", "secret", "orders-app"]).is_ok()
+    });
+    script(
+        "deploy.sh",
+        &["examples/sidecar"],
+        &[("PGWAKE_NODE_IDLE_TIMEOUT", IDLE_TIMEOUT)],
+    );
+    kubectl(&[
+        "-n",
+        "shop",
+        "rollout",
+        "status",
+        "deployment/shop",
+        "--timeout=300s",
+    ]);
+
+    // The application container runs psql with the example's DATABASE_URL (127.0.0.1:5432) and
+    // the password the Deployment maps from orders-app; pgwake in the same pod wakes orders.
+    let answer = kubectl(&[
+        "-n",
+        "shop",
+        "exec",
+        "deploy/shop",
+        "-c",
+        "app",
+        "--",
+        "sh",
+        "-c",
+        "psql \"$DATABASE_URL\" -XAtc 'select current_user, current_database(), inet_server_addr() is not null'",
+    ]);
+    assert_eq!(answer, "app|app|t");
+    assert_eq!(hibernation("shop", "orders"), "off");
+    assert_eq!(instance_pods("shop", "orders").len(), 1);
+}
+
+#[test]
+fn killing_a_gateway_replica_moves_clients_to_the_other_and_keeps_the_tenant_awake() {
+    if !opted_in() {
+        return;
+    }
+    let _lab = LAB.lock().unwrap_or_else(|e| e.into_inner());
+    deploy_cnpg_tenant();
+    let password = secret_password("pgwake", "alpha-app");
+    psql(&conninfo("alpha"), &password, "select 1").expect("wake alpha");
+
+    // Clients that query every 200 ms for longer than the idle timeout, reconnecting when their
+    // connection breaks.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let (stop, info, password) = (stop.clone(), conninfo("alpha"), password.clone());
+            std::thread::spawn(move || {
+                let (mut ok, mut reconnects) = (0u32, 0u32);
+                let mut session = Session::open(&info, &password);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let answer = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        session.query("select 1")
+                    }));
+                    match answer {
+                        Ok(lines) if lines == ["1"] => ok += 1,
+                        _ => {
+                            reconnects += 1;
+                            session = Session::open(&info, &password);
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                // The last query, after everything, must be answered.
+                let last = session.query("select 2");
+                (ok, reconnects, last)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(3));
+    let gateways = jsonpath(
+        &[
+            "-n",
+            "pgwake",
+            "pods",
+            "-l",
+            "app.kubernetes.io/name=pgwake",
+        ],
+        "{.items[*].metadata.name}",
+    );
+    let victim = gateways
+        .split_whitespace()
+        .next()
+        .expect("a gateway pod")
+        .to_owned();
+    kubectl(&[
+        "-n",
+        "pgwake",
+        "delete",
+        "pod",
+        &victim,
+        "--grace-period=0",
+        "--force",
+    ]);
+    // Longer than the idle timeout: the survivors' clients keep the tenant awake.
+    let until = Instant::now() + Duration::from_secs(35);
+    while Instant::now() < until {
+        assert_eq!(
+            hibernation("pgwake", "alpha"),
+            "off",
+            "slept under active clients"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut total_reconnects = 0;
+    for client in clients {
+        let (ok, reconnects, last) = client.join().expect("a client thread");
+        assert!(ok > 10, "{ok} answers");
+        assert_eq!(last, vec!["2".to_owned()]);
+        total_reconnects += reconnects;
+    }
+    eprintln!("clients reconnected {total_reconnects} times after {victim} was killed");
+
+    // Cancels land whichever replica the cancel's connection reaches: psql sends one on SIGINT.
+    for attempt in 0..6 {
+        let mut session = Session::open(&conninfo("alpha"), &password);
+        assert_eq!(session.query("select 1"), vec!["1".to_owned()]);
+        writeln!(session.stdin, "select pg_sleep(60);\n\\echo __done__").unwrap();
+        session.stdin.flush().unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        let sent = Instant::now();
+        Command::new("kill")
+            .args(["-INT", &session.pid().to_string()])
+            .status()
+            .unwrap();
+        let mut line = String::new();
+        session.stdout.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "__done__", "attempt {attempt}");
+        assert!(
+            sent.elapsed() < Duration::from_secs(30),
+            "attempt {attempt}: the cancel did not land"
+        );
+    }
 }

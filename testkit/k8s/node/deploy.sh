@@ -49,6 +49,19 @@ for kustomization in "$@"; do
     echo "  - name: pgwake"
     echo "    newName: pgwake.local/pgwake"
     echo "    newTag: dev"
+    if [[ $kustomization == examples/sidecar ]]; then
+      # The example's application image is a placeholder; in the lab the application is psql
+      # (from the lab's Postgres image), idle until a test runs it with kubectl exec.
+      echo "  - name: registry.example.com/shop"
+      echo "    newName: pgwake.local/postgresql"
+      echo "    newTag: \"15.18\""
+      echo "patches:"
+      echo "  - target: { kind: Deployment, name: shop }"
+      echo "    patch: |-"
+      echo "      - op: add"
+      echo "        path: /spec/template/spec/containers/0/command"
+      echo "        value: [sleep, infinity]"
+    fi
   } >"$overlay/kustomization.yaml"
   # The gateway's own config, with the lab's idle timeout, replaces the ConfigMap's file.
   if [[ -n ${PGWAKE_NODE_IDLE_TIMEOUT:-} ]]; then
