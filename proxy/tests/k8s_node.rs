@@ -221,12 +221,16 @@ fn instance_pods(namespace: &str, cluster: &str) -> Vec<String> {
     names.split_whitespace().map(str::to_owned).collect()
 }
 
-/// deploy/base and deploy/examples/cnpg, with the lab's idle timeout; the alpha Cluster asleep.
+/// deploy/base and deploy/examples/cnpg, with the lab's idle timeout and cancel forwarding
+/// between the replicas enabled as deploy/README.md describes.
 fn deploy_cnpg_tenant() {
     script(
         "deploy.sh",
         &["base", "examples/cnpg"],
-        &[("PGWAKE_NODE_IDLE_TIMEOUT", IDLE_TIMEOUT)],
+        &[
+            ("PGWAKE_NODE_IDLE_TIMEOUT", IDLE_TIMEOUT),
+            ("PGWAKE_NODE_PEER", "1"),
+        ],
     );
     wait_for("the alpha-app Secret", Duration::from_secs(120), || {
         try_kubectl(&["-n", "pgwake", "get", "secret", "alpha-app"]).is_ok()
@@ -419,6 +423,7 @@ fn measure_hibernation_wake() {
     let clusters = Watch::start(&["-n", "pgwake", "clusters.postgresql.cnpg.io", "alpha"]);
     let (mut first_row, mut patched, mut scheduled, mut started, mut accepting, mut status) =
         (vec![], vec![], vec![], vec![], vec![], vec![]);
+    let mut pod_ready = vec![];
     let mut pod_and_postgres = vec![];
     for cycle in 0..cycles() {
         wait_for("alpha asleep", Duration::from_secs(300), || {
@@ -450,6 +455,12 @@ fn measure_hibernation_wake() {
             }),
         );
         let a = ms_between(t0, postgres_accepting("pgwake", &pod, t0));
+        let ready = ms_between(
+            t0,
+            pods.first(t0, |o| {
+                o["metadata"]["name"] == pod.as_str() && condition_true(o, "Ready")
+            }),
+        );
         let r = ms_between(
             t0,
             clusters.first(t0, |c| {
@@ -457,7 +468,7 @@ fn measure_hibernation_wake() {
             }),
         );
         eprintln!(
-            "cycle {cycle}: first row {row:.0} ms; patched {p:?} scheduled {s:?} started {c:?} accepting {a:?} status {r:?}"
+            "cycle {cycle}: first row {row:.0} ms; patched {p:?} scheduled {s:?} started {c:?} accepting {a:?} pod ready {ready:?} status {r:?}"
         );
         first_row.push(row);
         patched.extend(p);
@@ -467,6 +478,7 @@ fn measure_hibernation_wake() {
             pod_and_postgres.push(a - s);
         }
         accepting.extend(a);
+        pod_ready.extend(ready);
         status.extend(r);
     }
     println!("| step (ms after the client connects) | p50 / p90 / max |");
@@ -477,6 +489,10 @@ fn measure_hibernation_wake() {
     println!(
         "| Postgres accepting (its log) | {} |",
         summary(&mut accepting)
+    );
+    println!(
+        "| pod Ready (readiness probe) | {} |",
+        summary(&mut pod_ready)
     );
     println!("| operator status Ready | {} |", summary(&mut status));
     println!("| client's first row | {} |", summary(&mut first_row));
@@ -546,7 +562,10 @@ fn deploy_pool() -> String {
     script(
         "deploy.sh",
         &["examples/pool"],
-        &[("PGWAKE_NODE_IDLE_TIMEOUT", IDLE_TIMEOUT)],
+        &[
+            ("PGWAKE_NODE_IDLE_TIMEOUT", IDLE_TIMEOUT),
+            ("PGWAKE_NODE_PEER", "1"),
+        ],
     );
     password
 }
@@ -748,24 +767,82 @@ fn killing_a_gateway_replica_moves_clients_to_the_other_and_keeps_the_tenant_awa
     }
     eprintln!("clients reconnected {total_reconnects} times after {victim} was killed");
 
-    // Cancels land whichever replica the cancel's connection reaches: psql sends one on SIGINT.
+    // Cancels land whichever replica the cancel's connection reaches: psql sends one on SIGINT
+    // (and, reading a script, then exits).
     for attempt in 0..6 {
-        let mut session = Session::open(&conninfo("alpha"), &password);
-        assert_eq!(session.query("select 1"), vec!["1".to_owned()]);
-        writeln!(session.stdin, "select pg_sleep(60);\n\\echo __done__").unwrap();
-        session.stdin.flush().unwrap();
-        std::thread::sleep(Duration::from_millis(500));
+        let child = Command::new("psql")
+            .args(["-X", "-At", "-c", "select pg_sleep(60)", &conninfo("alpha")])
+            .env("PGPASSWORD", &password)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Past the login: the query runs once the backend is there.
+        wait_for("the pg_sleep running", Duration::from_secs(30), || {
+            psql(
+                &conninfo("alpha"),
+                &password,
+                "select count(*) from pg_stat_activity where query = 'select pg_sleep(60)' and state = 'active'",
+            )
+            .as_deref()
+                == Ok("1")
+        });
         let sent = Instant::now();
         Command::new("kill")
-            .args(["-INT", &session.pid().to_string()])
+            .args(["-INT", &child.id().to_string()])
             .status()
             .unwrap();
-        let mut line = String::new();
-        session.stdout.read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "__done__", "attempt {attempt}");
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("canceling statement due to user request"),
+            "attempt {attempt}: {stderr}"
+        );
         assert!(
             sent.elapsed() < Duration::from_secs(30),
-            "attempt {attempt}: the cancel did not land"
+            "attempt {attempt}: the query ran on"
         );
     }
+}
+
+/// A pool claim's first row, each cycle from a tenant holding no cluster to its first row, with
+/// the claim's own steps (claim label, status) seen by a watch. Opt-in like the other measure.
+#[test]
+fn measure_pool_claim() {
+    if !opted_in() || std::env::var("PGWAKE_K8S_NODE_BENCH").as_deref() != Ok("1") {
+        return;
+    }
+    let _lab = LAB.lock().unwrap_or_else(|e| e.into_inner());
+    let password = deploy_pool();
+    let clusters = Watch::start(&["-n", "pool", "clusters.postgresql.cnpg.io"]);
+    let (mut first_row, mut claimed) = (vec![], vec![]);
+    for cycle in 0..cycles() {
+        let tenant = if cycle % 2 == 0 { "alpha" } else { "beta" };
+        wait_for("a warm cluster", Duration::from_secs(600), || {
+            warm_clusters() >= 1
+        });
+        wait_for("the tenant released", Duration::from_secs(300), || {
+            claimed_by(tenant).is_empty()
+        });
+        let t0 = std::time::SystemTime::now();
+        let answer = psql(&conninfo(tenant), &password, "select 1").expect("claim");
+        let row = ms_between(t0, Some(std::time::SystemTime::now())).unwrap();
+        assert_eq!(answer, "1");
+        let c = ms_between(
+            t0,
+            clusters.first(t0, |c| {
+                c["metadata"]["labels"]["pgwake.io/tenant"] == tenant
+            }),
+        );
+        eprintln!("cycle {cycle} ({tenant}): first row {row:.0} ms; claim label {c:?}");
+        first_row.push(row);
+        claimed.extend(c);
+    }
+    println!("| step (ms after the client connects) | p50 / p90 / max |");
+    println!("| --- | --- |");
+    println!(
+        "| cluster labelled claimed for the tenant | {} |",
+        summary(&mut claimed)
+    );
+    println!("| client's first row | {} |", summary(&mut first_row));
 }

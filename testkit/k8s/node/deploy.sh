@@ -9,6 +9,8 @@
 #
 # Environment:
 #   PGWAKE_NODE_IDLE_TIMEOUT   replaces wake.idle_timeout in the gateway's pgwake.toml (e.g. 20s)
+#   PGWAKE_NODE_PEER=1         enables cancel forwarding between the gateway's replicas the way
+#                              deploy/README.md describes (port, environment, token Secret)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -32,6 +34,11 @@ if ! kc -n pgwake get secret pgwake-tls >/dev/null 2>&1; then
     -keyout "$tls/tls.key" -out "$tls/tls.crt" 2>/dev/null
   kc -n pgwake create secret tls pgwake-tls --cert="$tls/tls.crt" --key="$tls/tls.key" >/dev/null
   rm -rf "$tls"
+fi
+
+if [[ ${PGWAKE_NODE_PEER:-0} == 1 ]] && ! kc -n pgwake get secret pgwake-peer-token >/dev/null 2>&1; then
+  kc -n pgwake create secret generic pgwake-peer-token \
+    --from-literal=token="$(openssl rand -hex 32)" >/dev/null
 fi
 
 for kustomization in "$@"; do
@@ -61,6 +68,37 @@ for kustomization in "$@"; do
       echo "      - op: add"
       echo "        path: /spec/template/spec/containers/0/command"
       echo "        value: [sleep, infinity]"
+    fi
+    if [[ ${PGWAKE_NODE_PEER:-0} == 1 && ($kustomization == base || $kustomization == examples/pool) ]]; then
+      # Cancels across replicas, enabled as deploy/README.md says: a port named peer on the
+      # container and the Service, the listener and [peer] by environment, the pod's address
+      # from the downward API, and the shared token from a Secret.
+      echo "patches:"
+      echo "  - target: { kind: Deployment, name: pgwake }"
+      echo "    patch: |-"
+      echo "      - op: add"
+      echo "        path: /spec/template/spec/containers/0/ports/-"
+      echo "        value: { name: peer, containerPort: 6433 }"
+      echo "      - op: add"
+      echo "        path: /spec/template/spec/containers/0/env/-"
+      echo "        value: { name: POD_IP, valueFrom: { fieldRef: { fieldPath: status.podIP } } }"
+      for kv in PGWAKE_LISTEN__PEER=0.0.0.0:6433 PGWAKE_PEER__SERVICE=pgwake \
+        'PGWAKE_PEER__ADVERTISE=$(POD_IP):6433' PGWAKE_PEER__TOKEN_FILE=/etc/pgwake/peer/token; do
+        echo "      - op: add"
+        echo "        path: /spec/template/spec/containers/0/env/-"
+        echo "        value: { name: ${kv%%=*}, value: \"${kv#*=}\" }"
+      done
+      echo "      - op: add"
+      echo "        path: /spec/template/spec/containers/0/volumeMounts/-"
+      echo "        value: { name: peer-token, mountPath: /etc/pgwake/peer, readOnly: true }"
+      echo "      - op: add"
+      echo "        path: /spec/template/spec/volumes/-"
+      echo "        value: { name: peer-token, secret: { secretName: pgwake-peer-token } }"
+      echo "  - target: { kind: Service, name: pgwake }"
+      echo "    patch: |-"
+      echo "      - op: add"
+      echo "        path: /spec/ports/-"
+      echo "        value: { name: peer, port: 6433, targetPort: peer }"
     fi
   } >"$overlay/kustomization.yaml"
   # The gateway's own config, with the lab's idle timeout, replaces the ConfigMap's file.
