@@ -5,7 +5,8 @@
 # a PVC per instance; a pool that deletes clusters on release frees one each time.
 #
 # usage: testkit/k8s/node/storage.sh WORKDIR COUNT     (up.sh runs it; the recycler's PID is
-#                                                      WORKDIR/pv-recycler.pid)
+#                                                      WORKDIR/pv-recycler.pid; run it again
+#                                                      with a larger COUNT to offer more)
 #
 # Local volumes rather than hostPath ones: the kubelet applies a pod's fsGroup to a local volume,
 # so Postgres (uid/gid 26) can write to a directory that root created.
@@ -58,6 +59,10 @@ EOF
 } | kc apply -f - >/dev/null
 
 # The recycler: every few seconds, each Released volume is emptied and made Available again.
+# Run again (to offer more volumes), the script keeps the recycler already there.
+if [[ -f $work/pv-recycler.pid ]] && kill -0 "$(<"$work/pv-recycler.pid")" 2>/dev/null; then
+  exit 0
+fi
 setsid bash -c '
   work=$1 netns=$2
   export KUBECONFIG=$work/kubeconfig
