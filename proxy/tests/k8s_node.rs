@@ -426,6 +426,20 @@ fn measure_hibernation_wake() {
     }
     let _lab = LAB.lock().unwrap_or_else(|e| e.into_inner());
     deploy_cnpg_tenant();
+    // For a side-by-side run: the operator's default probes instead of the example's
+    // one-second ones (the next deploy puts the example's back).
+    if std::env::var("PGWAKE_K8S_NODE_DEFAULT_PROBES").as_deref() == Ok("1") {
+        kubectl(&[
+            "-n",
+            "pgwake",
+            "patch",
+            "clusters.postgresql.cnpg.io",
+            "alpha",
+            "--type=json",
+            "-p",
+            r#"[{"op":"remove","path":"/spec/probes"}]"#,
+        ]);
+    }
     let password = secret_password("pgwake", "alpha-app");
     let pods = Watch::start(&["-n", "pgwake", "pods", "-l", "cnpg.io/cluster=alpha"]);
     let clusters = Watch::start(&["-n", "pgwake", "clusters.postgresql.cnpg.io", "alpha"]);
