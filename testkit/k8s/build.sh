@@ -2,6 +2,7 @@
 # Builds kube-apiserver and etcd for the Kubernetes test lab, from the Go module proxy alone.
 #
 # usage: testkit/k8s/build.sh [KUBERNETES_VERSION]        (default 1.37.2)
+#        testkit/k8s/build.sh node [KUBERNETES_VERSION]   (also the node: kubelet, scheduler, ...)
 #        testkit/k8s/build.sh kustomize [KUSTOMIZE_VERSION] (default 5.8.2)
 #        testkit/k8s/build.sh cnpg-crd [CLOUDNATIVEPG_VERSION] (default 1.28.1)
 #
@@ -100,6 +101,13 @@ if [[ ${1:-} == cnpg-crd ]]; then
   exit 0
 fi
 
+# With `node`, the node's own components are built too (kubelet, kube-controller-manager,
+# kube-scheduler, kube-proxy), for the one-node lab in testkit/k8s/node/.
+node=0
+if [[ ${1:-} == node ]]; then
+  node=1
+  shift
+fi
 version=${1:-1.37.2}
 if [[ ! $version =~ ^1\.[0-9]+\.[0-9]+$ ]]; then
   echo "build.sh: version must look like 1.37.2, got '$version'" >&2
@@ -108,14 +116,23 @@ fi
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/pgwake/k8s/$version
 bin=$cache/bin
 
-have_binaries() { [[ -x $bin/kube-apiserver && -x $bin/etcd ]]; }
+commands=(etcd kube-apiserver)
+if ((node)); then
+  commands+=(kube-scheduler kube-controller-manager kubelet kube-proxy)
+fi
+have_binaries() {
+  local cmd
+  for cmd in "${commands[@]}"; do
+    [[ -x $bin/$cmd ]] || return 1
+  done
+}
 
 if have_binaries; then
   echo "$bin"
   exit 0
 fi
 
-find_go "kube-apiserver and etcd into $bin"
+find_go "${commands[*]} into $bin"
 
 mkdir -p "$cache" "$bin"
 # Two test binaries may start the lab at once; one builds while the other waits, then finds the
@@ -131,6 +148,55 @@ started=$(date +%s)
 mod=$cache/gomod
 rm -rf "$mod"
 mkdir -p "$mod/cmd/kube-apiserver" "$mod/cmd/etcd"
+if ((node)); then
+  # Each component's own main package, as in the apiserver's case below: NewXCommand from the
+  # component's app package, run through component-base's cli.
+  for cmd in kube-scheduler kube-controller-manager kube-proxy; do
+    case $cmd in
+      kube-scheduler) ctor=NewSchedulerCommand ;;
+      kube-controller-manager) ctor=NewControllerManagerCommand ;;
+      kube-proxy) ctor=NewProxyCommand ;;
+    esac
+    mkdir -p "$mod/cmd/$cmd"
+    cat >"$mod/cmd/$cmd/main.go" <<GO
+package main
+
+import (
+	"os"
+	_ "time/tzdata"
+
+	"k8s.io/component-base/cli"
+	_ "k8s.io/component-base/logs/json/register"
+	_ "k8s.io/component-base/metrics/prometheus/clientgo"
+	_ "k8s.io/component-base/metrics/prometheus/version"
+	"k8s.io/kubernetes/cmd/$cmd/app"
+)
+
+func main() {
+	os.Exit(cli.Run(app.$ctor()))
+}
+GO
+  done
+  mkdir -p "$mod/cmd/kubelet"
+  cat >"$mod/cmd/kubelet/main.go" <<'GO'
+package main
+
+import (
+	"context"
+	"os"
+
+	"k8s.io/component-base/cli"
+	_ "k8s.io/component-base/logs/json/register"
+	_ "k8s.io/component-base/metrics/prometheus/clientgo"
+	_ "k8s.io/component-base/metrics/prometheus/version"
+	"k8s.io/kubernetes/cmd/kubelet/app"
+)
+
+func main() {
+	os.Exit(cli.Run(app.NewKubeletCommand(context.Background())))
+}
+GO
+fi
 
 # kube-apiserver's own main package, linked against k8s.io/kubernetes used as a library.
 cat >"$mod/cmd/kube-apiserver/main.go" <<'GO'
@@ -194,13 +260,16 @@ minor=$(cut -d. -f2 <<<"$version")
 ldflags="-s -w -X $vpkg.gitVersion=v$version -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=$minor"
 ldflags+=" -X $vpkg.gitTreeState=clean -X $vpkg.buildDate=1970-01-01T00:00:00Z"
 
-for cmd in etcd kube-apiserver; do
+for cmd in "${commands[@]}"; do
+  # A binary already built (say kube-apiserver, before the node was asked for) is kept.
+  [[ -x $bin/$cmd ]] && continue
   t0=$(date +%s)
   # Build under a temporary name and rename, so an interrupted build never looks finished.
   run_go build -trimpath -ldflags "$ldflags" -o "$bin/.$cmd.partial" "./cmd/$cmd"
   mv -f "$bin/.$cmd.partial" "$bin/$cmd"
   echo "build.sh: $cmd built in $(($(date +%s) - t0)) s" >&2
 done
-echo "kubernetes v$version built in $(($(date +%s) - started)) s on $(nproc) cores" >"$cache/build-time.txt"
-cat "$cache/build-time.txt" >&2
+echo "kubernetes v$version (${commands[*]}) built in $(($(date +%s) - started)) s on $(nproc) cores" \
+  >>"$cache/build-time.txt"
+tail -n 1 "$cache/build-time.txt" >&2
 echo "$bin"

@@ -20,6 +20,11 @@
 #   PGWAKE_K8S_WATCHDOG      a PID; when it exits, a detached watchdog runs down.sh WORKDIR, so a
 #                            test process that dies without cleaning up leaves no servers behind
 #   PGWAKE_K8S_WATCHDOG_RMDIR=1  the watchdog also deletes WORKDIR afterwards
+#   PGWAKE_K8S_NODE_IP       for the one-node lab (testkit/k8s/node/up.sh, which runs this script
+#                            inside the lab's own network namespace): kube-apiserver listens on
+#                            every address of that namespace, publishes this one as the endpoint
+#                            of the `kubernetes` Service so pods reach it, and keeps the
+#                            ServiceAccount admission plugin (a controller manager runs there)
 #   PGWAKE_K8S_APISERVER_ONLY=1  (re)start only kube-apiserver in an existing WORKDIR whose etcd
 #                            still runs: tests stop and restart the API server to see how the
 #                            gateway rides out an outage
@@ -69,7 +74,7 @@ if [[ ! -f $pki/ca.crt ]]; then
 basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature
 extendedKeyUsage=serverAuth
-subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local
+subjectAltName=IP:127.0.0.1,IP:10.0.0.1${PGWAKE_K8S_NODE_IP:+,IP:$PGWAKE_K8S_NODE_IP},DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local
 EXT
   openssl x509 -req -in "$pki/apiserver.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" \
     -CAcreateserial -days 3650 -sha256 -extfile "$pki/apiserver.ext" \
@@ -168,12 +173,23 @@ args=(
   --service-account-signing-key-file="$pki/sa.key"
   --service-account-key-file="$pki/sa.pub"
   --api-audiences="$issuer"
-  # Without a controller manager nobody creates the `default` ServiceAccount, so this admission
-  # plugin would reject every Pod; tests that create Pods as plain objects need it off.
-  --disable-admission-plugins=ServiceAccount
   --profiling=false
   --v=1
 )
+if [[ -n ${PGWAKE_K8S_NODE_IP:-} ]]; then
+  # Later flags win: the whole namespace is the lab's, and its pods need the API at the node IP.
+  args+=(
+    --bind-address=0.0.0.0
+    --advertise-address="$PGWAKE_K8S_NODE_IP"
+    --endpoint-reconciler-type=lease
+    # The node has no name in any DNS; the apiserver reaches its kubelet by address.
+    --kubelet-preferred-address-types=InternalIP
+  )
+else
+  # Without a controller manager nobody creates the `default` ServiceAccount, so this admission
+  # plugin would reject every Pod; tests that create Pods as plain objects need it off.
+  args+=(--disable-admission-plugins=ServiceAccount)
+fi
 "$bin/kube-apiserver" "${args[@]}" </dev/null >"$work/logs/apiserver.log" 2>&1 &
 api_pid=$!
 echo "$api_pid" >"$work/apiserver.pid"

@@ -243,6 +243,28 @@ fn endpoint_of(obj: &DynamicObject, namespace: &str) -> Result<Endpoint, Backend
     }
 }
 
+/// The order a tenant tries warm clusters in: those the operator reports running first, then
+/// those still starting. The replenisher labels a cluster warm when it creates it, and a real
+/// operator needs tens of seconds to start it, so a claim that took any warm cluster could wait
+/// that long while a running one stood by. Within each group tenants start at different
+/// clusters (by a hash of the tenant), so concurrent claims rarely collide.
+fn claim_order(objects: Vec<DynamicObject>, tenant: &TenantId) -> Vec<String> {
+    let (running, starting): (Vec<_>, Vec<_>) = objects.into_iter().partition(cluster_awake);
+    let mut h = std::hash::DefaultHasher::new();
+    tenant.as_str().hash(&mut h);
+    let start = h.finish();
+    let mut order = Vec::new();
+    for group in [running, starting] {
+        let mut names = live_names(group);
+        if !names.is_empty() {
+            let len = names.len() as u64;
+            names.rotate_left((start % len) as usize);
+        }
+        order.extend(names);
+    }
+    order
+}
+
 /// Names of live (not being deleted) clusters in a list, sorted.
 fn live_names(objects: Vec<DynamicObject>) -> Vec<String> {
     let mut names: Vec<String> = objects
@@ -337,7 +359,7 @@ impl PoolBackend {
             .list(&ListParams::default().labels(&label_selector(&class.name, STATE_LABEL, WARM)))
             .await
             .map_err(api_error)?;
-        let mut warm = live_names(list.items);
+        let warm = claim_order(list.items, tenant);
         if warm.is_empty() {
             self.wake_replenisher(class);
             return Err(BackendError::StartFailed(format!(
@@ -345,11 +367,6 @@ impl PoolBackend {
                 class.name
             )));
         }
-        // Tenants start at different clusters, so concurrent claims rarely collide.
-        let mut h = std::hash::DefaultHasher::new();
-        tenant.as_str().hash(&mut h);
-        let len = warm.len();
-        warm.rotate_left((h.finish() % len as u64) as usize);
         let patch = json_patch(json!([
             { "op": "test", "path": STATE_PATH, "value": WARM },
             { "op": "replace", "path": STATE_PATH, "value": CLAIMED },
@@ -915,6 +932,41 @@ impl ComputeBackend for PoolBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn warm_cluster(name: &str, ready: i64) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "postgresql.cnpg.io/v1",
+            "kind": "Cluster",
+            "metadata": { "name": name },
+            "status": { "readyInstances": ready }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn running_warm_clusters_are_claimed_before_starting_ones() {
+        let items = || {
+            vec![
+                warm_cluster("small-a", 0),
+                warm_cluster("small-b", 1),
+                warm_cluster("small-c", 0),
+                warm_cluster("small-d", 1),
+            ]
+        };
+        for tenant in ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"] {
+            let order = claim_order(items(), &TenantId::parse(tenant).unwrap());
+            assert_eq!(order.len(), 4, "{order:?}");
+            let (running, starting) = order.split_at(2);
+            assert!(
+                running.iter().all(|n| n == "small-b" || n == "small-d"),
+                "{order:?}"
+            );
+            assert!(
+                starting.iter().all(|n| n == "small-a" || n == "small-c"),
+                "{order:?}"
+            );
+        }
+    }
 
     #[test]
     fn templates_are_checked_and_stripped() {
