@@ -575,3 +575,54 @@ fn render_group(out: &mut String, title: &str, group: usize, rows: &[Row]) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(group: usize, name: &'static str, cpu: f64) -> Row {
+        Row {
+            group,
+            name,
+            tps: vec![100.0],
+            cpu_us: vec![cpu],
+            client_us: vec![4000.0],
+        }
+    }
+
+    #[test]
+    fn issue_29_goals_compare_cpu_per_login_with_floor_bouncer_and_peers() {
+        let rows = [
+            row(0, "PgBouncer (session mode)", 4353.0),
+            row(0, "pgcat (session mode, MD5 client logins)", 492.0),
+            row(0, LOGIN_FLOOR, 434.0),
+            row(0, REUSE_ON, 754.0),
+        ];
+        let refs: Vec<&Row> = rows.iter().collect();
+        let mut out = String::new();
+        cpu_goals(&mut out, 0, &refs);
+        assert!(
+            out.contains("754 against 434 µs, **1.74×, not met**"),
+            "{out}"
+        );
+        assert!(out.contains("1326 against 230, **5.77×, met**"), "{out}");
+        assert!(
+            out.contains("754 against 492 µs, **1.53×, not met**"),
+            "{out}"
+        );
+        assert!(out.contains("against PgDog: not measured"), "{out}");
+        // The plaintext group has no floor and no PgBouncer ratio goal, only the peers.
+        let plain = [
+            row(1, PASSTHROUGH_REUSE, 100.0),
+            row(1, "PgDog (session mode)", 120.0),
+        ];
+        let refs: Vec<&Row> = plain.iter().collect();
+        let mut out = String::new();
+        cpu_goals(&mut out, 1, &refs);
+        assert!(
+            !out.contains("floor") && !out.contains("PgBouncer"),
+            "{out}"
+        );
+        assert!(out.contains("100 against 120 µs, **0.83×, met**"), "{out}");
+    }
+}

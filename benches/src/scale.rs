@@ -935,6 +935,40 @@ mod tests {
     use crate::process::Stopped;
 
     #[test]
+    fn clients_spread_over_loopback_source_addresses() {
+        assert_eq!(source_address(0), Ipv4Addr::new(127, 1, 0, 1));
+        assert_eq!(source_address(63), Ipv4Addr::new(127, 1, 0, 64));
+        assert_eq!(source_address(64), Ipv4Addr::new(127, 1, 0, 1));
+        // A hundred thousand clients leave each address far below its ephemeral ports.
+        let per_address = 100_000usize.div_ceil(SOURCE_ADDRESSES as usize);
+        assert!(per_address < 28_000, "{per_address}");
+        assert_eq!(goal_rss_mb(10_000), 200.0);
+        assert_eq!(goal_rss_mb(100_000), 600.0);
+    }
+
+    #[test]
+    fn raw_clients_send_tokio_postgres_startup_parameters() {
+        let login = Login {
+            port: 1,
+            user: "pgwake".into(),
+            password: "pw".into(),
+            dbname: "t01.postgres".into(),
+        };
+        let msg = startup_message(&login);
+        assert_eq!(
+            u32::from_be_bytes(msg[..4].try_into().unwrap()) as usize,
+            msg.len()
+        );
+        assert_eq!(&msg[4..8], &196_608u32.to_be_bytes());
+        let body = String::from_utf8_lossy(&msg[8..]).into_owned();
+        assert_eq!(
+            body,
+            "client_encoding\0UTF8\0user\0pgwake\0database\0t01.postgres\0\
+             application_name\0pgwake-bench-scale\0\0"
+        );
+    }
+
+    #[test]
     fn hwm_is_read_from_status() {
         let status = "Name:\tpgwake\nVmHWM:\t   81234 kB\nVmRSS:\t   70000 kB\n";
         assert_eq!(parse_status_kib(status, "VmHWM:"), Some(81234));
