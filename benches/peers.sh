@@ -23,6 +23,12 @@
 # toolchain and default linker; its `tokio_unstable` flag and release profile (fat LTO, one
 # codegen unit) are kept, so the binary is built as PgDog ships it.
 #
+# PgDog at the pinned commit does not build with these stand-ins (checked 2026-11-27): it calls
+# `pg_raw_parse::postgres_version` and `MemoryToken::parse`, which pg_raw_parse 0.1.0 lacks, and
+# `scram::PasswordInfo::from_stored_keys`, which scram's master lacks; the pinned commits of both
+# (scram 053e108, pg_raw_parse 6870860 with its libpg_query) were not available. The script then
+# fails with cargo's errors and the harness skips PgDog, saying its binary is missing.
+#
 # Heavy: a cold build of both takes tens of minutes on two cores; it runs under `nice -n 10`.
 # Needs git, a C compiler and libclang (bindgen): `apt-get install -y libclang-dev`.
 set -euo pipefail
@@ -70,7 +76,7 @@ export_tree() {
   local repo="$1" commit="$2" dir gd
   dir="$peers_dir/src/${repo#*/}-${commit:0:12}"
   if [ ! -f "$dir/.exported" ]; then
-    gd="$(git_dir "$repo")"
+    gd="$(git_dir "$repo")" || return 1
     rm -rf "$dir"
     mkdir -p "$dir"
     if ! git --git-dir="$gd" cat-file -e "$commit^{commit}" 2>/dev/null &&
@@ -98,11 +104,14 @@ build_pgcat() {
     return 0
   fi
   local src
-  src="$(export_tree postgresml/pgcat "$pgcat_commit")"
+  src="$(export_tree postgresml/pgcat "$pgcat_commit")" || return 1
   log "building pgcat in $src"
-  (cd "$src" && CARGO_TARGET_DIR="$peers_dir/target/pgcat" nice -n 10 \
-    cargo build --release --locked --bin pgcat)
-  cp "$peers_dir/target/pgcat/release/pgcat" "$peers_dir/bin/pgcat.new"
+  # Checked explicitly: `set -e` does not apply inside a function called as `f || …`.
+  if ! (cd "$src" && CARGO_TARGET_DIR="$peers_dir/target/pgcat" nice -n 10 \
+    cargo build --release --locked --bin pgcat); then
+    return 1
+  fi
+  cp "$peers_dir/target/pgcat/release/pgcat" "$peers_dir/bin/pgcat.new" || return 1
   mv "$peers_dir/bin/pgcat.new" "$peers_dir/bin/pgcat"
   echo "$pin" >"$peers_dir/bin/pgcat.pin"
   log "pgcat: $peers_dir/bin/pgcat"
@@ -120,8 +129,8 @@ build_pgdog() {
     return 1
   fi
   local src scram
-  src="$(export_tree pgdogdev/pgdog "$pgdog_commit")"
-  scram="$(export_tree pgdogdev/scram "$scram_commit")"
+  src="$(export_tree pgdogdev/pgdog "$pgdog_commit")" || return 1
+  scram="$(export_tree pgdogdev/scram "$scram_commit")" || return 1
   # Our cargo config replaces theirs (which names clang and mold as the linker).
   rm -f "$src/rust-toolchain.toml"
   mkdir -p "$src/.cargo"
@@ -138,10 +147,12 @@ scram = { path = "$scram" }
 pg_raw_parse = { version = "=$pg_raw_parse_version" }
 EOF
   log "building pgdog in $src"
-  (cd "$src" && RUSTUP_TOOLCHAIN="${PGWAKE_PEERS_TOOLCHAIN:-stable}" \
+  if ! (cd "$src" && RUSTUP_TOOLCHAIN="${PGWAKE_PEERS_TOOLCHAIN:-stable}" \
     CARGO_TARGET_DIR="$peers_dir/target/pgdog" nice -n 10 \
-    cargo build --release -p pgdog --bin pgdog)
-  cp "$peers_dir/target/pgdog/release/pgdog" "$peers_dir/bin/pgdog.new"
+    cargo build --release -p pgdog --bin pgdog); then
+    return 1
+  fi
+  cp "$peers_dir/target/pgdog/release/pgdog" "$peers_dir/bin/pgdog.new" || return 1
   mv "$peers_dir/bin/pgdog.new" "$peers_dir/bin/pgdog"
   echo "$pin" >"$peers_dir/bin/pgdog.pin"
   log "pgdog: $peers_dir/bin/pgdog"
