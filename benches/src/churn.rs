@@ -6,6 +6,11 @@
 //! - plaintext, trust: Postgres trusts loopback; pgwake's tenant is passthrough (no gateway
 //!   credentials), with `reuse_passthrough` and without.
 //!
+//! The peers pgcat and PgDog (session mode) join both groups when their binaries are there, and
+//! the TLS + SCRAM group has the floor of a login too: the bare acceptor of
+//! `examples/login_floor.rs` (TLS handshake and SCRAM against the same verifier, then constant
+//! answers, no backend).
+//!
 //! Each proxy row carries the proxy's CPU time per connection, read from /proc around each run,
 //! and every row pgbench's own CPU time per connection (its rusage), which bounds what any target
 //! can reach on these shared CPUs: the TLS handshake and SCRAM's key derivation are the client's
@@ -18,7 +23,9 @@ use std::time::Duration;
 
 use anyhow::{Result, anyhow, bail};
 
-use crate::process::{ProcSample, clock_ticks_per_second, load_average};
+use crate::peers::floor_binary;
+use crate::pgbench::Endpoint;
+use crate::process::{Guarded, ProcSample, clock_ticks_per_second, load_average};
 use crate::report::{Facts, median};
 use crate::targets::{Auth, Environment, Target, TargetKind, Variant};
 
@@ -30,6 +37,12 @@ const REUSE_ON: &str = "pgwake, reuse on";
 const PASSTHROUGH_REUSE: &str = "pgwake passthrough, reuse_passthrough";
 /// The groups, in table order: title and the pgbench `sslmode` of every row in it.
 const GROUPS: [(&str, &str); 2] = [("TLS + SCRAM", "require"), ("plaintext, trust", "disable")];
+/// The login floor's row.
+const LOGIN_FLOOR: &str = "bare TLS + SCRAM acceptor (floor)";
+/// Issue 29: pgwake's CPU per TLS + SCRAM login (reuse on) at most this × the floor's.
+const LOGIN_FLOOR_MAX: f64 = 1.3;
+/// Issue 29: pgwake's logins per CPU-second at least this × PgBouncer's.
+const LOGINS_PER_CPU_MIN: f64 = 2.0;
 
 /// How much to run.
 #[derive(Clone, Copy, Debug)]
@@ -79,6 +92,8 @@ pub struct ChurnResults {
     pub load: (String, String),
     /// Versions for the facts table.
     pub software: Vec<(&'static str, String)>,
+    /// Targets left out (a peer or floor binary missing, or one that did not start), with why.
+    pub skipped: Vec<String>,
 }
 
 /// A target to measure: its group, label, endpoint and, for a reuse gateway, its admin port.
@@ -89,15 +104,19 @@ struct Planned {
     admin: Option<u16>,
 }
 
-/// The environment's direct and PgBouncer targets, as rows of `group`; an error when PgBouncer
-/// did not start.
+/// The environment's direct, PgBouncer and peer targets, as rows of `group`; an error when
+/// PgBouncer did not start.
 fn direct_and_bouncer(env: &Environment, group: usize) -> Result<Vec<Planned>> {
     let mut out = Vec::new();
     for t in &env.targets {
-        let name = match t.kind {
-            TargetKind::Direct => "direct Postgres",
-            TargetKind::PgBouncer => "PgBouncer (session mode)",
-            TargetKind::Pgwake => continue,
+        let name = match (t.kind, group) {
+            (TargetKind::Direct, _) => "direct Postgres",
+            (TargetKind::PgBouncer, _) => "PgBouncer (session mode)",
+            // pgcat has no SCRAM for clients: in the SCRAM group they log in with MD5.
+            (TargetKind::Pgcat, 0) => "pgcat (session mode, MD5 client logins)",
+            (TargetKind::Pgcat, _) => "pgcat (session mode)",
+            (TargetKind::PgDog, _) => "PgDog (session mode)",
+            _ => continue,
         };
         out.push(Planned {
             group,
@@ -127,16 +146,43 @@ fn gateway(group: usize, name: &'static str, v: Variant, counted: bool) -> Plann
     }
 }
 
-/// Starts both environments (SCRAM and trust Postgres, each with its PgBouncer) and the four
-/// pgwake instances.
-fn start(binary: &Path, scale: u32) -> Result<(Vec<Environment>, Vec<Planned>)> {
+/// Everything `start` started: both environments, the login floor (when its binary is there),
+/// and the plan. Field order is drop order: the floor stops before the environments.
+struct Started {
+    floor: Option<Guarded>,
+    envs: Vec<Environment>,
+    plan: Vec<Planned>,
+    skipped: Vec<String>,
+}
+
+/// Starts both environments (SCRAM and trust Postgres, each with its PgBouncer and peers), the
+/// four pgwake instances and the login floor.
+fn start(binary: &Path, scale: u32) -> Result<Started> {
     let mut scram = Environment::start(scale, Auth::Scram, Err("started by churn"))?;
+    scram.start_peers(Auth::Scram)?;
     let mut plan = direct_and_bouncer(&scram, 0)?;
+    let mut skipped = Vec::new();
+    let floor = match start_login_floor(&scram) {
+        Ok((guard, target)) => {
+            plan.push(Planned {
+                group: 0,
+                name: LOGIN_FLOOR,
+                target,
+                admin: None,
+            });
+            Some(guard)
+        }
+        Err(e) => {
+            skipped.push(format!("{LOGIN_FLOOR}: {e:#}"));
+            None
+        }
+    };
     let on = scram.start_pgwake_variant(binary, "pgwake-reuse", "")?;
     let off = scram.start_pgwake_variant(binary, "pgwake-noreuse", "[reuse]\nenabled = false\n")?;
     plan.push(gateway(0, REUSE_ON, on, true));
     plan.push(gateway(0, "pgwake, reuse off", off, false));
     let mut trust = Environment::start(scale, Auth::Trust, Err("started by churn"))?;
+    trust.start_peers(Auth::Trust)?;
     plan.extend(direct_and_bouncer(&trust, 1)?);
     // No credentials in a trust environment: the tenant is passthrough.
     let shared = trust.start_pgwake_variant(
@@ -147,13 +193,69 @@ fn start(binary: &Path, scale: u32) -> Result<(Vec<Environment>, Vec<Planned>)> 
     let alone = trust.start_pgwake_variant(binary, "pgwake-passthrough", "")?;
     plan.push(gateway(1, PASSTHROUGH_REUSE, shared, true));
     plan.push(gateway(1, "pgwake passthrough, no reuse", alone, false));
-    Ok((vec![scram, trust], plan))
+    for (group, env) in [&scram, &trust].into_iter().enumerate() {
+        for (kind, why) in &env.skipped {
+            if matches!(kind, TargetKind::Pgcat | TargetKind::PgDog) {
+                skipped.push(format!("{kind} ({}): {why}", GROUPS[group].0));
+            }
+        }
+    }
+    Ok(Started {
+        floor,
+        envs: vec![scram, trust],
+        plan,
+        skipped,
+    })
+}
+
+/// Starts the bare TLS + SCRAM acceptor with the SCRAM environment's certificate and the
+/// backend's verifier (the file pgwake's gateway authentication reads).
+fn start_login_floor(env: &Environment) -> Result<(Guarded, Target)> {
+    let program = floor_binary("login_floor").map_err(|e| anyhow!("{e}"))?;
+    let users = env.dir().join("pgwake-users.txt");
+    let (cert, key) = env.tls_files();
+    let port = pgwake_testkit::free_port();
+    let log = env.dir().join("login-floor.log");
+    crate::progress(format_args!("starting the login floor ..."));
+    let log_file = std::fs::File::create(&log)?;
+    let child = std::process::Command::new(&program)
+        .arg(port.to_string())
+        .arg(cert)
+        .arg(key)
+        .arg(&users)
+        .stdin(std::process::Stdio::null())
+        .stdout(log_file.try_clone()?)
+        .stderr(log_file)
+        .spawn()?;
+    let mut guard = Guarded::new("login_floor", child, log);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Some(status) = guard.exited() {
+            bail!("exited with {status}: {}", guard.log_tail(5));
+        }
+        if std::time::Instant::now() > deadline {
+            bail!("not listening within 10 s");
+        }
+        sleep(Duration::from_millis(50));
+    }
+    let direct = env.direct()?;
+    let target = Target {
+        kind: TargetKind::LoginFloor,
+        endpoint: Endpoint { port, ..direct },
+        proxy_pid: Some(guard.pid()),
+    };
+    Ok((guard, target))
 }
 
 /// Starts the targets and runs the interleaved repetitions.
 pub fn run(binary: &Path, opts: ChurnOptions) -> Result<ChurnResults> {
     let load_before = load_average();
-    let (envs, plan) = start(binary, opts.scale)?;
+    let Started {
+        floor,
+        envs,
+        plan,
+        skipped,
+    } = start(binary, opts.scale)?;
     let pgbench = envs[0].pgbench.clone();
     let args: Vec<String> = ["-n", "-C", "-S", "-c", "16", "-j", "2", "-T"]
         .iter()
@@ -205,6 +307,7 @@ pub fn run(binary: &Path, opts: ChurnOptions) -> Result<ChurnResults> {
         .map(|(name, admin)| counters(name, admin))
         .collect::<Result<Vec<_>>>()?;
     let software = software(&envs[0]);
+    drop(floor);
     drop(envs);
     if let Some(c) = reuse.iter().find(|c| c.counts[0] == 0.0) {
         return Err(anyhow!("{} never reused a connection", c.name));
@@ -215,6 +318,7 @@ pub fn run(binary: &Path, opts: ChurnOptions) -> Result<ChurnResults> {
         command: format!("pgbench {}", args.join(" ")),
         load: (load_before, load_average()),
         software,
+        skipped,
     })
 }
 
@@ -283,7 +387,7 @@ fn counters(name: &'static str, admin: u16) -> Result<Counters> {
 
 /// Versions of the measured programs.
 fn software(env: &Environment) -> Vec<(&'static str, String)> {
-    vec![
+    let mut out = vec![
         ("PostgreSQL", env.postgres_version.clone()),
         (
             "pgbench",
@@ -295,7 +399,17 @@ fn software(env: &Environment) -> Vec<(&'static str, String)> {
                 .clone()
                 .unwrap_or_else(|| "unknown".into()),
         ),
-    ]
+    ];
+    for (peer, version) in &env.peer_versions {
+        out.push((
+            match peer {
+                crate::peers::Peer::Pgcat => "pgcat",
+                crate::peers::Peer::PgDog => "PgDog",
+            },
+            version.clone(),
+        ));
+    }
+    out
 }
 
 /// The Markdown section for RESULTS.md.
@@ -344,7 +458,70 @@ pub fn render(command: &str, opts: ChurnOptions, outcome: &Result<ChurnResults, 
     for (group, (title, _)) in GROUPS.iter().enumerate() {
         render_group(&mut out, title, group, &r.rows);
     }
+    if !r.skipped.is_empty() {
+        let _ = writeln!(out, "\nTargets skipped:\n");
+        for why in &r.skipped {
+            let _ = writeln!(
+                out,
+                "- {}",
+                why.split_whitespace().collect::<Vec<_>>().join(" ")
+            );
+        }
+    }
     out
+}
+
+/// Issue 29's CPU goals of one group, from the medians of proxy CPU per connection: the gateway
+/// row against the login floor (at most 1.3×, TLS + SCRAM only), against PgBouncer in logins
+/// per CPU-second (at least 2×, TLS + SCRAM only) and against each peer (at most 1×).
+fn cpu_goals(out: &mut String, group: usize, rows: &[&Row]) {
+    let (ours_name, _) = GOALS[group];
+    let cpu = |prefix: &str| {
+        rows.iter()
+            .find(|row| row.name.starts_with(prefix))
+            .and_then(|row| median(&row.cpu_us))
+    };
+    let Some(ours) = cpu(ours_name) else {
+        return;
+    };
+    let verdict = |ok: bool| if ok { "met" } else { "not met" };
+    let mut lines = Vec::new();
+    if group == 0 {
+        match cpu(LOGIN_FLOOR) {
+            Some(floor) => lines.push(format!(
+                "{ours_name} CPU per login ≤ {LOGIN_FLOOR_MAX}× the bare acceptor's: {ours:.0} \
+                 against {floor:.0} µs, **{:.2}×, {}**",
+                ours / floor,
+                verdict(ours / floor <= LOGIN_FLOOR_MAX)
+            )),
+            None => lines.push(format!("{ours_name} against the login floor: not measured")),
+        }
+        if let Some(bouncer) = cpu("PgBouncer") {
+            let ratio = bouncer / ours;
+            lines.push(format!(
+                "{ours_name} logins per CPU-second ≥ {LOGINS_PER_CPU_MIN}× PgBouncer's: \
+                 {:.0} against {:.0}, **{ratio:.2}×, {}**",
+                1e6 / ours,
+                1e6 / bouncer,
+                verdict(ratio >= LOGINS_PER_CPU_MIN)
+            ));
+        }
+    }
+    for peer in ["pgcat", "PgDog"] {
+        match cpu(peer) {
+            Some(theirs) => lines.push(format!(
+                "{ours_name} CPU per connection ≤ {peer}'s: {ours:.0} against {theirs:.0} µs, \
+                 **{:.2}×, {}**",
+                ours / theirs,
+                verdict(ours <= theirs)
+            )),
+            None => lines.push(format!("{ours_name} against {peer}: not measured")),
+        }
+    }
+    let _ = writeln!(out, "\nIssue 29's goals, from the medians above:\n");
+    for line in lines {
+        let _ = writeln!(out, "- {line}.");
+    }
 }
 
 /// One group's table and its goal line.
@@ -374,6 +551,7 @@ fn render_group(out: &mut String, title: &str, group: usize, rows: &[Row]) {
             row.name
         );
     }
+    cpu_goals(out, group, &rows);
     let (goal_row, goal) = GOALS[group];
     let ours = rows.iter().find(|row| row.name == goal_row);
     let ours_tps = ours.and_then(|row| median(&row.tps));
@@ -395,5 +573,56 @@ fn render_group(out: &mut String, title: &str, group: usize, rows: &[Row]) {
                 ceiling / b
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(group: usize, name: &'static str, cpu: f64) -> Row {
+        Row {
+            group,
+            name,
+            tps: vec![100.0],
+            cpu_us: vec![cpu],
+            client_us: vec![4000.0],
+        }
+    }
+
+    #[test]
+    fn issue_29_goals_compare_cpu_per_login_with_floor_bouncer_and_peers() {
+        let rows = [
+            row(0, "PgBouncer (session mode)", 4353.0),
+            row(0, "pgcat (session mode, MD5 client logins)", 492.0),
+            row(0, LOGIN_FLOOR, 434.0),
+            row(0, REUSE_ON, 754.0),
+        ];
+        let refs: Vec<&Row> = rows.iter().collect();
+        let mut out = String::new();
+        cpu_goals(&mut out, 0, &refs);
+        assert!(
+            out.contains("754 against 434 µs, **1.74×, not met**"),
+            "{out}"
+        );
+        assert!(out.contains("1326 against 230, **5.77×, met**"), "{out}");
+        assert!(
+            out.contains("754 against 492 µs, **1.53×, not met**"),
+            "{out}"
+        );
+        assert!(out.contains("against PgDog: not measured"), "{out}");
+        // The plaintext group has no floor and no PgBouncer ratio goal, only the peers.
+        let plain = [
+            row(1, PASSTHROUGH_REUSE, 100.0),
+            row(1, "PgDog (session mode)", 120.0),
+        ];
+        let refs: Vec<&Row> = plain.iter().collect();
+        let mut out = String::new();
+        cpu_goals(&mut out, 1, &refs);
+        assert!(
+            !out.contains("floor") && !out.contains("PgBouncer"),
+            "{out}"
+        );
+        assert!(out.contains("100 against 120 µs, **0.83×, met**"), "{out}");
     }
 }

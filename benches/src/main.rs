@@ -18,6 +18,7 @@ mod gateway;
 mod http;
 mod kube_wake;
 mod multiplex;
+mod peers;
 mod pgbench;
 mod process;
 mod queued;
@@ -44,7 +45,7 @@ use crate::queued::QueuedOptions;
 use crate::report::{
     CHURN_SECTION, FIDELITY_SECTION, Facts, HTTP_SECTION, KUBE_SECTION, MULTIPLEX_SECTION,
     Measurement, PGBENCH_SECTION, QUEUED_SECTION, REVIVE_SECTION, ReportInput, Results,
-    SCALE_SECTION, Section, WAKE_SECTION,
+    SCALE_100K_SECTION, SCALE_SECTION, Section, WAKE_SECTION,
 };
 use crate::revive::ReviveOptions;
 use crate::scenarios::{Durations, Metric, Scenario};
@@ -379,6 +380,12 @@ fn report(args: &ReportArgs) -> Result<()> {
     let load_start = load_average();
     let date_start = command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"]);
     let binary = locate(&args.common).map_err(|e| anyhow!("{e}"))?;
+    // The sections run with `--no-build`: build the floors' examples once, here.
+    if !args.common.no_build
+        && let Err(e) = peers::build_floors()
+    {
+        progress(format_args!("{e:#}"));
+    }
     let binary_text = binary.to_string_lossy().into_owned();
     let mut runs = Vec::new();
     for runner in whole::RUNNERS {
@@ -679,12 +686,16 @@ fn run_command(cmd: Cmd, command: &str) -> Result<(Common, Vec<(Section, String)
             if let Err(e) = &outcome {
                 progress(format_args!("scale failed: {e}"));
             }
+            // From a hundred thousand connections on it is issue 29's scenario, with its own
+            // section, so the whole run can hold both.
+            let section = if opts.connections >= 100_000 {
+                SCALE_100K_SECTION
+            } else {
+                SCALE_SECTION
+            };
             (
                 args.common,
-                vec![(
-                    SCALE_SECTION,
-                    scale::render(&local_facts(command), &outcome),
-                )],
+                vec![(section, scale::render(&local_facts(command), &outcome))],
             )
         }
         Cmd::Kube(args) => {
@@ -790,7 +801,14 @@ fn run_pgbench(
     let reps = args.reps.unwrap_or(if quick { 1 } else { 3 });
     let load_before = load_average();
 
+    if !common.no_build
+        && let Err(e) = peers::build_floors()
+    {
+        progress(format_args!("{e:#}"));
+    }
     let mut env = Environment::start(args.scale, args.auth, pgwake)?;
+    env.start_peers(args.auth)?;
+    env.start_bare_relay()?;
     for (kind, why) in &env.skipped {
         progress(format_args!("{kind}: skipped: {why}"));
     }
@@ -868,6 +886,15 @@ fn run_pgbench(
             ),
         ],
     );
+    for (peer, version) in &env.peer_versions {
+        facts.rows.push((
+            match peer {
+                peers::Peer::Pgcat => "pgcat",
+                peers::Peer::PgDog => "PgDog",
+            },
+            version.clone(),
+        ));
+    }
     facts.rows.push((
         "scheduling",
         format!(

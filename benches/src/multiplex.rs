@@ -1,7 +1,8 @@
 //! Many sessions, few backends: N sessions with their own settings and prepared statements,
 //! querying at random times, through pgwake (sessions park on their own, a cap of C backend
-//! connections), PgBouncer in transaction mode and PgBouncer in session mode (pools of C), and
-//! Postgres direct as the reference. Per target: queries answered per second, p50/p99 latency,
+//! connections), PgBouncer in transaction mode and PgBouncer in session mode, pgcat and PgDog in
+//! transaction mode (pools of C, each peer skipped when its binary is missing), and Postgres
+//! direct as the reference. Per target: queries answered per second, p50/p99 latency,
 //! the peak of backend connections in `pg_stat_activity`, and which semantic checks failed.
 //!
 //! Every session sets `application_name` and a custom setting (`app.n`) to its own values,
@@ -22,6 +23,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage, Statement};
 
+use crate::peers::{PGCAT_PREPARED_CACHE, Peer, PeerPool};
 use crate::pgbench::Endpoint;
 use crate::process::load_average;
 use crate::report::{Facts, percentile};
@@ -125,6 +127,8 @@ pub struct MultiplexResults {
     pub software: Vec<(&'static str, String)>,
     /// Whether PgBouncer's transaction mode ran with `max_prepared_statements`.
     pub prepared_supported: bool,
+    /// Targets left out (a peer binary missing or not starting), with why.
+    pub skipped: Vec<String>,
 }
 
 /// Starts Postgres and the targets one after another and runs the workload against each.
@@ -193,6 +197,46 @@ pub fn run(binary: &Path, opts: MultiplexOptions) -> Result<MultiplexResults> {
         env.stop_variant(target.proxy_pid.unwrap_or_default());
         rt.block_on(wait_no_backends(&direct.endpoint))?;
     }
+    let mut skipped = Vec::new();
+    for peer in Peer::ALL {
+        if let Err(why) = peer.binary() {
+            crate::progress(format_args!("multiplex: {peer} skipped: {why}"));
+            skipped.push(format!("{peer}: {why}"));
+            continue;
+        }
+        let pool = PeerPool {
+            mode: "transaction",
+            size: opts.cap,
+            prepared: true,
+        };
+        let name = match peer {
+            Peer::Pgcat => format!(
+                "pgcat transaction mode (pool_size {}, prepared_statements_cache_size \
+                 {PGCAT_PREPARED_CACHE}, MD5 client logins)",
+                opts.cap
+            ),
+            Peer::PgDog => format!(
+                "PgDog transaction mode (pool_size {}, prepared_statements default)",
+                opts.cap
+            ),
+        };
+        let target = match env.start_peer_variant(
+            peer,
+            &format!("{}-transaction", peer.to_string().to_lowercase()),
+            pool,
+            Auth::Scram,
+        ) {
+            Ok(t) => t,
+            Err(e) => {
+                crate::progress(format_args!("multiplex: {peer} did not start: {e:#}"));
+                skipped.push(format!("{peer}: did not start: {e:#}"));
+                continue;
+            }
+        };
+        rows.push(rt.block_on(measure(&name, &target, &direct.endpoint, opts))?);
+        env.stop_variant(target.proxy_pid.unwrap_or_default());
+        rt.block_on(wait_no_backends(&direct.endpoint))?;
+    }
     rows.push(rt.block_on(measure(
         "Postgres direct (no cap; reference)",
         &direct,
@@ -200,7 +244,7 @@ pub fn run(binary: &Path, opts: MultiplexOptions) -> Result<MultiplexResults> {
         opts,
     ))?);
 
-    let software = vec![
+    let mut software = vec![
         ("PostgreSQL", env.postgres_version.clone()),
         (
             "PgBouncer",
@@ -209,12 +253,22 @@ pub fn run(binary: &Path, opts: MultiplexOptions) -> Result<MultiplexResults> {
                 .unwrap_or_else(|| "unknown".into()),
         ),
     ];
+    for (peer, version) in &env.peer_versions {
+        software.push((
+            match peer {
+                Peer::Pgcat => "pgcat",
+                Peer::PgDog => "PgDog",
+            },
+            version.clone(),
+        ));
+    }
     drop(env);
     Ok(MultiplexResults {
         rows,
         load: (load_before, load_average()),
         software,
         prepared_supported,
+        skipped,
     })
 }
 
@@ -620,7 +674,7 @@ pub fn render(
     let facts = Facts::collect(command, software);
     let Some(r) = facts.open_section(
         &mut out,
-        "Many sessions, few backends: pgwake beside PgBouncer transaction and session mode",
+        "Many sessions, few backends: pgwake beside PgBouncer, pgcat and PgDog",
         outcome,
         |r| &r.load,
     ) else {
@@ -699,6 +753,16 @@ pub fn render(
          backends in `pg_stat_activity` sampled every {} ms from a separate connection.",
         SAMPLE_EVERY.as_millis()
     );
+    if !r.skipped.is_empty() {
+        let _ = writeln!(out, "\nTargets skipped:\n");
+        for why in &r.skipped {
+            let _ = writeln!(
+                out,
+                "- {}",
+                why.split_whitespace().collect::<Vec<_>>().join(" ")
+            );
+        }
+    }
     for row in &r.rows {
         if let Some(notes) = &row.notes {
             let _ = writeln!(out, "\n{}: {notes}.", row.name);

@@ -77,6 +77,12 @@ pub const SCALE_SECTION: Section = Section {
     end: "<!-- harness:scale:end -->",
 };
 
+/// A hundred thousand client connections held open, 1 % active (`scale --connections 100000`).
+pub const SCALE_100K_SECTION: Section = Section {
+    begin: "<!-- harness:scale100k:begin -->",
+    end: "<!-- harness:scale100k:end -->",
+};
+
 /// What one pgbench run against one target measured.
 #[derive(Clone, Debug)]
 pub struct Measurement {
@@ -267,7 +273,8 @@ pub fn render(input: &ReportInput<'_>, results: &Results) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "## Relay: Postgres direct, PgBouncer and pgwake under pgbench\n"
+        "## Relay: Postgres direct, PgBouncer, pgcat, PgDog, a bare relay and pgwake under \
+         pgbench\n"
     );
     let _ = writeln!(out, "| fact | value |\n|---|---|");
     for (k, v) in &input.facts.rows {
@@ -298,7 +305,10 @@ pub fn render(input: &ReportInput<'_>, results: &Results) -> String {
          target's median: above 1.00× is better for tps, worse for latency. Proxy CPU is the \
          proxy process's utime+stime during the run divided by transactions; RSS is VmRSS at the \
          end of the run (both medians; direct Postgres has no proxy). TLS: `sslmode=require` \
-         against all three, each serving the same ECDSA P-256 certificate.\n"
+         against every target, each proxy serving the same ECDSA P-256 certificate; the bare \
+         tokio relay passes TLS through to Postgres, so its TLS rows hold no crypto of its own. \
+         Peers (session mode, two worker threads each): pgcat, whose clients log in with MD5 \
+         when `--auth scram` (it has no SCRAM for clients), and PgDog.\n"
     );
     let checks = checks(input.scenarios, results);
     if !checks.is_empty() {
@@ -309,6 +319,20 @@ pub fn render(input: &ReportInput<'_>, results: &Results) -> String {
              |---|---|---:|---:|---:|---|---|"
         );
         for c in &checks {
+            let _ = writeln!(out, "{}", c.row());
+        }
+        let _ = writeln!(out);
+    }
+    let floor_checks = floor_and_peer_checks(input.scenarios, results);
+    if !floor_checks.is_empty() {
+        let _ = writeln!(
+            out,
+            "Issue 29's relay checks (against the floor and the peers measured in this run), \
+             from the medians above; the reference is named in each check:\n\n\
+             | # | check | pgwake | reference | ratio | goal | result |\n\
+             |---|---|---:|---:|---:|---|---|"
+        );
+        for c in &floor_checks {
             let _ = writeln!(out, "{}", c.row());
         }
         let _ = writeln!(out);
@@ -351,8 +375,9 @@ pub struct Check {
     pub what: String,
     /// pgwake's median, `None` when it has no successful run.
     pub pgwake: Option<f64>,
-    /// PgBouncer's median, `None` when it has no successful run.
-    pub pgbouncer: Option<f64>,
+    /// The reference target's median (PgBouncer's in issue 17's checks), `None` when it has no
+    /// successful run.
+    pub reference: Option<f64>,
     /// The goal as text, e.g. "≥ 1.15×".
     pub goal: String,
     /// Whether the ratio meets the goal; `None` when a figure is missing.
@@ -364,18 +389,18 @@ impl Check {
         scenario: &Scenario,
         measure: &str,
         pgwake: Option<f64>,
-        pgbouncer: Option<f64>,
+        reference: Option<f64>,
         at_least: bool,
         limit: f64,
     ) -> Check {
         let ratio = pgwake
-            .zip(pgbouncer.filter(|b| *b > 0.0))
+            .zip(reference.filter(|b| *b > 0.0))
             .map(|(w, b)| w / b);
         Check {
             scenario: scenario.number,
             what: format!("{}, {}: {measure}", scenario.name, scenario.transport()),
             pgwake,
-            pgbouncer,
+            reference,
             goal: format!("{} {limit:.2}×", if at_least { "≥" } else { "≤" }),
             pass: ratio.map(|r| if at_least { r >= limit } else { r <= limit }),
         }
@@ -385,7 +410,7 @@ impl Check {
         let shown = |v: Option<f64>| v.map_or("—".to_owned(), |v| format!("{v:.1}"));
         let ratio = self
             .pgwake
-            .zip(self.pgbouncer.filter(|b| *b > 0.0))
+            .zip(self.reference.filter(|b| *b > 0.0))
             .map_or("—".to_owned(), |(w, b)| format!("{:.2}×", w / b));
         let result = match self.pass {
             Some(true) => "PASS",
@@ -397,7 +422,7 @@ impl Check {
             self.scenario,
             self.what,
             shown(self.pgwake),
-            shown(self.pgbouncer),
+            shown(self.reference),
             self.goal
         )
     }
@@ -449,6 +474,49 @@ pub fn checks(scenarios: &[Scenario], results: &Results) -> Vec<Check> {
     }
     out
 }
+
+/// The relay goals of issue 29, from the medians: in the four `-S` rows pgwake's proxy CPU per
+/// transaction at most 1.03× the bare tokio relay's (the floor measured in the same run), and in
+/// every row at most each peer's (pgcat's and PgDog's). The reference is named in `what`.
+pub fn floor_and_peer_checks(scenarios: &[Scenario], results: &Results) -> Vec<Check> {
+    let cpu = |s: &Scenario, kind| {
+        median(
+            &results
+                .ok(s.number, kind)
+                .iter()
+                .filter_map(|m| m.proxy_cpu_us_per_tx)
+                .collect::<Vec<_>>(),
+        )
+    };
+    let mut out = Vec::new();
+    for s in scenarios {
+        let ours = cpu(s, TargetKind::Pgwake);
+        if matches!(s.goal, Some(Goal::Relay { .. })) {
+            out.push(Check::new(
+                s,
+                "proxy CPU µs/tx vs bare tokio relay",
+                ours,
+                cpu(s, TargetKind::BareRelay),
+                false,
+                RELAY_FLOOR_MAX,
+            ));
+        }
+        for peer in [TargetKind::Pgcat, TargetKind::PgDog] {
+            out.push(Check::new(
+                s,
+                &format!("proxy CPU µs/tx vs {peer}"),
+                ours,
+                cpu(s, peer),
+                false,
+                1.0,
+            ));
+        }
+    }
+    out
+}
+
+/// Issue 29: pgwake's relay CPU per transaction at most this × the bare tokio relay's.
+const RELAY_FLOOR_MAX: f64 = 1.03;
 
 fn row(input: &ReportInput<'_>, results: &Results, s: &Scenario, kind: TargetKind) -> String {
     let head = format!(
@@ -675,6 +743,48 @@ mod tests {
         );
         assert!(text.contains("| pgwake | skipped |"), "{text}");
         assert!(text.contains("- pgwake: binary missing"), "{text}");
+    }
+
+    #[test]
+    fn floor_and_peer_checks_name_their_reference() {
+        let scenarios = crate::scenarios::scenarios(crate::scenarios::Durations::QUICK);
+        let simple = &scenarios[0];
+        let mut results = Results::default();
+        let m = |cpu| Measurement {
+            value: 1000.0,
+            failed: 0,
+            proxy_cpu_us_per_tx: Some(cpu),
+            proxy_rss_kib: Some(1024),
+        };
+        // pgwake 10.0 µs against the relay's 9.8 (1.02×, within 1.03×), pgcat's 12 and PgDog's 9.
+        results.record(simple.number, TargetKind::Pgwake, Ok(m(10.0)));
+        results.record(simple.number, TargetKind::BareRelay, Ok(m(9.8)));
+        results.record(simple.number, TargetKind::Pgcat, Ok(m(12.0)));
+        results.record(simple.number, TargetKind::PgDog, Ok(m(9.0)));
+        let checks = floor_and_peer_checks(&scenarios, &results);
+        // A floor check in the four -S rows, two peer checks in all eight.
+        assert_eq!(checks.len(), 4 + 2 * 8);
+        let find = |what: &str| {
+            checks
+                .iter()
+                .find(|c| c.scenario == simple.number && c.what.ends_with(what))
+                .unwrap()
+        };
+        assert_eq!(find("vs bare tokio relay").pass, Some(true));
+        assert_eq!(find("vs pgcat").pass, Some(true));
+        let pgdog = find("vs PgDog");
+        assert_eq!(pgdog.pass, Some(false));
+        assert!(
+            pgdog.row().ends_with("| 1.11× | ≤ 1.00× | **FAIL** |"),
+            "{}",
+            pgdog.row()
+        );
+        assert!(
+            checks
+                .iter()
+                .filter(|c| c.scenario != simple.number)
+                .all(|c| c.pass.is_none())
+        );
     }
 
     #[test]

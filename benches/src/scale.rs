@@ -6,6 +6,13 @@
 //! The gateway starts every tenant's Postgres itself; the first connection to each runs initdb,
 //! so all tenants are woken once before anything is measured. Logins run at a bounded
 //! concurrency: the scenario is about holding connections, not about a thundering herd.
+//!
+//! The same command holds 100,000 connections (`--connections 100000 --active 1000`, issue 29):
+//! clients connect from many loopback source addresses in 127.0.0.0/8, so no single address runs
+//! out of ephemeral ports, and the idle ones are raw protocol clients (a socket and nothing
+//! else after their login, with the SCRAM keys derived once per salt) so the harness's own
+//! memory and CPU do not grow with a library client per connection. The open-files limit is
+//! raised within the harness's process (the gateway inherits it); nothing global is changed.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -14,7 +21,14 @@ use std::sync::{Arc, Mutex};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr};
+
 use anyhow::{Context, Result, anyhow, bail};
+use pgwake_protocol::auth;
+use pgwake_protocol::scram::{Nonce, SCRAM_SHA_256, ScramClient, ScramKeys};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_postgres::{Client, NoTls};
@@ -37,8 +51,15 @@ pub struct ScaleOptions {
     pub seconds: u64,
 }
 
-/// Goal from the issue: the gateway's resident memory with every connection open.
-const GOAL_RSS_MIB: f64 = 200.0;
+/// Goals for the gateway's resident memory with every connection open, in MB: issue 17's for
+/// ten thousand connections, issue 29's from a hundred thousand on.
+const GOAL_RSS_MB: f64 = 200.0;
+const GOAL_RSS_MB_100K: f64 = 600.0;
+/// Loopback source addresses the clients connect from (127.1.0.1, 127.1.0.2, …), round-robin:
+/// each address has its own ephemeral port range towards the gateway's one address and port.
+const SOURCE_ADDRESSES: u32 = 64;
+/// File descriptors the harness keeps beyond one per client connection.
+const HARNESS_SPARE_FDS: u64 = 1024;
 /// Logins under way at once.
 const LOGINS_AT_ONCE: usize = 200;
 /// Tenants woken (initdb, first start) at once before the measured part.
@@ -69,6 +90,21 @@ const FIRST_ERRORS: usize = 5;
 /// File descriptors beyond two per connection (the gateway fits its caps to half its limit,
 /// keeping one for each client's backend connection).
 const SPARE_FDS: u64 = 4096;
+
+/// The goal for the gateway's RSS in MB with `connections` open.
+fn goal_rss_mb(connections: u32) -> f64 {
+    if connections >= 100_000 {
+        GOAL_RSS_MB_100K
+    } else {
+        GOAL_RSS_MB
+    }
+}
+
+/// The loopback address client `i` connects from.
+fn source_address(i: usize) -> Ipv4Addr {
+    let k = (i as u32 % SOURCE_ADDRESSES) + 1;
+    Ipv4Addr::new(127, 1, (k >> 8) as u8, (k & 0xff) as u8)
+}
 
 /// What the scenario measured.
 #[derive(Debug)]
@@ -168,6 +204,22 @@ pub fn run(binary: &Path, opts: ScaleOptions) -> Result<ScaleResults> {
     let nofile = raise_nofile(2 * u64::from(opts.connections) + SPARE_FDS)?;
     let active_per_tenant = opts.active.div_ceil(opts.tenants);
     let backend_cap = active_per_tenant + BACKEND_HEADROOM;
+    // Both the harness (one socket per client) and the gateway (one per client, plus its
+    // backend connections) run under this limit; past it, logins would fail one by one.
+    let gateway_needs = u64::from(opts.connections) + u64::from(backend_cap * opts.tenants) + 100;
+    let harness_needs = u64::from(opts.connections) + HARNESS_SPARE_FDS;
+    if nofile < gateway_needs.max(harness_needs) {
+        bail!(
+            "the open-files limit in force is {nofile} and cannot be raised further here (the \
+             hard limit; raising it needs CAP_SYS_RESOURCE), so one process holds at most about \
+             {} client connections; {} connections need {} (the gateway: one per client and its \
+             {} backend connections)",
+            nofile.saturating_sub(u64::from(backend_cap * opts.tenants) + 100),
+            opts.connections,
+            gateway_needs.max(harness_needs),
+            backend_cap * opts.tenants,
+        );
+    }
     let tenants: Vec<String> = (0..opts.tenants).map(|i| format!("t{i:02}")).collect();
     let mut gw = LocalGateway::start_tenants(
         binary,
@@ -273,11 +325,12 @@ pub fn run(binary: &Path, opts: ScaleOptions) -> Result<ScaleResults> {
         }
         all
     });
-    let closed = logins.idle.iter().filter(|c| c.is_closed()).count();
+    let mut idle_clients = logins.idle;
+    let closed = rt.block_on(async { idle_clients.iter().filter(|c| c.is_closed()).count() });
     for _ in 0..closed {
         errors.record("an idle session was closed while held");
     }
-    let revive_ms = rt.block_on(revive_sample(&logins.idle, &errors));
+    let revive_ms = rt.block_on(revive_sample(&mut idle_clients, &errors));
     let counters = gateway_counters(gw.admin);
     crate::progress(format_args!(
         "scale: RSS {rss_kib} KiB (peak {hwm_kib} KiB), CPU {:.1} s over {:.0} s, {} queries, {} errors",
@@ -288,7 +341,7 @@ pub fn run(binary: &Path, opts: ScaleOptions) -> Result<ScaleResults> {
         rss_kib = after.rss_kib,
     ));
 
-    drop(logins.idle);
+    rt.block_on(async { drop(idle_clients) });
     rt.shutdown_timeout(Duration::from_secs(5));
     crate::progress("scale: stopping the gateway ...");
     let stop = gw.stop();
@@ -335,21 +388,184 @@ fn raise_nofile(wanted: u64) -> Result<u64> {
     Ok(target)
 }
 
-async fn connect(login: &Login) -> Result<Client> {
+/// A TCP connection to the gateway from loopback address `from`.
+async fn tcp_from(from: Ipv4Addr, port: u16) -> Result<TcpStream> {
+    let socket = TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::from((from, 0)))?;
+    let stream = socket
+        .connect(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
+        .await
+        .with_context(|| format!("connect from {from}"))?;
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
+/// A tokio-postgres client logged in from loopback address `from`.
+async fn connect(login: &Login, from: Ipv4Addr) -> Result<Client> {
     let mut config = tokio_postgres::Config::new();
     config
         .user(&login.user)
         .password(&login.password)
         .dbname(&login.dbname)
-        .application_name("pgwake-bench-scale")
-        .host("127.0.0.1")
-        .port(login.port)
+        .application_name(APPLICATION_NAME)
         .ssl_mode(tokio_postgres::config::SslMode::Disable);
-    let (client, conn) = tokio::time::timeout(LOGIN_LIMIT, config.connect(NoTls))
+    let attempt = async {
+        let tcp = tcp_from(from, login.port).await?;
+        Ok::<_, anyhow::Error>(config.connect_raw(tcp, NoTls).await?)
+    };
+    let (client, conn) = tokio::time::timeout(LOGIN_LIMIT, attempt)
         .await
         .map_err(|_| anyhow!("login timed out after {LOGIN_LIMIT:?}"))??;
     tokio::spawn(conn);
     Ok(client)
+}
+
+/// The `application_name` every client sends.
+const APPLICATION_NAME: &str = "pgwake-bench-scale";
+
+/// SCRAM keys by salt, derived on first use: every tenant has its own verifier, and a hundred
+/// thousand PBKDF2 runs would only slow the harness down (the gateway sees the same messages).
+#[derive(Default)]
+struct KeyCache {
+    password: String,
+    by_salt: Mutex<HashMap<(Vec<u8>, u32), ScramKeys>>,
+}
+
+impl KeyCache {
+    fn keys(&self, salt: &[u8], iterations: u32) -> ScramKeys {
+        let key = (salt.to_vec(), iterations);
+        if let Some(k) = self.lock().get(&key) {
+            return k.clone();
+        }
+        let derived = ScramKeys::from_password(&self.password, salt, iterations);
+        self.lock().entry(key).or_insert(derived).clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(Vec<u8>, u32), ScramKeys>> {
+        self.by_salt.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// An idle client: a raw protocol connection that logged in (the startup parameters
+/// tokio-postgres sends, SCRAM-SHA-256) and now holds its socket and nothing else.
+struct RawClient {
+    stream: TcpStream,
+}
+
+impl RawClient {
+    /// Connects from `from` and logs in up to ReadyForQuery.
+    async fn log_in(login: &Login, from: Ipv4Addr, keys: &KeyCache) -> Result<RawClient> {
+        let attempt = async {
+            let mut s = tcp_from(from, login.port).await?;
+            s.write_all(&startup_message(login)).await?;
+            expect_auth(&mut s, AUTH_SASL).await?;
+            let scram = ScramClient::new(Nonce::from_random(rand::random()));
+            s.write_all(&auth::sasl_initial_response(
+                SCRAM_SHA_256,
+                &scram.client_first(),
+            ))
+            .await?;
+            let server_first = expect_auth(&mut s, AUTH_SASL_CONTINUE).await?;
+            let challenge = scram.handle_server_first(&server_first)?;
+            let keys = keys.keys(challenge.salt(), challenge.iterations());
+            let (awaiting, client_final) = challenge.client_final(&keys)?;
+            s.write_all(&auth::sasl_response(&client_final)).await?;
+            awaiting.verify_server_final(&expect_auth(&mut s, AUTH_SASL_FINAL).await?)?;
+            expect_auth(&mut s, AUTH_OK).await?;
+            until_ready(&mut s).await?;
+            Ok::<_, anyhow::Error>(RawClient { stream: s })
+        };
+        tokio::time::timeout(LOGIN_LIMIT, attempt)
+            .await
+            .map_err(|_| anyhow!("login timed out after {LOGIN_LIMIT:?}"))?
+    }
+
+    /// Whether the gateway closed the connection (read without waiting: end of stream).
+    fn is_closed(&self) -> bool {
+        let mut byte = [0u8; 1];
+        match self.stream.try_read(&mut byte) {
+            Ok(n) => n == 0,
+            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+        }
+    }
+
+    /// `SELECT 1` with the simple protocol, until ReadyForQuery.
+    async fn select1(&mut self) -> Result<()> {
+        let mut q = vec![b'Q'];
+        q.extend_from_slice(&13u32.to_be_bytes());
+        q.extend_from_slice(b"SELECT 1\0");
+        self.stream.write_all(&q).await?;
+        until_ready(&mut self.stream).await
+    }
+}
+
+/// Authentication request codes (the Int32 after an `R` message's length).
+const AUTH_OK: i32 = 0;
+const AUTH_SASL: i32 = 10;
+const AUTH_SASL_CONTINUE: i32 = 11;
+const AUTH_SASL_FINAL: i32 = 12;
+
+/// The StartupMessage tokio-postgres sends: user, database, application_name, client_encoding.
+fn startup_message(login: &Login) -> Vec<u8> {
+    let mut body = 196_608u32.to_be_bytes().to_vec();
+    for (k, v) in [
+        ("client_encoding", "UTF8"),
+        ("user", login.user.as_str()),
+        ("database", login.dbname.as_str()),
+        ("application_name", APPLICATION_NAME),
+    ] {
+        body.extend_from_slice(k.as_bytes());
+        body.push(0);
+        body.extend_from_slice(v.as_bytes());
+        body.push(0);
+    }
+    body.push(0);
+    let mut msg = ((body.len() + 4) as u32).to_be_bytes().to_vec();
+    msg.extend_from_slice(&body);
+    msg
+}
+
+/// One backend message: its tag and body.
+async fn read_message(s: &mut TcpStream) -> Result<(u8, Vec<u8>)> {
+    let mut header = [0u8; 5];
+    s.read_exact(&mut header).await?;
+    let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+    if !(4..=1 << 20).contains(&len) {
+        bail!("message length {len} out of range");
+    }
+    let mut body = vec![0u8; len - 4];
+    s.read_exact(&mut body).await?;
+    if header[0] == b'E' {
+        let message = body
+            .split(|b| *b == 0)
+            .find_map(|f| f.strip_prefix(b"M"))
+            .map(|m| String::from_utf8_lossy(m).into_owned())
+            .unwrap_or_default();
+        bail!("error from the gateway: {message}");
+    }
+    Ok((header[0], body))
+}
+
+/// Reads an Authentication request, which must carry `code`; returns the data after it.
+async fn expect_auth(s: &mut TcpStream, code: i32) -> Result<Vec<u8>> {
+    let (tag, mut body) = read_message(s).await?;
+    if tag != b'R' || body.len() < 4 {
+        bail!(
+            "expected authentication request {code}, got {:?}",
+            tag as char
+        );
+    }
+    let got = i32::from_be_bytes([body[0], body[1], body[2], body[3]]);
+    if got != code {
+        bail!("expected authentication request {code}, got {got}");
+    }
+    Ok(body.split_off(4))
+}
+
+/// Reads messages until ReadyForQuery.
+async fn until_ready(s: &mut TcpStream) -> Result<()> {
+    while read_message(s).await?.0 != b'Z' {}
+    Ok(())
 }
 
 /// Wakes every tenant with one query, a few at a time (each first wake runs initdb).
@@ -362,7 +578,7 @@ async fn warm(gw: &LocalGateway, tenants: &[String]) -> Result<()> {
         let t = t.clone();
         set.spawn(async move {
             let _permit = gate.acquire_owned().await?;
-            let c = connect(&login)
+            let c = connect(&login, Ipv4Addr::LOCALHOST)
                 .await
                 .with_context(|| format!("tenant {t}"))?;
             c.simple_query("SELECT 1").await?;
@@ -378,7 +594,7 @@ async fn warm(gw: &LocalGateway, tenants: &[String]) -> Result<()> {
 /// The login phase's outcome: idle clients held, active clients' tasks (each returns its
 /// latencies in the window), login times.
 struct Logins {
-    idle: Vec<Client>,
+    idle: Vec<RawClient>,
     active: JoinSet<Vec<f64>>,
     times: Vec<f64>,
     elapsed: Duration,
@@ -395,23 +611,34 @@ async fn log_in(
     phase: &Arc<AtomicU8>,
 ) -> Logins {
     let gate = Arc::new(Semaphore::new(LOGINS_AT_ONCE));
+    let keys = Arc::new(KeyCache {
+        password: gw.login().password,
+        ..KeyCache::default()
+    });
     let started = Instant::now();
     let mut set = JoinSet::new();
     let mut active = JoinSet::new();
     for i in 0..opts.connections as usize {
         let login = gw.login_to(&tenants[i % tenants.len()]);
         let gate = gate.clone();
+        let keys = keys.clone();
+        let is_active = i < opts.active as usize;
         set.spawn(async move {
             let _permit = gate.acquire_owned().await;
             let t = Instant::now();
-            let c = connect(&login).await;
-            (i, c, t.elapsed())
+            let from = source_address(i);
+            let c = if is_active {
+                connect(&login, from).await.map(Held::Active)
+            } else {
+                RawClient::log_in(&login, from, &keys).await.map(Held::Idle)
+            };
+            (c, t.elapsed())
         });
     }
     let mut idle = Vec::with_capacity(opts.connections as usize);
     let mut times = Vec::with_capacity(opts.connections as usize);
     while let Some(done) = set.join_next().await {
-        let (i, client, took) = match done {
+        let (client, took) = match done {
             Ok(v) => v,
             Err(e) => {
                 errors.record(format!("login task: {e}"));
@@ -419,12 +646,13 @@ async fn log_in(
             }
         };
         match client {
-            Ok(c) => {
+            Ok(held) => {
                 times.push(took.as_secs_f64() * 1000.0);
-                if i < opts.active as usize {
-                    active.spawn(query_loop(c, errors.clone(), phase.clone()));
-                } else {
-                    idle.push(c);
+                match held {
+                    Held::Active(c) => {
+                        active.spawn(query_loop(c, errors.clone(), phase.clone()));
+                    }
+                    Held::Idle(c) => idle.push(c),
                 }
             }
             Err(e) => errors.record(format!("login: {e:#}")),
@@ -436,6 +664,12 @@ async fn log_in(
         times,
         elapsed: started.elapsed(),
     }
+}
+
+/// A logged-in client: an active one (tokio-postgres, it queries) or an idle one (raw).
+enum Held {
+    Active(Client),
+    Idle(RawClient),
 }
 
 /// One active client: a pause, `SELECT 1`, again, until the run stops. Returns the latencies of
@@ -469,18 +703,18 @@ async fn query_loop(client: Client, errors: Arc<Errors>, phase: Arc<AtomicU8>) -
 
 /// Wakes up to `REVIVE_SAMPLE` parked sessions, spread over the idle clients, with one query
 /// each, all at once; returns the latencies of those that answered.
-async fn revive_sample(idle: &[Client], errors: &Errors) -> Vec<f64> {
+async fn revive_sample(idle: &mut [RawClient], errors: &Errors) -> Vec<f64> {
     let step = (idle.len() / REVIVE_SAMPLE).max(1);
     let runs = idle
-        .iter()
+        .iter_mut()
         .step_by(step)
         .take(REVIVE_SAMPLE)
-        .map(|c| async {
+        .map(|c| async move {
             let t = Instant::now();
-            match tokio::time::timeout(QUERY_LIMIT, c.simple_query("SELECT 1")).await {
-                Ok(Ok(_)) => Some(t.elapsed().as_secs_f64() * 1000.0),
+            match tokio::time::timeout(QUERY_LIMIT, c.select1()).await {
+                Ok(Ok(())) => Some(t.elapsed().as_secs_f64() * 1000.0),
                 Ok(Err(e)) => {
-                    errors.record(format!("revival query: {e}"));
+                    errors.record(format!("revival query: {e:#}"));
                     None
                 }
                 Err(_) => {
@@ -579,10 +813,12 @@ pub fn render(facts: &Facts, outcome: &Result<ScaleResults, String>) -> String {
     let mib = |kib: u64| kib as f64 / 1024.0;
     let _ = writeln!(
         out,
-        "| method | {} tokio-postgres clients (plaintext, SCRAM login at the gateway, {LOGINS_AT_ONCE} \
-         logins at a time) over {} `local` tenants (connection i to tenant i mod {}); the first {} \
-         run `SELECT 1` (simple protocol) after a pause drawn uniformly from {}–{} ms, from their \
-         login on; the other {idle} log in and stay idle. Gateway: `park_session_after = \"{}ms\"`, \
+        "| method | {} clients (plaintext, SCRAM login at the gateway, {LOGINS_AT_ONCE} logins at \
+         a time, from {SOURCE_ADDRESSES} loopback source addresses 127.1.0.1… in turn) over {} \
+         `local` tenants (connection i to tenant i mod {}); the first {} (tokio-postgres) run \
+         `SELECT 1` (simple protocol) after a pause drawn uniformly from {}–{} ms, from their \
+         login on; the other {idle} (raw protocol clients sending tokio-postgres's startup \
+         parameters) log in and stay idle. Gateway: `park_session_after = \"{}ms\"`, \
          `snapshot_after = \"{}ms\"`, `max_backend_connections = {}` per tenant (Postgres \
          `max_connections = {}`), reuse on (defaults). Window: {:.0} s, opened {} s after every \
          idle session had parked (or {} s after the last login) |",
@@ -608,16 +844,18 @@ pub fn render(facts: &Facts, outcome: &Result<ScaleResults, String>) -> String {
     let _ = writeln!(out);
     let met = |ok: bool| if ok { "yes" } else { "**no**" };
     let rss_mib = mib(r.rss_kib);
+    let goal_mb = goal_rss_mb(o.connections);
     let _ = writeln!(
         out,
         "| measure | value | goal | met |\n|---|---:|---|---|\n\
-         | **gateway RSS (VmRSS) at the end of the window** | **{rss_mib:.1} MiB** | ≤ {GOAL_RSS_MIB:.0} MB | {} |\n\
+         | **gateway RSS (VmRSS) at the end of the window** | **{rss_mib:.1} MiB** | ≤ {goal_mb:.0} MB | {} |\n\
          | gateway peak RSS (VmHWM, logins included) | {:.1} MiB | | |\n\
          | gateway RSS with the tenants warm, no client | {:.1} MiB | | |\n\
          | gateway CPU over the window | {:.1} % of one core | | |\n\
          | gateway CPU per query | {:.0} µs | | |\n\
          | queries in the window | {} ({:.0} q/s) | | |\n\
          | **query latency p50 / p99 / max** | **{} / {} / {} ms** | p99 stated | yes |\n\
+         | **time to accept every connection** (first login to last) | **{:.1} s** | stated | yes |\n\
          | login time p50 / p99 / max ({} logins in {:.1} s) | {} / {} / {} ms | | |\n\
          | **errors** (failed logins and queries, idle sessions closed) | **{}** | 0 | {} |\n\
          | sessions parked at the end (`pgwake_sessions_parked`) | {:.0} of {idle} idle | | |\n\
@@ -625,7 +863,7 @@ pub fn render(facts: &Facts, outcome: &Result<ScaleResults, String>) -> String {
          | Postgres client backends at the end (all tenants) | {} | | |\n\
          | every idle session parked | {} | | |\n\
          | {} parked sessions revived at once after the window: p50 / max | {} / {} ms | | |",
-        met(rss_mib * 1024.0 * 1024.0 <= GOAL_RSS_MIB * 1e6),
+        met(rss_mib * 1024.0 * 1024.0 <= goal_mb * 1e6),
         mib(r.hwm_kib),
         mib(r.rss_warm_kib),
         r.cpu_percent(),
@@ -635,6 +873,7 @@ pub fn render(facts: &Facts, outcome: &Result<ScaleResults, String>) -> String {
         p(&r.latency_ms, 50.0),
         p(&r.latency_ms, 99.0),
         max(&r.latency_ms),
+        r.login_phase.as_secs_f64(),
         r.login_ms.len(),
         r.login_phase.as_secs_f64(),
         p(&r.login_ms, 50.0),
@@ -694,6 +933,40 @@ fn max(values: &[f64]) -> String {
 mod tests {
     use super::*;
     use crate::process::Stopped;
+
+    #[test]
+    fn clients_spread_over_loopback_source_addresses() {
+        assert_eq!(source_address(0), Ipv4Addr::new(127, 1, 0, 1));
+        assert_eq!(source_address(63), Ipv4Addr::new(127, 1, 0, 64));
+        assert_eq!(source_address(64), Ipv4Addr::new(127, 1, 0, 1));
+        // A hundred thousand clients leave each address far below its ephemeral ports.
+        let per_address = 100_000usize.div_ceil(SOURCE_ADDRESSES as usize);
+        assert!(per_address < 28_000, "{per_address}");
+        assert_eq!(goal_rss_mb(10_000), 200.0);
+        assert_eq!(goal_rss_mb(100_000), 600.0);
+    }
+
+    #[test]
+    fn raw_clients_send_tokio_postgres_startup_parameters() {
+        let login = Login {
+            port: 1,
+            user: "pgwake".into(),
+            password: "pw".into(),
+            dbname: "t01.postgres".into(),
+        };
+        let msg = startup_message(&login);
+        assert_eq!(
+            u32::from_be_bytes(msg[..4].try_into().unwrap()) as usize,
+            msg.len()
+        );
+        assert_eq!(&msg[4..8], &196_608u32.to_be_bytes());
+        let body = String::from_utf8_lossy(&msg[8..]).into_owned();
+        assert_eq!(
+            body,
+            "client_encoding\0UTF8\0user\0pgwake\0database\0t01.postgres\0\
+             application_name\0pgwake-bench-scale\0\0"
+        );
+    }
 
     #[test]
     fn hwm_is_read_from_status() {

@@ -1,5 +1,6 @@
-//! The three things pgbench is pointed at — Postgres itself, PgBouncer and pgwake — set up on
-//! loopback with configs written into one temporary directory, and torn down by PID on drop.
+//! What pgbench is pointed at — Postgres itself, PgBouncer, the peers pgcat and PgDog, the bare
+//! tokio relay (a floor) and pgwake — set up on loopback with configs written into one temporary
+//! directory, and torn down by PID on drop.
 
 use std::fmt;
 use std::fs;
@@ -15,6 +16,7 @@ use pgwake_testkit::{
     PgOptions, TestCert, TestPostgres, free_port, hand_over, pg_bin_dir, pg_command,
 };
 
+use crate::peers::{Peer, PeerPool};
 use crate::pgbench::{Endpoint, Pgbench, write_scripts};
 use crate::process::{Guarded, command_output};
 
@@ -25,17 +27,38 @@ pub enum TargetKind {
     Direct,
     /// PgBouncer in session pool mode: the proxy to beat.
     PgBouncer,
+    /// pgcat (a multi-threaded Rust pooler) in session mode.
+    Pgcat,
+    /// PgDog (a multi-threaded Rust pooler) in session mode.
+    PgDog,
+    /// The bare tokio relay of `examples/relay_floor.rs`: copies bytes and nothing else, the
+    /// floor of a relay's CPU per transaction.
+    BareRelay,
     /// The gateway under test.
     Pgwake,
+    /// The bare TLS + SCRAM acceptor of `examples/login_floor.rs` (churn only, not a relay
+    /// target): the floor of a login's CPU.
+    LoginFloor,
 }
 
 impl TargetKind {
-    /// All targets in table order.
-    pub const ALL: [TargetKind; 3] = [
+    /// All targets of the relay table, in table order.
+    pub const ALL: [TargetKind; 6] = [
         TargetKind::Direct,
         TargetKind::PgBouncer,
+        TargetKind::Pgcat,
+        TargetKind::PgDog,
+        TargetKind::BareRelay,
         TargetKind::Pgwake,
     ];
+
+    /// The target a peer is measured as.
+    pub fn of_peer(peer: Peer) -> TargetKind {
+        match peer {
+            Peer::Pgcat => TargetKind::Pgcat,
+            Peer::PgDog => TargetKind::PgDog,
+        }
+    }
 }
 
 impl fmt::Display for TargetKind {
@@ -43,7 +66,11 @@ impl fmt::Display for TargetKind {
         f.write_str(match self {
             TargetKind::Direct => "direct",
             TargetKind::PgBouncer => "PgBouncer",
+            TargetKind::Pgcat => "pgcat",
+            TargetKind::PgDog => "PgDog",
+            TargetKind::BareRelay => "bare tokio relay",
             TargetKind::Pgwake => "pgwake",
+            TargetKind::LoginFloor => "bare TLS + SCRAM acceptor",
         })
     }
 }
@@ -96,6 +123,8 @@ pub struct Environment {
     /// Further pgwake instances with their own config (see [`Environment::start_pgwake_variant`]).
     variants: Vec<Guarded>,
     pgbouncer: Option<Guarded>,
+    /// The peers and the bare relay, by target.
+    others: Vec<(TargetKind, Guarded)>,
     postgres: TestPostgres,
     dir: tempfile::TempDir,
     /// Targets that started and may be measured, in table order.
@@ -108,6 +137,8 @@ pub struct Environment {
     pub postgres_version: String,
     /// `pgbouncer --version` (first line), when installed.
     pub pgbouncer_version: Option<String>,
+    /// What each peer binary found is (see [`Peer::version`]).
+    pub peer_versions: Vec<(Peer, String)>,
     /// The certificate and key files the proxies serve.
     tls_files: (PathBuf, PathBuf),
 }
@@ -196,6 +227,7 @@ impl Environment {
             variants: Vec::new(),
             tls_files: (cert_path.clone(), key_path.clone()),
             pgbouncer: None,
+            others: Vec::new(),
             postgres,
             dir,
             targets: vec![Target {
@@ -207,6 +239,7 @@ impl Environment {
             pgbench,
             postgres_version,
             pgbouncer_version: None,
+            peer_versions: Vec::new(),
         };
 
         match find_pgbouncer() {
@@ -355,6 +388,142 @@ impl Environment {
         Ok(target)
     }
 
+    /// Starts pgcat and PgDog in session mode in front of the same Postgres, with the
+    /// environment's auth, as measured targets. A peer whose binary is missing or that does not
+    /// start is recorded in `skipped` with the reason.
+    pub fn start_peers(&mut self, auth: Auth) -> Result<()> {
+        let direct = self.direct()?;
+        for peer in Peer::ALL {
+            let kind = TargetKind::of_peer(peer);
+            let binary = match peer.binary() {
+                Ok(b) => b,
+                Err(why) => {
+                    self.skipped.push((kind, why));
+                    continue;
+                }
+            };
+            self.peer_versions.push((peer, peer.version(&binary)));
+            match peer.start(
+                &binary,
+                self.dir.path(),
+                &peer.to_string().to_lowercase(),
+                PeerPool::SESSION,
+                auth,
+                &direct,
+                &self.tls_files.0,
+                &self.tls_files.1,
+            ) {
+                Ok((guard, port)) => {
+                    self.targets.push(Target {
+                        kind,
+                        endpoint: Endpoint {
+                            port,
+                            ..direct.clone()
+                        },
+                        proxy_pid: Some(guard.pid()),
+                    });
+                    self.others.push((kind, guard));
+                }
+                Err(e) => self
+                    .skipped
+                    .push((kind, format!("{peer} did not start: {e:#}"))),
+            }
+        }
+        self.sort_targets();
+        Ok(())
+    }
+
+    /// Starts the bare tokio relay of `examples/relay_floor.rs` in front of the same Postgres,
+    /// as a measured target (the floor of relaying). TLS passes through it to Postgres.
+    pub fn start_bare_relay(&mut self) -> Result<()> {
+        let direct = self.direct()?;
+        let binary = match crate::peers::floor_binary("relay_floor") {
+            Ok(b) => b,
+            Err(why) => {
+                self.skipped.push((TargetKind::BareRelay, why));
+                return Ok(());
+            }
+        };
+        let port = free_port();
+        let log = self.dir.path().join("relay-floor.log");
+        crate::progress(format_args!("starting the bare tokio relay ..."));
+        let log_file = fs::File::create(&log)?;
+        let child = Command::new(&binary)
+            .args(["tokio", &port.to_string(), &direct.port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone()?)
+            .stderr(log_file)
+            .spawn()
+            .with_context(|| format!("spawn {}", binary.display()))?;
+        let mut guard = Guarded::new("relay_floor", child, log);
+        match wait_until(&mut guard, Duration::from_secs(10), || {
+            Ok(TcpStream::connect(("127.0.0.1", port)).is_ok())
+        }) {
+            Ok(()) => {
+                self.targets.push(Target {
+                    kind: TargetKind::BareRelay,
+                    endpoint: Endpoint { port, ..direct },
+                    proxy_pid: Some(guard.pid()),
+                });
+                self.others.push((TargetKind::BareRelay, guard));
+            }
+            Err(e) => self.skipped.push((
+                TargetKind::BareRelay,
+                format!("the bare relay did not start: {e:#}"),
+            )),
+        }
+        self.sort_targets();
+        Ok(())
+    }
+
+    /// Starts one more instance of `peer` in front of the same Postgres, named `name` (its
+    /// config and log files), pooling as `pool`.
+    pub fn start_peer_variant(
+        &mut self,
+        peer: Peer,
+        name: &str,
+        pool: PeerPool,
+        auth: Auth,
+    ) -> Result<Target> {
+        let binary = peer.binary().map_err(|e| anyhow!("{e}"))?;
+        if !self.peer_versions.iter().any(|(p, _)| *p == peer) {
+            self.peer_versions.push((peer, peer.version(&binary)));
+        }
+        let direct = self.direct()?;
+        let (guard, port) = peer.start(
+            &binary,
+            self.dir.path(),
+            name,
+            pool,
+            auth,
+            &direct,
+            &self.tls_files.0,
+            &self.tls_files.1,
+        )?;
+        let target = Target {
+            kind: TargetKind::of_peer(peer),
+            endpoint: Endpoint { port, ..direct },
+            proxy_pid: Some(guard.pid()),
+        };
+        self.variants.push(guard);
+        Ok(target)
+    }
+
+    /// The TLS certificate and key files every proxy serves.
+    pub fn tls_files(&self) -> (&Path, &Path) {
+        (&self.tls_files.0, &self.tls_files.1)
+    }
+
+    /// The harness's temporary directory (configs and logs).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Keeps the measured targets in table order.
+    fn sort_targets(&mut self) {
+        self.targets.sort_by_key(|t| t.kind);
+    }
+
     /// Stops a variant started by [`Environment::start_pgwake_variant`] or
     /// [`Environment::start_pgbouncer_variant`], so its server connections close before the
     /// next one is measured.
@@ -363,7 +532,7 @@ impl Environment {
     }
 
     /// Postgres itself, as clients reach it.
-    fn direct(&self) -> Result<Endpoint> {
+    pub fn direct(&self) -> Result<Endpoint> {
         self.targets
             .iter()
             .find(|t| t.kind == TargetKind::Direct)
@@ -400,6 +569,11 @@ impl Environment {
             TargetKind::Direct => return tail_lines(&self.postgres.log(), 5),
             TargetKind::PgBouncer => self.pgbouncer.as_ref(),
             TargetKind::Pgwake => self.pgwake.as_ref(),
+            other => self
+                .others
+                .iter()
+                .find(|(k, _)| *k == other)
+                .map(|(_, g)| g),
         };
         guard.map(|g| g.log_tail(5)).unwrap_or_default()
     }
@@ -690,7 +864,7 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-fn cargo() -> Command {
+pub(crate) fn cargo() -> Command {
     // `cargo run` sets CARGO to the cargo that built us; use the same one.
     let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     cmd.current_dir(workspace_root());
@@ -729,7 +903,7 @@ fn build_pgwake() -> Result<()> {
 }
 
 /// The cargo target directory: `CARGO_TARGET_DIR`, else what `cargo metadata` says.
-fn target_dir() -> Result<PathBuf> {
+pub(crate) fn target_dir() -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR") {
         // Cargo reads a relative CARGO_TARGET_DIR against the directory it was started in.
         return std::path::absolute(dir).context("resolve CARGO_TARGET_DIR");

@@ -10,7 +10,8 @@ use std::time::Duration;
 use crate::process::command_output;
 use crate::report::{
     CHURN_SECTION, FIDELITY_SECTION, HTTP_SECTION, KUBE_SECTION, MULTIPLEX_SECTION,
-    PGBENCH_SECTION, QUEUED_SECTION, REVIVE_SECTION, SCALE_SECTION, Section, WAKE_SECTION,
+    PGBENCH_SECTION, QUEUED_SECTION, REVIVE_SECTION, SCALE_100K_SECTION, SCALE_SECTION, Section,
+    WAKE_SECTION,
 };
 
 /// One section of the whole run: the harness command that measures it, run in-process.
@@ -89,6 +90,20 @@ pub const RUNNERS: &[Runner] = &[
         section: SCALE_SECTION,
         full: &["scale"],
         quick: &["scale", "--quick"],
+    },
+    Runner {
+        key: "scale100k",
+        section: SCALE_100K_SECTION,
+        full: &["scale", "--connections", "100000", "--active", "1000"],
+        quick: &[
+            "scale",
+            "--connections",
+            "100000",
+            "--active",
+            "1000",
+            "--seconds",
+            "15",
+        ],
     },
 ];
 
