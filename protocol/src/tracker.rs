@@ -12,7 +12,7 @@
 //! completes as `CREATE TABLE`, a lock is a plain `SELECT`), so the proxy checks them with SQL
 //! when it takes a snapshot; this tracker is the cheap first filter, SQL is the authority.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Instant;
 
 use crate::stale::{Advance, StaleStatement, StaleStatements};
@@ -296,6 +296,10 @@ pub struct SessionTracker {
     unnamed_sets_setting: bool,
     /// A text called `currval` or `lastval`: the session relies on sequence state.
     reads_sequences: bool,
+    /// How each named statement's rows looked when first recorded after the client made it
+    /// (`None`: no rows): Postgres checks every later use against that, not against the
+    /// shape of any use in between.
+    told: BTreeMap<Box<str>, Option<u64>>,
     /// Statements made again on this backend connection whose rows changed.
     stale: StaleStatements,
     client_messages: u64,
@@ -328,6 +332,7 @@ impl SessionTracker {
             setting_statements: BTreeSet::new(),
             unnamed_sets_setting: false,
             reads_sequences: false,
+            told: BTreeMap::new(),
             stale: StaleStatements::default(),
             client_messages: 0,
             last_activity: None,
@@ -526,6 +531,7 @@ impl SessionTracker {
                     && let Some(Op::Close(Some(name))) = self.ops.remove(i)
                 {
                     self.stale.forget(&name);
+                    self.told.remove(&name);
                     self.statements.remove(&name);
                 }
             }
@@ -553,10 +559,12 @@ impl SessionTracker {
             b"CLOSE CURSOR" | b"CLOSE CURSOR ALL" => self.pins.remove(Pins::HELD_CURSOR),
             b"DEALLOCATE ALL" => {
                 self.stale.forget_all();
+                self.told.clear();
                 self.statements.clear();
             }
             b"DISCARD ALL" => {
                 self.stale.forget_all();
+                self.told.clear();
                 self.statements.clear();
                 self.pins.remove(
                     Pins::LISTEN | Pins::HELD_CURSOR | Pins::TEMP_OBJECTS | Pins::ADVISORY_LOCK,
@@ -572,6 +580,7 @@ impl SessionTracker {
                     Some(SqlStatementOp::Prepare(name)) if tag == b"PREPARE" => self.remember(name),
                     Some(SqlStatementOp::Deallocate(name)) if tag == b"DEALLOCATE" => {
                         self.stale.forget(&name);
+                        self.told.remove(&name);
                         self.statements.remove(&name);
                     }
                     // A multi-statement query or a name the tracker could not read: the
@@ -584,6 +593,7 @@ impl SessionTracker {
     }
 
     fn remember(&mut self, name: Box<str>) {
+        self.told.remove(&name);
         if self.statements.len() >= self.limits.max_statements && !self.statements.contains(&name) {
             self.pins.insert(Pins::UNTRACKED_STATEMENTS);
             return;
@@ -668,6 +678,20 @@ impl SessionTracker {
     /// what the client was told, or could not be made again.
     pub fn is_stale(&self, name: &str) -> bool {
         self.stale.contains(name)
+    }
+
+    /// How statement `name`'s rows looked when first recorded after the client made it, if
+    /// they were: `Some(None)` for no rows.
+    pub fn told_shape(&self, name: &str) -> Option<Option<u64>> {
+        self.told.get(name).copied()
+    }
+
+    /// Records how statement `name`'s rows look, unless they were recorded since the client
+    /// made it.
+    pub fn record_told_shape(&mut self, name: &str, shape: Option<u64>) {
+        if self.statements.contains(name) && !self.told.contains_key(name) {
+            self.told.insert(name.into(), shape);
+        }
     }
 
     /// True once a text of the session called `currval` or `lastval`.

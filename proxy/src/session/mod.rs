@@ -367,7 +367,13 @@ impl<'g> Live<'g> {
                 Decision::Snapshot => {
                     let (gw, tracker) = (self.gw, &self.tracker);
                     let taken = snapshot(gw, m.rv, client, &mut self.current, tracker, &m.who);
-                    self.snap = Some(taken.await.map_err(Err)?);
+                    let snap = taken.await.map_err(Err)?;
+                    for s in &snap.statements {
+                        if let Some(told) = s.described.told() {
+                            self.tracker.record_told_shape(&s.name, told);
+                        }
+                    }
+                    self.snap = Some(snap);
                     decision = m.mobility.snapshot_taken(self.view());
                 }
                 Decision::MarkIdle => {

@@ -94,6 +94,18 @@ pub enum Described {
     Failed,
 }
 
+impl Described {
+    /// The shape to remember as what the client was told (`Some(None)`: no rows), unless
+    /// describing failed.
+    pub fn told(self) -> Option<Option<u64>> {
+        match self {
+            Described::Rows(shape) => Some(Some(shape)),
+            Described::NoRows => Some(None),
+            Described::Failed => None,
+        }
+    }
+}
+
 impl PreparedStatement {
     /// This statement, not to be used as the new backend connection holds it.
     fn stale(&self, answer: StaleAnswer) -> StaleStatement {
@@ -147,12 +159,16 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// A statement already stale on this connection stays so wherever the session goes next:
-    /// one made again with other rows is recorded as failing to describe, one that could not
+    /// A statement is recorded as the client was told it (when the gateway first described
+    /// it), not as it looks now: a table changed and changed back leaves it usable, as
+    /// Postgres checks each use against the statement's first shape. One stale on this
+    /// connection and never described is recorded as failing to describe; one that could not
     /// be made again keeps the error its use answers.
     fn carry_stale(&mut self, tracker: &SessionTracker, limits: SnapshotLimits) {
         for s in self.statements.iter_mut() {
-            if tracker.is_stale(&s.name) {
+            if let Some(told) = tracker.told_shape(&s.name) {
+                s.described = told.map_or(Described::NoRows, Described::Rows);
+            } else if tracker.is_stale(&s.name) {
                 s.described = Described::Failed;
             }
         }

@@ -182,16 +182,21 @@ impl GenStep {
                 }
                 _ => "DROP FUNCTION IF EXISTS pg_temp.tf()",
             })],
+            // The main session may hold a lock on gt in an open transaction: the DDL then gives
+            // up on both sides alike instead of waiting for a step that never comes.
             GenStep::OtherDdl { which } => vec![side(match which % 4 {
                 0 => {
-                    "ALTER TABLE gt DROP COLUMN IF EXISTS a; ALTER TABLE gt ADD COLUMN a int; UPDATE gt SET a = 1"
+                    "SET lock_timeout = '2s'; ALTER TABLE gt DROP COLUMN IF EXISTS a; \
+                     ALTER TABLE gt ADD COLUMN a int; UPDATE gt SET a = 1"
                 }
-                1 => "ALTER TABLE gt ALTER COLUMN b TYPE bigint",
+                1 => "SET lock_timeout = '2s'; ALTER TABLE gt ALTER COLUMN b TYPE bigint",
                 2 => {
-                    "DROP TABLE IF EXISTS gt; CREATE TABLE gt (a int, b int); INSERT INTO gt VALUES (1, 3); \
-                      GRANT ALL ON gt TO {db}_r, {db}_s"
+                    "SET lock_timeout = '2s'; DROP TABLE IF EXISTS gt; CREATE TABLE gt (a int, b int); \
+                     INSERT INTO gt VALUES (1, 3); GRANT ALL ON gt TO {db}_r, {db}_s"
                 }
-                _ => "ALTER TABLE gt ADD COLUMN IF NOT EXISTS c text DEFAULT 'c'",
+                _ => {
+                    "SET lock_timeout = '2s'; ALTER TABLE gt ADD COLUMN IF NOT EXISTS c text DEFAULT 'c'"
+                }
             })],
             GenStep::Seed => vec![q("SELECT setseed(0.3)"), q("SELECT random()")],
             GenStep::Insert => vec![q(

@@ -99,6 +99,19 @@ pub fn all() -> Vec<Scenario> {
             ],
         ),
         sc(
+            // Found by the generator: Postgres checks each use against the statement's first
+            // shape, so a change undone before the next use leaves it working.
+            "table_changed_and_changed_back_under_statement",
+            vec![
+                prep("s", "SELECT * FROM gt", &[]),
+                exec("s", &[]),
+                side("ALTER TABLE gt ALTER COLUMN b TYPE bigint"),
+                q("SELECT 1"),
+                side("ALTER TABLE gt ALTER COLUMN b TYPE int"),
+                exec("s", &[]),
+            ],
+        ),
+        sc(
             "parameter_type_changed_under_statement",
             vec![
                 prep("by_a", GT_BY_A, &[23]),
