@@ -109,6 +109,17 @@ pub fn row_shape(body: &[u8]) -> Option<u64> {
     Some(hash.0)
 }
 
+/// The parameter type OIDs of a ParameterDescription body; `None` when malformed.
+pub fn parameter_types(body: &[u8]) -> Option<Vec<u32>> {
+    let n = usize::from(u16::from_be_bytes(body.get(..2)?.try_into().ok()?));
+    let oids = body.get(2..2 + 4 * n)?;
+    Some(
+        oids.chunks_exact(4)
+            .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    )
+}
+
 /// FNV-1a, enough to tell shapes apart without keeping them.
 struct Fnv(u64);
 

@@ -6,7 +6,9 @@
 //! the random generator's state cannot be read at all. The names come from every byte of a
 //! Query's or Parse's text (not a prefix of it), and from the parameters bound to a statement
 //! whose text passes its setting name as a parameter (`set_config($1, …)`). A name the text
-//! computes at run time cannot be learnt, so such a text pins the session instead.
+//! computes at run time cannot be learnt, so such a text pins the session instead. A dotted
+//! name passed as a literal argument to any function is kept as a candidate too: a function
+//! or trigger the database holds may set a setting by the name it is given.
 
 /// Bytes after a keyword that matching it may need (`set session ` and a long name).
 const LOOKAHEAD: usize = 192;
@@ -26,6 +28,10 @@ pub(crate) struct Findings {
     pub bound: bool,
     /// It passes a setting's name to `set_config` as an expression the gateway cannot read.
     pub computed: bool,
+    /// Dotted names it passes as string literal arguments to any function (`dyn_set('app.x',
+    /// …)`, `VALUES ('app.x', …)`): a function or trigger may set a setting by a name it is
+    /// given, which no text shows in a `SET`.
+    pub candidates: Vec<String>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -116,6 +122,12 @@ impl TextWatch {
             let first = self.window[i].to_ascii_lowercase();
             if !is_word(before) && matches!(first, b's' | b'r' | b'c' | b'l') {
                 note_at(&self.window[i..], &mut self.found);
+            } else if first == b'\''
+                && (before == b'(' || before == b',' || before.is_ascii_whitespace())
+                && let Some(name) = literal_name(&self.window[i + 1..])
+                && name.contains('.')
+            {
+                self.found.candidates.push(name);
             }
         }
         if upto > 0 {
@@ -381,6 +393,22 @@ mod tests {
             }
         }
         b
+    }
+
+    #[test]
+    fn dotted_literal_arguments_are_candidates() {
+        let text = "select dyn_set('App.Dyn', 'v'), f( 'x.y' ), g('a.b' || c); \
+                    insert into kv values ('app.row','v'); select 'not.arg' as n, 'it''s.x'";
+        for chunk in [1, 5, 4096] {
+            let f = watch(b'Q', &query(text), chunk);
+            assert_eq!(f.candidates, ["app.dyn", "x.y", "app.row"], "{chunk}");
+            assert!(f.names.is_empty() && !f.computed);
+        }
+        let f = watch(b'Q', &query("select set_config('app.w', 'v', false)"), 3);
+        assert_eq!(
+            (f.names, f.candidates),
+            (vec!["app.w".into()], vec!["app.w".into()])
+        );
     }
 
     #[test]

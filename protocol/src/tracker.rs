@@ -287,6 +287,9 @@ pub struct SessionTracker {
     pins: Pins,
     statements: BTreeSet<Box<str>>,
     custom_settings: BTreeSet<Box<str>>,
+    /// Dotted names the client passed as literal arguments, any of which a function may have
+    /// set; past the limit the rest are not asked for (they are guesses, not settings seen).
+    candidate_settings: BTreeSet<Box<str>>,
     /// Query texts of the client's messages, watched for setting names and `setseed`.
     text: TextWatch,
     /// Named statements whose text passes a setting's name to `set_config` as a parameter:
@@ -294,6 +297,10 @@ pub struct SessionTracker {
     setting_statements: BTreeSet<Box<str>>,
     /// The unnamed statement does so.
     unnamed_sets_setting: bool,
+    /// Text of the last unnamed statement the client made, while it may still exist (a
+    /// simple Query or a failed Parse destroys it); `None` also when its Parse was too long
+    /// to keep. A client may bind it in a later batch, so a move carries it.
+    unnamed_text: Option<Box<str>>,
     /// A text called `currval` or `lastval`: the session relies on sequence state.
     reads_sequences: bool,
     /// How each named statement's rows looked when first recorded after the client made it
@@ -328,9 +335,11 @@ impl SessionTracker {
             pins: Pins::none(),
             statements: BTreeSet::new(),
             custom_settings: BTreeSet::new(),
+            candidate_settings: BTreeSet::new(),
             text: TextWatch::default(),
             setting_statements: BTreeSet::new(),
             unnamed_sets_setting: false,
+            unnamed_text: None,
             reads_sequences: false,
             told: BTreeMap::new(),
             stale: StaleStatements::default(),
@@ -380,6 +389,9 @@ impl SessionTracker {
         self.note_findings(&found);
         match tag {
             b'Q' | b'F' => {
+                if tag == b'Q' {
+                    self.unnamed_text = None;
+                }
                 let op = if tag == b'Q' {
                     sql_statement_op(body)
                 } else {
@@ -402,7 +414,10 @@ impl SessionTracker {
                     Some(n) => {
                         self.setting_statements.remove(n);
                     }
-                    None => self.unnamed_sets_setting = found.bound,
+                    None => {
+                        self.unnamed_sets_setting = found.bound;
+                        self.keep_unnamed_text(body);
+                    }
                 }
                 self.ops.push_back(Op::Parse(name));
                 self.unsynced = true;
@@ -441,6 +456,13 @@ impl SessionTracker {
         for name in &found.names {
             self.remember_setting(name.clone());
         }
+        for name in &found.candidates {
+            if self.candidate_settings.len() < self.limits.max_custom_settings
+                && !self.custom_settings.contains(name.as_str())
+            {
+                self.candidate_settings.insert(name.as_str().into());
+            }
+        }
         if found.computed {
             self.pins.insert(Pins::UNTRACKED_SETTINGS);
         }
@@ -474,6 +496,24 @@ impl SessionTracker {
                 std::str::from_utf8(name).is_ok_and(|n| self.setting_statements.contains(n))
             }
             None => false,
+        }
+    }
+
+    /// Keeps the text of a Parse of the unnamed statement whose kept bytes are `body`, when
+    /// they hold all of it (the name, the text, and the parameter types after it).
+    fn keep_unnamed_text(&mut self, body: &[u8]) {
+        let text = body.get(1..).and_then(|rest| {
+            let end = rest.iter().position(|&b| b == 0)?;
+            let after = &rest[end + 1..];
+            let count = usize::from(u16::from_be_bytes(after.get(..2)?.try_into().ok()?));
+            (after.len() == 2 + 4 * count)
+                .then(|| std::str::from_utf8(&rest[..end]).ok())
+                .flatten()
+        });
+        match text {
+            Some(t) if self.unnamed_text.as_deref() == Some(t) => {}
+            Some(t) => self.unnamed_text = Some(t.into()),
+            None => self.unnamed_text = None,
         }
     }
 
@@ -537,7 +577,11 @@ impl SessionTracker {
             }
             b'E' => {
                 // The backend skips the rest of an extended-protocol batch until Sync: its
-                // Parse and Close requests never happen.
+                // Parse and Close requests never happen. A failed Parse of the unnamed
+                // statement has already destroyed the one before.
+                if matches!(self.ops.front(), Some(Op::Parse(None))) {
+                    self.unnamed_text = None;
+                }
                 while matches!(self.ops.front(), Some(Op::Parse(_) | Op::Close(_))) {
                     self.ops.pop_front();
                 }
@@ -649,9 +693,19 @@ impl SessionTracker {
         self.statements.iter().map(|s| &**s)
     }
 
-    /// Custom (`prefix.name`) settings the client may have set; the snapshot reads their values.
+    /// Text of the unnamed statement the client made last, if it may still exist and was short
+    /// enough to keep; the snapshot asks the backend whether it does.
+    pub fn unnamed_text(&self) -> Option<&str> {
+        self.unnamed_text.as_deref()
+    }
+
+    /// Custom (`prefix.name`) settings the client may have set, and the dotted names it passed
+    /// to functions that may set them; the snapshot reads the values of those that exist.
     pub fn custom_settings(&self) -> impl Iterator<Item = &str> {
-        self.custom_settings.iter().map(|s| &**s)
+        self.custom_settings
+            .iter()
+            .chain(self.candidate_settings.difference(&self.custom_settings))
+            .map(|s| &**s)
     }
 
     /// Number of named prepared statements tracked.
@@ -718,12 +772,17 @@ impl SessionTracker {
 
     /// The backend connection was replaced by a fresh one holding these statements (after a
     /// revival); the `stale` ones describe other rows than the client was told or could not be
-    /// made again, and their uses answer as given. In-stream state starts over, status idle.
+    /// made again, and their uses answer as given; the unnamed statement is there again only
+    /// when `unnamed_restored`. In-stream state starts over, status idle.
     pub fn reset_for_new_backend<'a>(
         &mut self,
         statements: impl IntoIterator<Item = &'a str>,
         stale: impl IntoIterator<Item = (&'a str, StaleStatement)>,
+        unnamed_restored: bool,
     ) {
+        if !unnamed_restored {
+            self.unnamed_text = None;
+        }
         self.stale = StaleStatements::start(stale.into_iter().map(|(n, a)| (n.into(), a)));
         self.backend = Reader::default();
         self.status = TxStatus::Idle;
@@ -995,6 +1054,39 @@ mod tests {
         b.extend(cstr(text));
         b.extend([0, 0]);
         msg(b'P', &b)
+    }
+
+    #[test]
+    fn the_unnamed_statement_text_lives_until_a_query_or_a_failed_parse() {
+        let mut t = SessionTracker::default();
+        t.observe_client(&[parse_text("", "select 1"), sync()].concat(), now());
+        t.observe_backend(&[msg(b'1', &[]), ready(b'I')].concat(), now());
+        assert_eq!(t.unnamed_text(), Some("select 1"));
+        t.observe_client(&[bind_text("", &[]), sync()].concat(), now());
+        t.observe_backend(&ready(b'I'), now());
+        assert_eq!(t.unnamed_text(), Some("select 1"), "binding keeps it");
+        t.observe_client(&query("select 2"), now());
+        t.observe_backend(&[complete("SELECT 1"), ready(b'I')].concat(), now());
+        assert_eq!(t.unnamed_text(), None, "a simple query destroys it");
+
+        t.observe_client(&[parse_text("", "select 3"), sync()].concat(), now());
+        t.observe_backend(&[msg(b'1', &[]), ready(b'I')].concat(), now());
+        t.observe_client(&[parse_text("", "selec 4"), sync()].concat(), now());
+        t.observe_backend(&[error(), ready(b'I')].concat(), now());
+        assert_eq!(
+            t.unnamed_text(),
+            None,
+            "a failed parse destroyed the one before"
+        );
+
+        let long = format!("select '{}'", "x".repeat(2000));
+        t.observe_client(&[parse_text("", &long), sync()].concat(), now());
+        t.observe_backend(&[msg(b'1', &[]), ready(b'I')].concat(), now());
+        assert_eq!(t.unnamed_text(), None, "too long to keep");
+        t.observe_client(&[parse_text("", "select 5"), sync()].concat(), now());
+        t.observe_backend(&[msg(b'1', &[]), ready(b'I')].concat(), now());
+        t.reset_for_new_backend([], [], false);
+        assert_eq!(t.unnamed_text(), None, "not made again on the new backend");
     }
 
     #[test]

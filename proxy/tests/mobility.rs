@@ -213,18 +213,40 @@ async fn temporary_functions_and_setseed_pin_the_session() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sequence_state_pins_once_read_or_always_when_asked() {
-    let gw = gateway(None).await;
-    let other = connect_other(&gw).await;
-    other
-        .batch_execute("drop table if exists seq_rows; create table seq_rows (id serial, v int)")
-        .await
-        .unwrap();
+async fn sequence_state_pins_by_default_or_once_read_when_asked() {
     let pins = |gw: &Gateway| {
         gw.labelled_metric("pgwake_session_pins_total", &[("reason", "sequence_state")])
     };
+    let fresh_table = async |gw: &Gateway| {
+        connect_other(gw)
+            .await
+            .batch_execute(
+                "drop table if exists seq_rows; create table seq_rows (id serial, v int)",
+            )
+            .await
+            .unwrap();
+    };
 
-    // A session that inserts rows and never reads currval keeps moving (its tenant can sleep).
+    // By default drawing alone pins, and currval answers as it did.
+    let strict = gateway(None).await;
+    fresh_table(&strict).await;
+    let c = connect(&strict).await;
+    let moved = run_then_park(&strict, &c, "insert into seq_rows (v) values (3)").await;
+    assert!(!moved, "drawing from a sequence pins by default");
+    assert!(pins(&strict) >= 1.0);
+    let drawn = text(&c, "select currval('seq_rows_id_seq')::text").await;
+    let max = text(&c, "select max(id)::text from seq_rows").await;
+    assert_eq!(drawn, max);
+    // DISCARD SEQUENCES forgets the state: the session moves again.
+    assert!(run_then_park(&strict, &c, "discard sequences").await);
+    // A session that never drew moves.
+    let c = connect(&strict).await;
+    assert!(run_then_park(&strict, &c, "select 1").await);
+
+    // revival.sequence_state = "pin_if_read": a session that inserts rows and never reads
+    // currval keeps moving (its tenant can sleep).
+    let gw = gateway_with(None, "sequence_state = \"pin_if_read\"\n").await;
+    fresh_table(&gw).await;
     let c = connect(&gw).await;
     assert!(run_then_park(&gw, &c, "insert into seq_rows (v) values (1)").await);
     assert_eq!(pins(&gw), 0.0);
@@ -244,27 +266,6 @@ async fn sequence_state_pins_once_read_or_always_when_asked() {
     assert_eq!(drawn, last);
     let max = text(&c, "select max(id)::text from seq_rows").await;
     assert_eq!(drawn, max);
-
-    // DISCARD SEQUENCES forgets the state: the session moves again.
-    assert!(run_then_park(&gw, &c, "discard sequences").await);
-
-    // revival.sequence_state = "pin": drawing alone pins.
-    let strict = gateway_with(None, "sequence_state = \"pin\"\n").await;
-    let other = connect_other(&strict).await;
-    other
-        .batch_execute("drop table if exists seq_rows; create table seq_rows (id serial, v int)")
-        .await
-        .unwrap();
-    let c = connect(&strict).await;
-    let moved = run_then_park(&strict, &c, "insert into seq_rows (v) values (3)").await;
-    assert!(!moved, "drawing from a sequence pins under \"pin\"");
-    assert!(pins(&strict) >= 1.0);
-    let drawn = text(&c, "select currval('seq_rows_id_seq')::text").await;
-    let max = text(&c, "select max(id)::text from seq_rows").await;
-    assert_eq!(drawn, max);
-    // A session that never drew moves under either policy.
-    let c = connect(&strict).await;
-    assert!(run_then_park(&strict, &c, "select 1").await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -64,24 +64,27 @@ impl Default for RevivalConfig {
             max_statements: 1000,
             max_custom_settings: 256,
             max_snapshot: ByteSize::kib(256),
-            sequence_state: SequenceStatePolicy::PinIfRead,
+            sequence_state: SequenceStatePolicy::Pin,
         }
     }
 }
 
 /// When a session that drew from a sequence (`nextval`, a serial or identity column) is
-/// pinned. A pinned idle session keeps its tenant awake, so pinning every such session would
-/// keep awake any tenant whose clients insert rows.
+/// pinned. Its `currval` and `lastval` cannot be set on another backend without moving the
+/// sequence for everyone, so by default such a session stays where it is until `DISCARD
+/// SEQUENCES` or `DISCARD ALL`; a pinned idle session keeps its tenant awake, which is what
+/// `pin_if_read` trades away.
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum SequenceStatePolicy {
+    /// Always: every `currval` and `lastval` answers as on Postgres, and a session that
+    /// inserted into a serial column keeps its tenant awake while it is open.
+    #[default]
+    Pin,
     /// Once the session's own text has called `currval` or `lastval`: a client that reads
     /// them does so again. One that first reads them after a move gets ERROR 55000, as on a
-    /// new connection.
-    #[default]
+    /// new connection; for applications that never read them, so their tenants can sleep.
     PinIfRead,
-    /// Always: every `currval` and `lastval` answers as on Postgres, at the cost of sleep.
-    Pin,
 }
 
 /// What a pinned idle session does to an idle tenant.

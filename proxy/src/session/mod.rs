@@ -479,7 +479,8 @@ impl<'g> Live<'g> {
                     self.migrate_rx = self.current.claim.migrate_requests();
                     let names = restored.statements.iter().map(String::as_str);
                     let stale = restored.stale.iter().map(|(n, a)| (n.as_str(), a.clone()));
-                    self.tracker.reset_for_new_backend(names, stale);
+                    self.tracker
+                        .reset_for_new_backend(names, stale, restored.unnamed);
                     self.snap = Some(snapshot);
                     return Ok(self);
                 }

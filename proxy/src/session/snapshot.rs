@@ -1,6 +1,6 @@
 //! Recording a session's state on its backend with plain SQL, and restoring it on a new backend
 //! connection: session-level settings first (a `search_path` change alters what a statement
-//! means), then session authorization and role, then prepared statements.
+//! means), then session authorization and role, then prepared statements, the unnamed one last.
 //!
 //! Restoring runs only statements the gateway composed, and a `PREPARE` a client sent inside a
 //! longer text is made again from that one statement, through the extended protocol, where the
@@ -10,8 +10,9 @@
 //! decide what the session may do, end it when they cannot be restored.
 //!
 //! Not carried over, by design: notifications (LISTEN pins a session instead, as does sequence
-//! state: `currval` and `lastval`), unnamed statements and portals, and anything a session keeps
-//! in extension-private memory. Prepared statements are re-parsed with their recorded parameter
+//! state: `currval` and `lastval`), the unnamed portal (it ends with its transaction), an
+//! unnamed statement whose Parse was too long for the tracker to keep, and anything a session
+//! keeps in extension-private memory. Prepared statements are re-parsed with their recorded parameter
 //! type OIDs, which hold on the same cluster (a tenant's database after a sleep or restart).
 
 use std::time::Duration;
@@ -53,6 +54,7 @@ UNION ALL SELECT 'x', 'temp', (pg_my_temp_schema() <> 0 AND ( \
  OR EXISTS (SELECT FROM pg_ts_parser WHERE prsnamespace = pg_my_temp_schema()) \
  OR EXISTS (SELECT FROM pg_ts_template WHERE tmplnamespace = pg_my_temp_schema()) \
  OR EXISTS (SELECT FROM pg_statistic_ext WHERE stxnamespace = pg_my_temp_schema())))::text, NULL \
+UNION ALL SELECT 't', 'temp_schema', (pg_my_temp_schema() <> 0)::text, NULL \
 UNION ALL SELECT 'x', 'advisory', (EXISTS (SELECT FROM pg_locks \
  WHERE locktype = 'advisory' AND pid = pg_backend_pid()))::text, NULL \
 UNION ALL SELECT 'x', 'listen', (EXISTS (SELECT FROM pg_listening_channels()))::text, NULL \
@@ -132,6 +134,17 @@ pub struct PreparedStatement {
     pub described: Described,
 }
 
+/// The session's unnamed statement as the backend describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnnamedStatement {
+    /// Its text, as the client's Parse gave it.
+    pub text: String,
+    /// Parameter type OIDs as the server resolved them.
+    pub param_types: Vec<u32>,
+    /// Its result.
+    pub described: Described,
+}
+
 /// A session's state, recorded at a safe point.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
@@ -147,6 +160,12 @@ pub struct Snapshot {
     pub role: Option<String>,
     /// Named prepared statements.
     pub statements: Vec<PreparedStatement>,
+    /// The unnamed statement, when the client made it with a text short enough to keep and it
+    /// still exists: a client may bind it in a later batch.
+    pub unnamed: Option<UnnamedStatement>,
+    /// The session has a temporary schema (it made a temporary object once, since dropped):
+    /// `pg_my_temp_schema()` and `current_schemas(true)` show it.
+    pub temp_schema: bool,
     /// Statements that could not be made again at an earlier revival and that the client has
     /// not closed, with the ErrorResponse their use answers.
     pub failed: Vec<(String, StaleStatement)>,
@@ -336,13 +355,14 @@ pub async fn take_snapshot(
     if let Some(e) = failure {
         return Err(StateError::Backend(e));
     }
+    let unnamed = tracker.unnamed_text();
     describe_statements(
         backend,
         client,
         &mut snap,
-        limits.max_message,
-        deadline,
-        wait,
+        unnamed,
+        limits,
+        (deadline, wait),
     )
     .await?;
     snap.carry_stale(tracker, limits);
@@ -364,21 +384,27 @@ async fn next_message(
 }
 
 /// Records how each protocol-level statement's result looks now, as the client was told when
-/// it prepared it (or, if it changed since, fails to describe, as its next use would fail).
+/// it prepared it (or, if it changed since, fails to describe, as its next use would fail), and
+/// whether the unnamed statement whose text the tracker kept (`unnamed`) still exists.
 async fn describe_statements(
     backend: &mut Stream,
     client: &mut Stream,
     snap: &mut Snapshot,
-    max_message: usize,
-    deadline: Instant,
-    wait: Duration,
+    unnamed: Option<&str>,
+    limits: SnapshotLimits,
+    (deadline, wait): (Instant, Duration),
 ) -> Result<(), StateError> {
     let mut out = Vec::new();
-    let mut asked = Vec::new();
+    let mut asked: Vec<Option<usize>> = Vec::new();
     for (i, s) in snap.statements.iter().enumerate() {
         frontend::describe_statement(&mut out, &s.name);
         frontend::sync(&mut out);
-        asked.push(i);
+        asked.push(Some(i));
+    }
+    if unnamed.is_some() {
+        frontend::describe_statement(&mut out, "");
+        frontend::sync(&mut out);
+        asked.push(None);
     }
     if asked.is_empty() {
         return Ok(());
@@ -388,17 +414,39 @@ async fn describe_statements(
     let mut answers = asked.into_iter();
     let mut current = answers.next();
     let mut described = Described::Failed;
-    while let Some(i) = current {
-        let msg = next_message(backend, max_message, deadline, wait).await?;
+    let mut exists = false;
+    let mut param_types = Vec::new();
+    while let Some(asked) = current {
+        let msg = next_message(backend, limits.max_message, deadline, wait).await?;
         match msg.tag() {
+            b't' => {
+                exists = true;
+                param_types = frontend::parameter_types(msg.body()).unwrap_or_default();
+            }
             b'T' => {
                 described =
                     frontend::row_shape(msg.body()).map_or(Described::Failed, Described::Rows)
             }
             b'n' => described = Described::NoRows,
-            b'E' => described = Described::Failed,
+            b'E' => {
+                exists = false;
+                described = Described::Failed;
+            }
             b'Z' => {
-                snap.statements[i].described = std::mem::replace(&mut described, Described::Failed);
+                let described = std::mem::replace(&mut described, Described::Failed);
+                match (asked, unnamed) {
+                    (Some(i), _) => snap.statements[i].described = described,
+                    (None, Some(text)) if exists && described != Described::Failed => {
+                        snap.size += text.len();
+                        snap.unnamed = Some(UnnamedStatement {
+                            text: text.to_owned(),
+                            param_types: std::mem::take(&mut param_types),
+                            described,
+                        });
+                    }
+                    (None, _) => {}
+                }
+                exists = false;
                 current = answers.next();
             }
             b'N' | b'A' | b'S' => client
@@ -426,6 +474,7 @@ impl Snapshot {
             "s" => self.settings.push((name, value)),
             "a" if value != login_user => self.session_authorization = Some(value),
             "r" if value != "none" => self.role = Some(value),
+            "t" => self.temp_schema = value == "true",
             "p" => {
                 // `{23,25}true`: the type array, then from_sql.
                 let (types, from_sql) = match extra.rfind('}') {
@@ -474,16 +523,29 @@ impl Snapshot {
     }
 }
 
+/// Gives a new backend connection a temporary schema, as the session had one: a temporary
+/// table made and dropped at once.
+const TEMP_SCHEMA_SQL: &str = "DO $pgwake$BEGIN IF pg_catalog.pg_my_temp_schema() = 0 THEN \
+ CREATE TEMP TABLE \"\u{7f}pgwake temp schema\" (); DROP TABLE pg_temp.\"\u{7f}pgwake temp schema\"; \
+ END IF; END$pgwake$";
+
 /// What one pipelined step of a restore is for, so its answer can be judged.
 #[derive(Clone, Copy, Debug)]
 enum Step<'a> {
     /// A setting: left out when the server refuses it (it fails where it is used).
     Setting(&'a str),
+    /// The temporary schema: left out when the server refuses it.
+    TempSchema,
     /// Session authorization or role: the session ends when it cannot be restored, as it
     /// would otherwise run with other privileges than it had.
     Identity(&'a str),
     /// A prepared statement, made again and described.
     Statement(&'a PreparedStatement),
+    /// The unnamed statement, made again and described.
+    Unnamed(&'a UnnamedStatement),
+    /// Closing the unnamed statement the restore itself (or an earlier user of a kept
+    /// connection) left, as the session had none to carry.
+    NoUnnamed,
 }
 
 /// The outcome of a restore: which statements the new backend connection holds.
@@ -500,6 +562,8 @@ pub struct Restored {
     /// Pieces left out (settings refused, statements that no longer parse): each fails where
     /// it is used.
     pub left_out: usize,
+    /// The session's unnamed statement was made again, as the client was told it.
+    pub unnamed: bool,
 }
 
 /// Restores `snap` on a freshly logged-in backend: settings with `set_config`, then session
@@ -523,6 +587,15 @@ pub async fn restore(
         assign(&mut out, name, value);
         steps.push(Step::Setting(name));
     }
+    if snap.temp_schema {
+        // After the settings (temp_buffers must be set before the first temporary table) and
+        // as the login user, who may make temporary objects where a SET ROLE may not.
+        frontend::parse(&mut out, "", TEMP_SCHEMA_SQL, &[]);
+        frontend::bind_text(&mut out, "", &[]);
+        frontend::execute(&mut out);
+        frontend::sync(&mut out);
+        steps.push(Step::TempSchema);
+    }
     if let Some(a) = &snap.session_authorization {
         assign(&mut out, "session_authorization", a);
         steps.push(Step::Identity("session_authorization"));
@@ -545,11 +618,21 @@ pub async fn restore(
         frontend::sync(&mut out);
         steps.push(Step::Statement(s));
     }
+    // Last, as the steps above make unnamed statements of their own.
+    match &snap.unnamed {
+        Some(u) => {
+            frontend::parse(&mut out, "", &u.text, &u.param_types);
+            frontend::describe_statement(&mut out, "");
+            steps.push(Step::Unnamed(u));
+        }
+        None => {
+            frontend::close_statement(&mut out, "");
+            steps.push(Step::NoUnnamed);
+        }
+    }
+    frontend::sync(&mut out);
     let mut restored = Restored::default();
     restored.stale.extend(snap.failed.iter().cloned());
-    if steps.is_empty() {
-        return Ok(restored);
-    }
     backend.write_all(&out).await?;
     backend.flush().await?;
     let wait = deadline.saturating_duration_since(Instant::now());
@@ -579,6 +662,19 @@ pub async fn restore(
             _ => {}
         }
     }
+    if snap.unnamed.is_some() && !restored.unnamed {
+        // It now returns other rows than the client was told: gone is safer than wrong.
+        let mut out = Vec::new();
+        frontend::close_statement(&mut out, "");
+        frontend::sync(&mut out);
+        backend.write_all(&out).await?;
+        backend.flush().await?;
+        while next_message(backend, max_message, deadline, wait)
+            .await?
+            .tag()
+            != b'Z'
+        {}
+    }
     Ok(restored)
 }
 
@@ -599,7 +695,11 @@ fn judge(
             debug!(setting = name, code = %e.code, "a setting could not be restored; left out");
             restored.left_out += 1;
         }
-        (Step::Setting(_), None) => {}
+        (Step::Setting(_), None) | (Step::TempSchema, None) => {}
+        (Step::TempSchema, Some((e, _))) => {
+            debug!(code = %e.code, "the temporary schema could not be made; left out");
+            restored.left_out += 1;
+        }
         (Step::Statement(s), Some((e, bytes))) => {
             // Postgres would meet the same error when it next used the statement.
             debug!(statement = %s.name, code = %e.code, "a prepared statement could not be made again; its use answers that error");
@@ -607,6 +707,16 @@ fn judge(
             restored
                 .stale
                 .push((s.name.clone(), s.stale(StaleAnswer::Failed(bytes.into()))));
+        }
+        (Step::NoUnnamed, _) => {}
+        (Step::Unnamed(_), Some((e, _))) => {
+            debug!(code = %e.code, "the unnamed statement could not be made again; left out");
+            restored.left_out += 1;
+        }
+        (Step::Unnamed(u), None) if u.described == described => restored.unnamed = true,
+        (Step::Unnamed(_), None) => {
+            debug!("the unnamed statement now describes other rows; left out");
+            restored.left_out += 1;
         }
         (Step::Statement(s), None) if s.described == described => {
             restored.statements.push(s.name.clone());

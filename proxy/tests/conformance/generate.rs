@@ -225,10 +225,11 @@ fn probe() -> Step {
     ))
 }
 
-/// The ways of setting a custom setting that go through a function naming it at run time
-/// (`set_k(name, value)`, a trigger that takes the name from the inserted row): a known gap
-/// (see the README), left out of the sequences unless `known_gaps` is asked for.
-const RUN_TIME_NAMES: [u8; 2] = [4, 6];
+/// The way of setting a custom setting whose name only the inserted row holds (a trigger that
+/// takes it from a bound parameter): a known gap (see the README), left out of the sequences
+/// unless `known_gaps` is asked for. A function given the name as a literal (`set_k('app.k',
+/// …)`) is not a gap: the gateway asks for every dotted literal argument.
+const RUN_TIME_NAMES: [u8; 1] = [6];
 
 fn gen_step(known_gaps: bool) -> impl Strategy<Value = GenStep> {
     let k = 0..KEYS.len();
