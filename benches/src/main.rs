@@ -22,6 +22,7 @@ mod peers;
 mod pgbench;
 mod process;
 mod queued;
+mod raw_login;
 mod report;
 mod revive;
 mod scale;

@@ -14,14 +14,14 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use pgwake_protocol::auth;
-use pgwake_protocol::scram::{Nonce, SCRAM_SHA_256, ScramClient, ScramKeys};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use pgwake_protocol::scram::ScramKeys;
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::task::JoinSet;
 
 use crate::gateway::{LocalGateway, Spec, StopReport};
 use crate::process::{ProcSample, Stopped, load_average};
+use crate::raw_login;
 use crate::report::Facts;
 
 /// How many clients queue.
@@ -247,69 +247,20 @@ async fn open(
     Ok(out)
 }
 
-/// Authentication request codes (the Int32 after an `R` message's length).
-const AUTH_OK: i32 = 0;
-const AUTH_SASL: i32 = 10;
-const AUTH_SASL_CONTINUE: i32 = 11;
-const AUTH_SASL_FINAL: i32 = 12;
-
 /// One client: startup message, the gateway's SCRAM exchange up to AuthenticationOk. The gateway
 /// authenticates before it wakes anything, so from here on the connection waits in the queue.
 async fn queue_one(port: u16, startup: &[u8], login: &Login) -> Result<TcpStream> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).await?;
     s.set_nodelay(true)?;
     s.write_all(startup).await?;
-    auth_request(&mut s, AUTH_SASL).await?;
-    let scram = ScramClient::new(Nonce::from_random(rand::random()));
-    s.write_all(&auth::sasl_initial_response(
-        SCRAM_SHA_256,
-        &scram.client_first(),
-    ))
+    raw_login::scram(&mut s, |salt, iterations| {
+        login
+            .keys
+            .get_or_init(|| ScramKeys::from_password(&login.password, salt, iterations))
+            .clone()
+    })
     .await?;
-    let server_first = auth_request(&mut s, AUTH_SASL_CONTINUE).await?;
-    let challenge = scram.handle_server_first(&server_first)?;
-    let keys = login.keys.get_or_init(|| {
-        ScramKeys::from_password(&login.password, challenge.salt(), challenge.iterations())
-    });
-    let (awaiting, client_final) = challenge.client_final(keys)?;
-    s.write_all(&auth::sasl_response(&client_final)).await?;
-    awaiting.verify_server_final(&auth_request(&mut s, AUTH_SASL_FINAL).await?)?;
-    auth_request(&mut s, AUTH_OK).await?;
     Ok(s)
-}
-
-/// Reads one message, which must be an Authentication request with `code`, and returns the data
-/// after the code. An ErrorResponse becomes an error carrying the server's message.
-async fn auth_request(s: &mut TcpStream, code: i32) -> Result<Vec<u8>> {
-    let mut header = [0u8; 5];
-    s.read_exact(&mut header).await?;
-    let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
-    if !(4..=65_536).contains(&len) {
-        bail!("message length {len} out of range");
-    }
-    let mut body = vec![0u8; len - 4];
-    s.read_exact(&mut body).await?;
-    match header[0] {
-        b'R' if body.len() >= 4 => {
-            let got = i32::from_be_bytes([body[0], body[1], body[2], body[3]]);
-            if got != code {
-                bail!("expected authentication request {code}, got {got}");
-            }
-            Ok(body.split_off(4))
-        }
-        b'E' => {
-            let message = body
-                .split(|b| *b == 0)
-                .find_map(|f| f.strip_prefix(b"M"))
-                .map(|m| String::from_utf8_lossy(m).into_owned())
-                .unwrap_or_default();
-            bail!("the gateway refused the login: {message}")
-        }
-        tag => bail!(
-            "expected authentication request {code}, got message {:?}",
-            tag as char
-        ),
-    }
 }
 
 /// Polls the tenant's status until `done` holds, failing after `limit` or when the tenant left

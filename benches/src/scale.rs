@@ -25,9 +25,8 @@ use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 
 use anyhow::{Context, Result, anyhow, bail};
-use pgwake_protocol::auth;
-use pgwake_protocol::scram::{Nonce, SCRAM_SHA_256, ScramClient, ScramKeys};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use pgwake_protocol::scram::ScramKeys;
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -36,6 +35,7 @@ use tokio_postgres::{Client, NoTls};
 use crate::client::Login;
 use crate::gateway::{LocalGateway, Spec, StopReport};
 use crate::process::{ProcSample, clock_ticks_per_second, load_average};
+use crate::raw_login;
 use crate::report::{Facts, fmt_ms, percentile};
 
 /// How much to run.
@@ -458,20 +458,7 @@ impl RawClient {
         let attempt = async {
             let mut s = tcp_from(from, login.port).await?;
             s.write_all(&startup_message(login)).await?;
-            expect_auth(&mut s, AUTH_SASL).await?;
-            let scram = ScramClient::new(Nonce::from_random(rand::random()));
-            s.write_all(&auth::sasl_initial_response(
-                SCRAM_SHA_256,
-                &scram.client_first(),
-            ))
-            .await?;
-            let server_first = expect_auth(&mut s, AUTH_SASL_CONTINUE).await?;
-            let challenge = scram.handle_server_first(&server_first)?;
-            let keys = keys.keys(challenge.salt(), challenge.iterations());
-            let (awaiting, client_final) = challenge.client_final(&keys)?;
-            s.write_all(&auth::sasl_response(&client_final)).await?;
-            awaiting.verify_server_final(&expect_auth(&mut s, AUTH_SASL_FINAL).await?)?;
-            expect_auth(&mut s, AUTH_OK).await?;
+            raw_login::scram(&mut s, |salt, iterations| keys.keys(salt, iterations)).await?;
             until_ready(&mut s).await?;
             Ok::<_, anyhow::Error>(RawClient { stream: s })
         };
@@ -499,12 +486,6 @@ impl RawClient {
     }
 }
 
-/// Authentication request codes (the Int32 after an `R` message's length).
-const AUTH_OK: i32 = 0;
-const AUTH_SASL: i32 = 10;
-const AUTH_SASL_CONTINUE: i32 = 11;
-const AUTH_SASL_FINAL: i32 = 12;
-
 /// The StartupMessage tokio-postgres sends: user, database, application_name, client_encoding.
 fn startup_message(login: &Login) -> Vec<u8> {
     let mut body = 196_608u32.to_be_bytes().to_vec();
@@ -525,46 +506,9 @@ fn startup_message(login: &Login) -> Vec<u8> {
     msg
 }
 
-/// One backend message: its tag and body.
-async fn read_message(s: &mut TcpStream) -> Result<(u8, Vec<u8>)> {
-    let mut header = [0u8; 5];
-    s.read_exact(&mut header).await?;
-    let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
-    if !(4..=1 << 20).contains(&len) {
-        bail!("message length {len} out of range");
-    }
-    let mut body = vec![0u8; len - 4];
-    s.read_exact(&mut body).await?;
-    if header[0] == b'E' {
-        let message = body
-            .split(|b| *b == 0)
-            .find_map(|f| f.strip_prefix(b"M"))
-            .map(|m| String::from_utf8_lossy(m).into_owned())
-            .unwrap_or_default();
-        bail!("error from the gateway: {message}");
-    }
-    Ok((header[0], body))
-}
-
-/// Reads an Authentication request, which must carry `code`; returns the data after it.
-async fn expect_auth(s: &mut TcpStream, code: i32) -> Result<Vec<u8>> {
-    let (tag, mut body) = read_message(s).await?;
-    if tag != b'R' || body.len() < 4 {
-        bail!(
-            "expected authentication request {code}, got {:?}",
-            tag as char
-        );
-    }
-    let got = i32::from_be_bytes([body[0], body[1], body[2], body[3]]);
-    if got != code {
-        bail!("expected authentication request {code}, got {got}");
-    }
-    Ok(body.split_off(4))
-}
-
 /// Reads messages until ReadyForQuery.
 async fn until_ready(s: &mut TcpStream) -> Result<()> {
-    while read_message(s).await?.0 != b'Z' {}
+    while raw_login::read_message(s).await?.0 != b'Z' {}
     Ok(())
 }
 
