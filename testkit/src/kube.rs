@@ -57,7 +57,26 @@ pub fn clusters_path(namespace: &str) -> String {
 
 /// The directory holding `build.sh`, `up.sh` and `down.sh`.
 pub fn scripts_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("k8s")
+    repo_root().join("testkit/k8s")
+}
+
+/// The repository's root, found at run time from where cargo runs the test (a package's
+/// folder) and only then from where this crate was compiled: a build cache shared between
+/// checkouts may hold a testkit compiled in a checkout that is gone.
+fn repo_root() -> PathBuf {
+    let runtime = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain(std::env::current_dir().ok());
+    for start in runtime {
+        if let Some(root) = start
+            .ancestors()
+            .find(|dir| dir.join("testkit/k8s").is_dir())
+        {
+            return root.to_path_buf();
+        }
+    }
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 /// Runs `build.sh` (a no-op when the binaries are cached) and returns the directory holding
@@ -145,7 +164,7 @@ fn build_sh_path(mode: &str, override_var: &str) -> io::Result<PathBuf> {
 
 /// The repository's `deploy/` folder.
 pub fn deploy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+    repo_root().join("deploy")
 }
 
 /// Renders the kustomization in `dir` (e.g. `deploy_dir().join("base")`) with kustomize and

@@ -26,7 +26,8 @@ DROP TABLE IF EXISTS gt;
 CREATE TABLE gt (a int, b int);
 INSERT INTO gt VALUES (1, 2);
 GRANT ALL ON gt TO {db}_r, {db}_s;
-TRUNCATE audit RESTART IDENTITY;
+TRUNCATE audit;
+TRUNCATE counted RESTART IDENTITY;
 TRUNCATE trig_t;
 ";
 
@@ -86,7 +87,12 @@ pub enum GenStep {
         which: u8,
     },
     Seed,
-    Insert,
+    /// Inserts a row, into the table with a sequence when `counted`.
+    Insert {
+        counted: bool,
+    },
+    /// Reads the session's sequence state.
+    SequenceRead,
     Probe,
 }
 
@@ -199,9 +205,13 @@ impl GenStep {
                 }
             })],
             GenStep::Seed => vec![q("SELECT setseed(0.3)"), q("SELECT random()")],
-            GenStep::Insert => vec![q(
+            GenStep::Insert { counted: false } => vec![q(
                 "INSERT INTO audit(note) VALUES ('w'); SELECT count(*) FROM audit",
             )],
+            GenStep::Insert { counted: true } => {
+                vec![q("INSERT INTO counted(note) VALUES ('w') RETURNING id")]
+            }
+            GenStep::SequenceRead => vec![q("SELECT currval('counted_id_seq')")],
             GenStep::Probe => vec![probe()],
         }
     }
@@ -220,7 +230,7 @@ fn probe() -> Step {
          current_user, session_user, current_setting('role') AS role, \
          (SELECT string_agg(name || ':' || parameter_types::text || ':' || from_sql, ',' ORDER BY name) \
           FROM pg_prepared_statements) AS statements, \
-         (SELECT count(*) FROM audit) AS writes",
+         (SELECT count(*) FROM audit) AS writes, (SELECT count(*) FROM counted) AS counted",
         keys.join(", ")
     ))
 }
@@ -255,7 +265,8 @@ fn gen_step(known_gaps: bool) -> impl Strategy<Value = GenStep> {
         1 => (0u8..6).prop_map(|which| GenStep::Pin { which }),
         2 => (0u8..4).prop_map(|which| GenStep::OtherDdl { which }),
         1 => Just(GenStep::Seed),
-        1 => Just(GenStep::Insert),
+        1 => any::<bool>().prop_map(|counted| GenStep::Insert { counted }),
+        1 => Just(GenStep::SequenceRead),
         2 => Just(GenStep::Probe),
     ]
 }

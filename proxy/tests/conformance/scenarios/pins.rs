@@ -133,7 +133,7 @@ pub fn all() -> Vec<Scenario> {
                 q("SAVEPOINT s1; INSERT INTO audit(note) VALUES ('undone')"),
                 q("ROLLBACK TO SAVEPOINT s1"),
                 q("COMMIT"),
-                q("SELECT note FROM audit ORDER BY id"),
+                q("SELECT note FROM audit ORDER BY ctid"),
             ],
         ),
         sc(
@@ -178,9 +178,9 @@ pub fn all() -> Vec<Scenario> {
         sc(
             "serial_insert_then_lastval",
             vec![
-                q("INSERT INTO audit(note) VALUES ('x')"),
+                q("INSERT INTO counted(note) VALUES ('x')"),
                 q("SELECT lastval()"),
-                q("SELECT currval('audit_id_seq')"),
+                q("SELECT currval('counted_id_seq')"),
             ],
         ),
         sc(
@@ -197,7 +197,7 @@ pub fn all() -> Vec<Scenario> {
                 copy_in("COPY audit(note) FROM STDIN", "a\nb\nc\n"),
                 q("SELECT count(*) FROM audit"),
                 copy_in("COPY audit(note) FROM STDIN", "d\n"),
-                q("SELECT note FROM audit ORDER BY id"),
+                q("SELECT note FROM audit ORDER BY ctid"),
             ],
         ),
         sc(
