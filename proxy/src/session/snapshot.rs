@@ -566,15 +566,8 @@ pub struct Restored {
     pub unnamed: bool,
 }
 
-/// Restores `snap` on a freshly logged-in backend: settings with `set_config`, then session
-/// authorization and role, then the prepared statements, each in its own Sync so one refusal
-/// costs only that piece. Fails only on I/O, a timeout, or an identity that cannot be restored.
-pub async fn restore(
-    backend: &mut Stream,
-    snap: &Snapshot,
-    max_message: usize,
-    deadline: Instant,
-) -> Result<Restored, StateError> {
+/// The pipelined requests that restore `snap`, and what each Sync's answer is for.
+fn restore_requests(snap: &Snapshot) -> (Vec<u8>, Vec<Step<'_>>) {
     let mut out = Vec::with_capacity(256 + snap.size * 2);
     let mut steps = Vec::new();
     let assign = |out: &mut Vec<u8>, name: &str, value: &str| {
@@ -631,6 +624,19 @@ pub async fn restore(
         }
     }
     frontend::sync(&mut out);
+    (out, steps)
+}
+
+/// Restores `snap` on a freshly logged-in backend: settings with `set_config`, then session
+/// authorization and role, then the prepared statements, each in its own Sync so one refusal
+/// costs only that piece. Fails only on I/O, a timeout, or an identity that cannot be restored.
+pub async fn restore(
+    backend: &mut Stream,
+    snap: &Snapshot,
+    max_message: usize,
+    deadline: Instant,
+) -> Result<Restored, StateError> {
+    let (out, steps) = restore_requests(snap);
     let mut restored = Restored::default();
     restored.stale.extend(snap.failed.iter().cloned());
     backend.write_all(&out).await?;
