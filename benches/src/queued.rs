@@ -193,18 +193,7 @@ fn raise_nofile(wanted: u64) -> Result<u64> {
 
 /// A StartupMessage (protocol 3.0) for user `pgwake` and `database`.
 fn startup_message(database: &str) -> Vec<u8> {
-    let mut body = Vec::new();
-    body.extend_from_slice(&196_608u32.to_be_bytes());
-    for (k, v) in [("user", "pgwake"), ("database", database)] {
-        body.extend_from_slice(k.as_bytes());
-        body.push(0);
-        body.extend_from_slice(v.as_bytes());
-        body.push(0);
-    }
-    body.push(0);
-    let mut msg = ((body.len() + 4) as u32).to_be_bytes().to_vec();
-    msg.extend_from_slice(&body);
-    msg
+    raw_login::startup_message(&[("user", "pgwake"), ("database", database)])
 }
 
 /// How the clients log in: the password, and the SCRAM keys derived from it for the gateway's

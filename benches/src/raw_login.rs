@@ -1,6 +1,6 @@
 //! A password login spoken directly on the wire, for scenarios that hold thousands of
 //! connections and cannot afford a driver's connection object for each: the SCRAM-SHA-256
-//! exchange up to AuthenticationOk, and reading the messages it needs.
+//! StartupMessage, the exchange up to AuthenticationOk, and reading the messages it needs.
 
 use anyhow::{Result, bail};
 use pgwake_protocol::auth;
@@ -16,6 +16,21 @@ const AUTH_SASL_FINAL: i32 = 12;
 
 /// Longest message read: far above anything a login or `SELECT 1` is answered with.
 const MAX_MESSAGE: usize = 1 << 20;
+
+/// A StartupMessage (protocol 3.0) with these parameters.
+pub fn startup_message(params: &[(&str, &str)]) -> Vec<u8> {
+    let mut body = 196_608u32.to_be_bytes().to_vec();
+    for (k, v) in params {
+        body.extend_from_slice(k.as_bytes());
+        body.push(0);
+        body.extend_from_slice(v.as_bytes());
+        body.push(0);
+    }
+    body.push(0);
+    let mut msg = ((body.len() + 4) as u32).to_be_bytes().to_vec();
+    msg.extend_from_slice(&body);
+    msg
+}
 
 /// Runs the SCRAM-SHA-256 exchange on `s` (its StartupMessage already sent) up to
 /// AuthenticationOk. `keys` derives the client keys from the server's salt and iteration

@@ -488,22 +488,12 @@ impl RawClient {
 
 /// The StartupMessage tokio-postgres sends: user, database, application_name, client_encoding.
 fn startup_message(login: &Login) -> Vec<u8> {
-    let mut body = 196_608u32.to_be_bytes().to_vec();
-    for (k, v) in [
+    raw_login::startup_message(&[
         ("client_encoding", "UTF8"),
         ("user", login.user.as_str()),
         ("database", login.dbname.as_str()),
         ("application_name", APPLICATION_NAME),
-    ] {
-        body.extend_from_slice(k.as_bytes());
-        body.push(0);
-        body.extend_from_slice(v.as_bytes());
-        body.push(0);
-    }
-    body.push(0);
-    let mut msg = ((body.len() + 4) as u32).to_be_bytes().to_vec();
-    msg.extend_from_slice(&body);
-    msg
+    ])
 }
 
 /// Reads messages until ReadyForQuery.
