@@ -389,10 +389,9 @@ impl SessionTracker {
         self.note_findings(&found);
         match tag {
             b'Q' | b'F' => {
-                if tag == b'Q' {
-                    self.unnamed_text = None;
-                }
                 let op = if tag == b'Q' {
+                    // A simple Query destroys the unnamed statement.
+                    self.unnamed_text = None;
                     sql_statement_op(body)
                 } else {
                     None
