@@ -262,3 +262,47 @@ async fn labelled_clusters_become_tenants_with_their_app_secret() {
         .await
         .unwrap();
 }
+
+/// A gateway before this one (a rollout, a crash) can leave a cluster awake; nothing else
+/// would ever put it to sleep if no client came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_left_awake_sleeps_after_the_idle_timeout_without_a_client() {
+    let lab = tokio::task::spawn_blocking(KubeLab::shared).await.unwrap();
+    let (pg, _operator) = tokio::task::spawn_blocking(|| {
+        let (pg, operator) = hibernated_cluster(lab, NAMESPACE, "leftover");
+        lab.merge_patch(
+            &common::cnpg_operator::cluster_path(NAMESPACE, "leftover"),
+            &json!({ "metadata": { "annotations": { "cnpg.io/hibernation": "off" } } }),
+        )
+        .unwrap()
+        .success_json()
+        .unwrap();
+        while !pg.lock().unwrap().is_running() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        (pg, operator)
+    })
+    .await
+    .unwrap();
+    let gw = tokio::task::spawn_blocking(move || {
+        gateway_for(
+            lab,
+            "leftover",
+            &pg.lock().unwrap(),
+            "[wake]\nidle_timeout = \"1s\"\nidle_check_interval = \"100ms\"",
+        )
+    })
+    .await
+    .unwrap();
+    tokio::task::block_in_place(|| {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while hibernation(lab, NAMESPACE, "leftover") != "on" {
+            assert!(Instant::now() < deadline, "still awake: {}", gw.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    assert!(gw.log().contains("taking it over"), "{}", gw.log());
+    tokio::task::spawn_blocking(move || gw.wait_idle())
+        .await
+        .unwrap();
+}

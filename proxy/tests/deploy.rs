@@ -452,6 +452,10 @@ fn deploy_rbac_grants_what_the_gateway_does_and_nothing_more() {
             "{verb} secrets"
         );
     }
+    // A wake reaches the primary pod directly and checks later that it has not moved.
+    for verb in ["get", "list", "watch"] {
+        assert!(allowed(lab, &token, verb, "", "pods", ns), "{verb} pods");
+    }
     for verb in ["get", "list", "watch", "create", "update", "delete"] {
         assert!(
             allowed(lab, &token, verb, lease, "leases", ns),
@@ -477,7 +481,10 @@ fn deploy_rbac_grants_what_the_gateway_does_and_nothing_more() {
         ("patch", lease, "leases", ns),
         ("create", discovery, "endpointslices", ns),
         ("patch", discovery, "endpointslices", ns),
-        ("get", "", "pods", ns),
+        ("create", "", "pods", ns),
+        ("delete", "", "pods", ns),
+        ("get", "", "pods/log", ns),
+        ("create", "", "pods/exec", ns),
         ("get", "", "services", ns),
         ("get", "", "configmaps", ns),
         ("get", "", "secrets", "default"),

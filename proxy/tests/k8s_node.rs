@@ -446,6 +446,7 @@ fn measure_hibernation_wake() {
     let (mut first_row, mut patched, mut scheduled, mut started, mut accepting, mut status) =
         (vec![], vec![], vec![], vec![], vec![], vec![]);
     let mut pod_ready = vec![];
+    let mut initialized = vec![];
     let mut pod_and_postgres = vec![];
     for cycle in 0..cycles() {
         wait_for("alpha asleep", Duration::from_secs(300), || {
@@ -458,6 +459,15 @@ fn measure_hibernation_wake() {
         let pod = instance_pods("pgwake", "alpha")
             .pop()
             .expect("a running instance");
+        // The first row can come before the pod's Ready and the operator's status: wait for
+        // them, so that their times are in the table too.
+        wait_for("alpha ready in its status", Duration::from_secs(60), || {
+            jsonpath(
+                &["-n", "pgwake", "clusters.postgresql.cnpg.io", "alpha"],
+                "{.status.readyInstances}",
+            ) == "1"
+        });
+        std::thread::sleep(Duration::from_millis(500));
         let p = ms_between(
             t0,
             clusters.first(t0, |c| {
@@ -468,6 +478,12 @@ fn measure_hibernation_wake() {
             t0,
             pods.first(t0, |o| {
                 o["metadata"]["name"] == pod.as_str() && condition_true(o, "PodScheduled")
+            }),
+        );
+        let init = ms_between(
+            t0,
+            pods.first(t0, |o| {
+                o["metadata"]["name"] == pod.as_str() && condition_true(o, "Initialized")
             }),
         );
         let c = ms_between(
@@ -490,11 +506,12 @@ fn measure_hibernation_wake() {
             }),
         );
         eprintln!(
-            "cycle {cycle}: first row {row:.0} ms; patched {p:?} scheduled {s:?} started {c:?} accepting {a:?} pod ready {ready:?} status {r:?}"
+            "cycle {cycle}: first row {row:.0} ms; patched {p:?} scheduled {s:?} initialized {init:?} started {c:?} accepting {a:?} pod ready {ready:?} status {r:?}"
         );
         first_row.push(row);
         patched.extend(p);
         scheduled.extend(s);
+        initialized.extend(init);
         started.extend(c);
         if let (Some(s), Some(a)) = (s, a) {
             pod_and_postgres.push(a - s);
@@ -507,6 +524,10 @@ fn measure_hibernation_wake() {
     println!("| --- | --- |");
     println!("| annotation patched to off | {} |", summary(&mut patched));
     println!("| pod scheduled | {} |", summary(&mut scheduled));
+    println!(
+        "| init container done (pod Initialized) | {} |",
+        summary(&mut initialized)
+    );
     println!("| postgres container started | {} |", summary(&mut started));
     println!(
         "| Postgres accepting (its log) | {} |",

@@ -75,10 +75,7 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         drop(l);
-        let e = Endpoint {
-            host: "127.0.0.1".into(),
-            port,
-        };
+        let e = Endpoint::new("127.0.0.1", port);
         assert!(matches!(
             probe(&e, "u", "d", Duration::from_secs(1)).await,
             Probe::NotYet(_)

@@ -5,7 +5,7 @@
 //! once. Otherwise it waits (bounded per tenant and in total) while a single wake task runs; the
 //! task outlives any one waiter, so a client giving up never cancels a wake others wait for.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, SystemTime};
@@ -446,6 +446,9 @@ pub struct WakeCoordinator {
     /// When the coordinator (the gateway) started: every tenant is asleep since then until it
     /// is first woken, however late its state is first asked for.
     started: SystemTime,
+    /// Tenants whose databases outlive this process that were looked at once for being left
+    /// awake ([`WakeCoordinator::take_over_left_awake`]).
+    looked_at: Mutex<HashSet<TenantId>>,
 }
 
 /// A tenant's shared activity record: this replica's side of it and its namespace.
@@ -480,6 +483,7 @@ impl WakeCoordinator {
             awake_of_removed: Mutex::new(HashMap::new()),
             sleeper: Arc::new(Notify::new()),
             started: SystemTime::now(),
+            looked_at: Mutex::new(HashSet::new()),
         })
     }
 
@@ -1001,24 +1005,30 @@ impl WakeCoordinator {
                 _ = self.sleeper.notified() => {}
             }
             self.forget_removed();
+            self.take_over_left_awake().await;
             let slots: Vec<Arc<Slot>> = self.read_slots().values().cloned().collect();
             for slot in &slots {
                 let awake = slot.lock().phase == Phase::Awake;
                 if !awake {
                     continue;
                 }
-                let alive = !matches!(
-                    slot.tenant.backend.state(&slot.tenant.id).await,
-                    Ok(ComputeState::Asleep)
-                );
+                let state = slot.tenant.backend.state(&slot.tenant.id).await;
+                let gone = matches!(state, Ok(ComputeState::Asleep | ComputeState::Moved));
                 let shared = self.shared(slot);
                 let ask_record = {
                     let mut inner = slot.lock();
                     if inner.phase != Phase::Awake {
                         continue;
                     }
-                    if !alive {
-                        warn!(tenant = %slot.tenant.id, "database stopped on its own; the next connection wakes it");
+                    if gone {
+                        match state {
+                            Ok(ComputeState::Moved) => {
+                                info!(tenant = %slot.tenant.id, "database moved; the next connection asks where")
+                            }
+                            _ => {
+                                warn!(tenant = %slot.tenant.id, "database stopped on its own; the next connection wakes it")
+                            }
+                        }
                         inner.endpoint = None;
                         slot.set_phase(&mut inner, Phase::Asleep);
                         slot.notify();
@@ -1050,6 +1060,45 @@ impl WakeCoordinator {
                     // What went wrong is logged; the next look asks again.
                     let _ = self.sleep_if_unused(slot, shared, false).await;
                 }
+            }
+        }
+    }
+
+    /// A database that outlives the gateway (backends with shared activity records) can be left
+    /// running by a gateway before this one, or by a replica since gone, and nothing would put
+    /// it to sleep until someone used it. Each such tenant is looked at once; one found awake
+    /// is woken here (quick, it runs), so it sleeps after its idle timeout like any other
+    /// unless a replica uses it (the shared record decides).
+    async fn take_over_left_awake(&self) {
+        let unseen: Vec<Arc<Tenant>> = {
+            let seen = self.looked_at.lock().unwrap_or_else(|p| p.into_inner());
+            self.directory
+                .all()
+                .into_iter()
+                .filter(|t| !seen.contains(&t.id) && t.backend.activity_namespace(&t.id).is_some())
+                .collect()
+        };
+        for tenant in unseen {
+            let state = tenant.backend.state(&tenant.id).await;
+            if state.is_err() {
+                // Asked again at the next look.
+                continue;
+            }
+            self.looked_at
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(tenant.id.clone());
+            if !matches!(state, Ok(ComputeState::Awake)) {
+                continue;
+            }
+            let Ok(slot) = self.slot(&tenant.id) else {
+                continue;
+            };
+            let mut inner = slot.lock();
+            // A connection may have started a wake meanwhile.
+            if inner.phase == Phase::Asleep {
+                info!(tenant = %tenant.id, "found awake without this gateway having woken it: taking it over, to sleep when idle");
+                self.start_wake(&slot, &mut inner);
             }
         }
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use pgwake_routing::activity::{ActivitySettings, SharedActivity};
 use pgwake_routing::backend::{
     CnpgBackend, CnpgCluster, CnpgSettings, FixedBackend, LocalBackend, LocalSettings, PoolBackend,
-    PoolClass, Release, cluster_template,
+    PoolClass, Release, Route, cluster_template,
 };
 use pgwake_routing::{
     ComputeBackend, Endpoint, Tenant, TenantDirectory, TenantId, WakeCoordinator, WakeSettings,
@@ -16,8 +16,8 @@ use pgwake_routing::{
 
 use super::BuildError;
 use crate::config::{
-    Config, CredentialsConfig, KubernetesConfig, LocalConfig, PoolClassConfig, PoolRelease,
-    TenantBackend, WakeConfig,
+    Config, CredentialsConfig, KubeRoute, KubernetesConfig, LocalConfig, PoolClassConfig,
+    PoolRelease, TenantBackend, WakeConfig,
 };
 use crate::metrics::Metrics;
 
@@ -155,6 +155,11 @@ impl KubeBackends {
         let cnpg_settings = CnpgSettings {
             start_timeout: config.wake.wake_timeout,
             probe_interval: Duration::from_millis(10),
+            probe_timeout: k.probe_timeout(),
+            route: match k.route {
+                KubeRoute::PrimaryPod => Route::PrimaryPod,
+                KubeRoute::Service => Route::Service,
+            },
             probe_user: k.probe_user.clone().unwrap_or_else(|| "postgres".into()),
         };
         let default_ns = client.as_ref().map(|c| {
@@ -251,10 +256,7 @@ pub(super) fn tenant_list(
         let backend: Arc<dyn ComputeBackend> = match &t.backend {
             TenantBackend::Fixed { address, .. } => {
                 // Addresses were checked when the config was validated.
-                let endpoint = Endpoint::parse(address).unwrap_or(Endpoint {
-                    host: address.clone(),
-                    port: 5432,
-                });
+                let endpoint = Endpoint::parse(address).unwrap_or(Endpoint::new(address, 5432));
                 Arc::new(FixedBackend::new(endpoint))
             }
             TenantBackend::Local => match local {

@@ -35,7 +35,29 @@ pub struct KubernetesConfig {
     /// after this (default [`DEFAULT_ACTIVITY_TTL`]).
     #[serde(default, with = "super::duration")]
     pub activity_ttl: Option<Duration>,
+    /// How woken clusters are reached: `primary_pod` (default) or `service`.
+    pub route: KubeRoute,
+    /// Longest wait for one readiness probe's answer (default [`DEFAULT_PROBE_TIMEOUT`]).
+    #[serde(default, with = "super::duration")]
+    pub probe_timeout: Option<Duration>,
 }
+
+/// `[kubernetes] route`: where a woken cluster's connections go.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum KubeRoute {
+    /// The primary pod's IP as soon as Postgres accepts logins there, without waiting for the
+    /// operator's status and the `-rw` Service (needs `pods` get, list, watch); the Service when
+    /// the pod cannot be read.
+    #[default]
+    PrimaryPod,
+    /// The `-rw` Service, once the operator reports the cluster ready.
+    Service,
+}
+
+/// `probe_timeout` when unset: a probe on a healthy cluster answers in milliseconds, and a
+/// connection that hangs longer is better tried again.
+pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// `activity_ttl` when unset: long enough to ride out a slow API call or two, short enough that
 /// a killed replica's tenants sleep soon after.
@@ -49,7 +71,15 @@ impl KubernetesConfig {
         self.activity_ttl.unwrap_or(DEFAULT_ACTIVITY_TTL)
     }
 
+    /// `probe_timeout`, or its default.
+    pub fn probe_timeout(&self) -> Duration {
+        self.probe_timeout.unwrap_or(DEFAULT_PROBE_TIMEOUT)
+    }
+
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        if self.probe_timeout().is_zero() {
+            return Err(invalid("kubernetes.probe_timeout", "must be above zero"));
+        }
         if self.activity_ttl() < MIN_ACTIVITY_TTL {
             return Err(invalid(
                 "kubernetes.activity_ttl",

@@ -27,7 +27,7 @@ mod wake;
 pub use auth::AuthConfig;
 pub use backend::{BackendConfig, BackendTls};
 pub use http::HttpConfig;
-pub use kubernetes::KubernetesConfig;
+pub use kubernetes::{KubeRoute, KubernetesConfig};
 pub use limits::Limits;
 pub use listen::{AdminConfig, ListenConfig, SniCert, TlsConfig};
 pub use local::LocalConfig;

@@ -74,7 +74,7 @@ pub async fn connect(
             )));
         }
     }
-    let name = ServerName::try_from(endpoint.host.clone())
+    let name = ServerName::try_from(endpoint.tls_name().to_owned())
         .map_err(|e| SessionError::BackendUnsupported(format!("host name is invalid: {e}")))?;
     let tls = timeout_at(
         deadline,

@@ -1,9 +1,10 @@
 //! The `cnpg` backend: tenants are CloudNativePG `Cluster` objects, woken and put to sleep with
 //! the `cnpg.io/hibernation` annotation.
 //!
-//! A wake merge-patches the annotation to `off`, then watches (not polls) the Cluster until the
-//! operator reports it awake (no hibernation condition, `readyInstances >= 1`), then probes a
-//! real login on the endpoint: a Cluster can look healthy before Postgres accepts logins.
+//! A wake merge-patches the annotation to `off`, then probes logins on the primary pod itself
+//! ([`super::primary`]) and, beside that, watches (not polls) the Cluster until the operator
+//! reports it awake (no hibernation condition, `readyInstances >= 1`) and probes a login through
+//! its `-rw` Service: whichever accepts first is where the tenant's connections go.
 
 use std::collections::HashMap;
 use std::sync::RwLock;
@@ -17,6 +18,7 @@ use serde_json::json;
 use tokio::time::{Instant, sleep, timeout_at};
 use tracing::info;
 
+use super::primary::{PrimaryRoutes, Route};
 use super::{BackendError, ComputeBackend, ComputeState, Endpoint};
 use crate::TenantId;
 use crate::probe::{Probe, probe};
@@ -64,11 +66,14 @@ impl CnpgCluster {
         CnpgCluster {
             namespace: namespace.to_owned(),
             name: name.to_owned(),
-            endpoint: Endpoint {
-                host: format!("{name}-rw.{namespace}.svc"),
-                port: 5432,
-            },
+            endpoint: Endpoint::new(format!("{name}-rw.{namespace}.svc"), 5432),
         }
+    }
+
+    /// True when the cluster is reached at its `-rw` Service (no endpoint named instead), so
+    /// its primary pod may be reached directly.
+    pub fn behind_service(&self) -> bool {
+        self.endpoint == CnpgCluster::new(&self.namespace, &self.name).endpoint
     }
 }
 
@@ -77,8 +82,13 @@ impl CnpgCluster {
 pub struct CnpgSettings {
     /// How long a wake may take, operator and Postgres start included.
     pub start_timeout: Duration,
-    /// Time between login probes once the operator reports the cluster ready.
+    /// Time between login probes.
     pub probe_interval: Duration,
+    /// Longest wait for one probe's answer: a connection that hangs (a Service whose rules
+    /// are still being written) is given up and tried again rather than waited on.
+    pub probe_timeout: Duration,
+    /// How a woken cluster's primary is reached.
+    pub route: Route,
     /// User named in probe logins (any name works: an authentication request means ready).
     pub probe_user: String,
 }
@@ -89,6 +99,7 @@ pub struct CnpgBackend {
     resource: ApiResource,
     clusters: RwLock<HashMap<TenantId, CnpgCluster>>,
     settings: CnpgSettings,
+    routes: PrimaryRoutes,
 }
 
 /// The `Cluster` kind of CloudNativePG.
@@ -139,12 +150,13 @@ pub(super) fn api_error(e: kube::Error) -> BackendError {
     BackendError::Api(e.to_string())
 }
 
-/// Merge-patches the `cnpg.io/hibernation` annotation of Cluster `name` to `value`.
+/// Merge-patches the `cnpg.io/hibernation` annotation of Cluster `name` to `value`; returns
+/// the Cluster as patched.
 pub(super) async fn set_hibernation(
     api: &Api<DynamicObject>,
     name: &str,
     value: &str,
-) -> Result<(), BackendError> {
+) -> Result<DynamicObject, BackendError> {
     let patch = json!({ "metadata": { "annotations": { HIBERNATION_ANNOTATION: value } } });
     api.patch(
         name,
@@ -152,8 +164,7 @@ pub(super) async fn set_hibernation(
         &Patch::Merge(&patch),
     )
     .await
-    .map_err(api_error)?;
-    Ok(())
+    .map_err(api_error)
 }
 
 /// Watches (not polls) Cluster `name` until the operator reports it awake and returns the
@@ -209,7 +220,8 @@ pub(super) async fn probe_until_ready(
         if left.is_zero() {
             return Err(BackendError::Timeout(settings.start_timeout));
         }
-        match probe(endpoint, &settings.probe_user, "postgres", left).await {
+        let limit = settings.probe_timeout.min(left);
+        match probe(endpoint, &settings.probe_user, "postgres", limit).await {
             Probe::Ready => return Ok(()),
             Probe::NotYet(_) => sleep(settings.probe_interval.min(left)).await,
         }
@@ -224,6 +236,7 @@ impl CnpgBackend {
         settings: CnpgSettings,
     ) -> Self {
         CnpgBackend {
+            routes: PrimaryRoutes::new(client.clone()),
             client,
             resource: cluster_resource(),
             clusters: RwLock::new(clusters),
@@ -264,11 +277,15 @@ impl CnpgBackend {
         Ok((c, api))
     }
 
-    async fn set_hibernation(&self, tenant: &TenantId, value: &str) -> Result<(), BackendError> {
+    async fn set_hibernation(
+        &self,
+        tenant: &TenantId,
+        value: &str,
+    ) -> Result<DynamicObject, BackendError> {
         let (c, api) = self.cluster(tenant)?;
-        set_hibernation(&api, &c.name, value).await?;
+        let obj = set_hibernation(&api, &c.name, value).await?;
         info!(tenant = %tenant, cluster = %c.name, namespace = %c.namespace, hibernation = value, "patched cluster");
-        Ok(())
+        Ok(obj)
     }
 }
 
@@ -281,10 +298,22 @@ impl ComputeBackend for CnpgBackend {
     async fn wake(&self, tenant: &TenantId) -> Result<Endpoint, BackendError> {
         let deadline = Instant::now() + self.settings.start_timeout;
         let (c, api) = self.cluster(tenant)?;
-        self.set_hibernation(tenant, "off").await?;
-        wait_awake(api, &c.name, &self.settings, deadline).await?;
-        probe_until_ready(&c.endpoint, &self.settings, deadline).await?;
-        Ok(c.endpoint.clone())
+        let obj = self.set_hibernation(tenant, "off").await?;
+        let via_service = async {
+            wait_awake(api, &c.name, &self.settings, deadline).await?;
+            probe_until_ready(&c.endpoint, &self.settings, deadline).await?;
+            Ok(c.endpoint.clone())
+        };
+        self.routes
+            .reach(
+                tenant,
+                &obj,
+                c.behind_service().then_some(&c.endpoint),
+                &self.settings,
+                deadline,
+                via_service,
+            )
+            .await
     }
 
     /// Returns once the operator reports the cluster hibernated, so a wake that follows starts
@@ -292,6 +321,7 @@ impl ComputeBackend for CnpgBackend {
     async fn sleep(&self, tenant: &TenantId) -> Result<(), BackendError> {
         let deadline = Instant::now() + self.settings.start_timeout;
         let (c, api) = self.cluster(tenant)?;
+        self.routes.forget(tenant);
         self.set_hibernation(tenant, "on").await?;
         watch_until(api, &c.name, &self.settings, deadline, cluster_hibernated)
             .await
@@ -301,10 +331,15 @@ impl ComputeBackend for CnpgBackend {
     async fn state(&self, tenant: &TenantId) -> Result<ComputeState, BackendError> {
         let (c, api) = self.cluster(tenant)?;
         let obj = api.get(&c.name).await.map_err(api_error)?;
-        Ok(if !hibernation_requested(&obj) && cluster_awake(&obj) {
-            ComputeState::Awake
-        } else {
-            ComputeState::Asleep
+        if hibernation_requested(&obj) {
+            return Ok(ComputeState::Asleep);
+        }
+        if let Some(state) = self.routes.state(tenant, &obj).await? {
+            return Ok(state);
+        }
+        Ok(match cluster_awake(&obj) {
+            true => ComputeState::Awake,
+            false => ComputeState::Asleep,
         })
     }
 

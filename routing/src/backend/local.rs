@@ -601,10 +601,7 @@ pub fn can_enter((uid, gid): (u32, u32), dir: &Path) -> bool {
 }
 
 fn endpoint(port: u16) -> Endpoint {
-    Endpoint {
-        host: "127.0.0.1".into(),
-        port,
-    }
+    Endpoint::new("127.0.0.1", port)
 }
 
 fn free_port() -> std::io::Result<u16> {

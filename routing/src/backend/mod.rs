@@ -6,6 +6,7 @@ pub(crate) mod fake;
 mod fixed;
 mod local;
 mod pool;
+mod primary;
 
 use std::fmt;
 use std::time::Duration;
@@ -22,6 +23,7 @@ pub use local::{ClaimError, LocalBackend, LocalSettings, can_enter, find_bin_dir
 pub use pool::{
     POOL_LABEL, PoolBackend, PoolClass, Release, STATE_LABEL, TemplateError, cluster_template,
 };
+pub use primary::Route;
 
 use crate::TenantId;
 
@@ -32,9 +34,26 @@ pub struct Endpoint {
     pub host: String,
     /// TCP port.
     pub port: u16,
+    /// The name a backend's TLS certificate is checked against when `host` is not it: an
+    /// address a backend found for speed (a primary pod's IP) behind a Service name.
+    pub tls_name: Option<String>,
 }
 
 impl Endpoint {
+    /// `host:port`, with certificates checked against `host`.
+    pub fn new(host: impl Into<String>, port: u16) -> Endpoint {
+        Endpoint {
+            host: host.into(),
+            port,
+            tls_name: None,
+        }
+    }
+
+    /// The name certificates are checked against.
+    pub fn tls_name(&self) -> &str {
+        self.tls_name.as_deref().unwrap_or(&self.host)
+    }
+
     /// Parses `host:port` (IPv6 as `[addr]:port`).
     pub fn parse(s: &str) -> Option<Endpoint> {
         let (host, port) = s.rsplit_once(':')?;
@@ -42,10 +61,7 @@ impl Endpoint {
         if host.is_empty() {
             return None;
         }
-        Some(Endpoint {
-            host: host.to_owned(),
-            port: port.parse().ok()?,
-        })
+        Some(Endpoint::new(host, port.parse().ok()?))
     }
 }
 
@@ -66,6 +82,9 @@ pub enum ComputeState {
     Awake,
     /// Stopped; a wake is needed.
     Asleep,
+    /// Running, but no longer at the address the last wake returned (a failover, a pod made
+    /// again): a wake is needed to find it.
+    Moved,
 }
 
 /// Why a backend could not wake, stop or report a tenant.

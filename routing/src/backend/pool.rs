@@ -53,6 +53,7 @@ use super::cnpg::ENDPOINT_ANNOTATION;
 use super::cnpg::{
     FIELD_MANAGER, api_error, hibernation_requested, probe_until_ready, set_hibernation, wait_awake,
 };
+use super::primary::PrimaryRoutes;
 use super::{BackendError, CnpgSettings, ComputeBackend, ComputeState, Endpoint};
 use super::{cluster_awake, cluster_resource};
 use crate::TenantId;
@@ -178,6 +179,8 @@ pub struct PoolBackend {
     claiming: Mutex<HashMap<String, (String, TenantId)>>,
     /// Set on shutdown: no new claims are bound.
     closing: AtomicBool,
+    /// Primary pods tenants were routed to directly.
+    routes: PrimaryRoutes,
 }
 
 /// Name of the Lease that records which cluster of `class` the tenant is bound to. Tenant ids
@@ -221,6 +224,13 @@ fn is_status(e: &kube::Error, codes: &[u16]) -> bool {
     matches!(e, kube::Error::Api(s) if codes.contains(&s.code))
 }
 
+fn has_endpoint_annotation(obj: &DynamicObject) -> bool {
+    obj.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(ENDPOINT_ANNOTATION))
+}
+
 /// The address of a cluster's primary: the `pgwake.io/endpoint` annotation, else the `-rw`
 /// service.
 fn endpoint_of(obj: &DynamicObject, namespace: &str) -> Result<Endpoint, BackendError> {
@@ -236,10 +246,7 @@ fn endpoint_of(obj: &DynamicObject, namespace: &str) -> Result<Endpoint, Backend
                 "cluster {name}: annotation {ENDPOINT_ANNOTATION}={value:?} is not host:port"
             ))
         }),
-        None => Ok(Endpoint {
-            host: format!("{name}-rw.{namespace}.svc"),
-            port: 5432,
-        }),
+        None => Ok(Endpoint::new(format!("{name}-rw.{namespace}.svc"), 5432)),
     }
 }
 
@@ -287,6 +294,7 @@ impl PoolBackend {
         identity: String,
     ) -> Self {
         PoolBackend {
+            routes: PrimaryRoutes::new(client.clone()),
             client,
             resource: cluster_resource(),
             refill: classes
@@ -786,7 +794,8 @@ impl ComputeBackend for PoolBackend {
                 .get_opt(&binding)
                 .await
                 .map_err(api_error)?;
-            let (name, seen) = match lease.as_ref().and_then(bound_to) {
+            // `current`: the object's status is as read, not from before a patch.
+            let (name, obj, current) = match lease.as_ref().and_then(bound_to) {
                 Some(name) => {
                     let name = name.to_owned();
                     let obj = api.get_opt(&name).await.map_err(api_error)?;
@@ -802,11 +811,11 @@ impl ComputeBackend for PoolBackend {
                         continue;
                     };
                     if hibernation_requested(&obj) {
-                        set_hibernation(&api, &name, "off").await?;
+                        let obj = set_hibernation(&api, &name, "off").await?;
                         info!(tenant = %tenant, class = %class.name, cluster = %name, hibernation = "off", "patched cluster");
-                        (name, None)
+                        (name, obj, false)
                     } else {
-                        (name, Some(obj))
+                        (name, obj, true)
                     }
                 }
                 None => {
@@ -818,16 +827,30 @@ impl ComputeBackend for PoolBackend {
                     self.claims().remove(&name);
                     let Some(obj) = settled? else { continue };
                     info!(tenant = %tenant, class = %class.name, cluster = %name, "claimed pool cluster");
-                    (name, Some(obj))
+                    (name, obj, true)
                 }
             };
-            // A warm cluster is normally running already: no watch needed then.
-            let obj = match seen.filter(cluster_awake) {
-                Some(obj) => obj,
-                None => wait_awake(api.clone(), &name, &self.settings, deadline).await?,
+            let service = endpoint_of(&obj, &class.namespace)?;
+            let direct = !has_endpoint_annotation(&obj);
+            let via_service = async {
+                // A warm cluster is normally running already: no watch needed then.
+                if !(current && cluster_awake(&obj)) {
+                    wait_awake(api.clone(), &name, &self.settings, deadline).await?;
+                }
+                probe_until_ready(&service, &self.settings, deadline).await?;
+                Ok(service.clone())
             };
-            let endpoint = endpoint_of(&obj, &class.namespace)?;
-            probe_until_ready(&endpoint, &self.settings, deadline).await?;
+            let endpoint = self
+                .routes
+                .reach(
+                    tenant,
+                    &obj,
+                    direct.then_some(&service),
+                    &self.settings,
+                    deadline,
+                    via_service,
+                )
+                .await?;
             self.bound
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -842,6 +865,7 @@ impl ComputeBackend for PoolBackend {
     async fn sleep(&self, tenant: &TenantId) -> Result<(), BackendError> {
         let class = self.class_of(tenant)?;
         let api = self.api(class);
+        self.routes.forget(tenant);
         let lease = self
             .leases(class)
             .get_opt(&binding_name(&class.name, tenant))
@@ -911,17 +935,17 @@ impl ComputeBackend for PoolBackend {
             .as_ref()
             .and_then(|l| l.get(TENANT_LABEL))
             .is_some_and(|t| t == tenant.as_str());
-        Ok(
-            if still_bound
-                && obj.metadata.deletion_timestamp.is_none()
-                && !hibernation_requested(&obj)
-                && cluster_awake(&obj)
-            {
-                ComputeState::Awake
-            } else {
-                ComputeState::Asleep
-            },
-        )
+        if !still_bound || obj.metadata.deletion_timestamp.is_some() || hibernation_requested(&obj)
+        {
+            return Ok(ComputeState::Asleep);
+        }
+        if let Some(state) = self.routes.state(tenant, &obj).await? {
+            return Ok(state);
+        }
+        Ok(match cluster_awake(&obj) {
+            true => ComputeState::Awake,
+            false => ComputeState::Asleep,
+        })
     }
 
     fn activity_namespace(&self, tenant: &TenantId) -> Option<String> {

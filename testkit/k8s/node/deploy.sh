@@ -9,6 +9,8 @@
 #
 # Environment:
 #   PGWAKE_NODE_IDLE_TIMEOUT   replaces wake.idle_timeout in the gateway's pgwake.toml (e.g. 20s)
+#   PGWAKE_NODE_ROUTE          with PGWAKE_NODE_IDLE_TIMEOUT: sets [kubernetes] route (primary_pod,
+#                              service) for a side-by-side measurement
 #   PGWAKE_NODE_PEER=1         enables cancel forwarding between the gateway's replicas the way
 #                              deploy/README.md describes (port, environment, token Secret)
 set -euo pipefail
@@ -106,6 +108,13 @@ for kustomization in "$@"; do
     for config in "$src"/pgwake.toml; do
       [[ -f $config ]] || continue
       sed "s/^idle_timeout = .*/idle_timeout = \"$PGWAKE_NODE_IDLE_TIMEOUT\"/" "$config" >"$overlay/pgwake.toml"
+      if [[ -n ${PGWAKE_NODE_ROUTE:-} ]]; then
+        if grep -q '^\[kubernetes\]' "$overlay/pgwake.toml"; then
+          sed -i "/^\[kubernetes\]/a route = \"$PGWAKE_NODE_ROUTE\"" "$overlay/pgwake.toml"
+        else
+          printf '\n[kubernetes]\nroute = "%s"\n' "$PGWAKE_NODE_ROUTE" >>"$overlay/pgwake.toml"
+        fi
+      fi
       name=pgwake-config
       ns=pgwake
       [[ $kustomization == examples/sidecar ]] && { name=pgwake-sidecar; ns=shop; }
@@ -128,6 +137,14 @@ EOF
   kc apply --server-side --force-conflicts -f "$overlay/rendered.yaml" >/dev/null
   if [[ $kustomization == base || $kustomization == examples/pool ]]; then
     kc -n pgwake rollout status deployment/pgwake --timeout=180s >/dev/null
+    # Replaced replicas keep serving through their preStop pause, with the previous config (the
+    # pool example names a tenant alpha too): wait until they are gone.
+    deadline=$((SECONDS + 120))
+    want=$(kc -n pgwake get deployment pgwake -o jsonpath='{.spec.replicas}')
+    while (($(kc -n pgwake get pods -l app.kubernetes.io/name=pgwake,app.kubernetes.io/component=gateway --no-headers | wc -l) > want)); do
+      ((SECONDS < deadline)) || { echo "deploy.sh: old gateway pods still running" >&2; exit 1; }
+      sleep 1
+    done
   fi
   echo "deploy/$kustomization applied"
 done
