@@ -373,6 +373,13 @@ fn postgres_accepting(
         .find(|t| *t >= since)
 }
 
+/// True when the pod's Postgres replayed WAL at its start: the shutdown before it did not end
+/// with its checkpoint.
+fn postgres_recovered(namespace: &str, pod: &str) -> bool {
+    try_kubectl(&["-n", namespace, "logs", pod, "-c", "postgres"])
+        .is_ok_and(|logs| logs.contains("redo starts at"))
+}
+
 /// `2026-11-26T23:39:09.40597491Z` as a SystemTime (UTC, as the operator logs it).
 fn parse_rfc3339(ts: &str) -> Option<std::time::SystemTime> {
     let (date, time) = ts.trim_end_matches('Z').split_once('T')?;
@@ -440,6 +447,26 @@ fn measure_hibernation_wake() {
             r#"[{"op":"remove","path":"/spec/probes"}]"#,
         ]);
     }
+    // For a side-by-side run: a stop delay too short for the shutdown checkpoint, so that the
+    // kubelet kills Postgres and the next start replays WAL (the next deploy puts it back).
+    if let Ok(delay) = std::env::var("PGWAKE_K8S_NODE_STOP_DELAY") {
+        kubectl(&[
+            "-n",
+            "pgwake",
+            "patch",
+            "clusters.postgresql.cnpg.io",
+            "alpha",
+            "--type=merge",
+            "-p",
+            &format!(r#"{{"spec":{{"stopDelay":{delay},"smartShutdownTimeout":0}}}}"#),
+        ]);
+    }
+    // Each cycle writes this much after its first row, so the sleep that follows has dirty
+    // buffers and WAL to checkpoint.
+    let write_mb: u32 = std::env::var("PGWAKE_K8S_NODE_WRITE_MB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     let password = secret_password("pgwake", "alpha-app");
     let pods = Watch::start(&["-n", "pgwake", "pods", "-l", "cnpg.io/cluster=alpha"]);
     let clusters = Watch::start(&["-n", "pgwake", "clusters.postgresql.cnpg.io", "alpha"]);
@@ -447,6 +474,8 @@ fn measure_hibernation_wake() {
         (vec![], vec![], vec![], vec![], vec![], vec![]);
     let mut pod_ready = vec![];
     let mut initialized = vec![];
+    let mut postgres_start = vec![];
+    let mut recoveries = 0;
     let mut pod_and_postgres = vec![];
     for cycle in 0..cycles() {
         wait_for("alpha asleep", Duration::from_secs(300), || {
@@ -468,6 +497,16 @@ fn measure_hibernation_wake() {
             ) == "1"
         });
         std::thread::sleep(Duration::from_millis(500));
+        if write_mb > 0 {
+            let sql = format!(
+                "create table if not exists wake_load (id int, pad text); truncate wake_load; \
+                 insert into wake_load select g, repeat('x', 1000) from generate_series(1, {write_mb}000) g"
+            );
+            psql(&conninfo("alpha"), &password, &sql).expect("write");
+        }
+        if postgres_recovered("pgwake", &pod) {
+            recoveries += 1;
+        }
         let p = ms_between(
             t0,
             clusters.first(t0, |c| {
@@ -516,6 +555,9 @@ fn measure_hibernation_wake() {
         if let (Some(s), Some(a)) = (s, a) {
             pod_and_postgres.push(a - s);
         }
+        if let (Some(c), Some(a)) = (c, a) {
+            postgres_start.push(a - c);
+        }
         accepting.extend(a);
         pod_ready.extend(ready);
         status.extend(r);
@@ -542,6 +584,14 @@ fn measure_hibernation_wake() {
     println!(
         "| (pod start + Postgres start: scheduled to accepting) | {} |",
         summary(&mut pod_and_postgres)
+    );
+    println!(
+        "| (Postgres start: container started to accepting) | {} |",
+        summary(&mut postgres_start)
+    );
+    println!(
+        "| starts that replayed WAL | {recoveries} of {} |",
+        cycles()
     );
 }
 
