@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, SystemTime};
 
+use futures_util::stream::{self, StreamExt};
 use serde::Serialize;
 use thiserror::Error;
 use tokio::sync::{Notify, watch};
@@ -23,6 +24,11 @@ use crate::{BackendError, ComputeState, Endpoint, Tenant, TenantDirectory, Tenan
 /// Finished wakes each tenant remembers for the admin API (`wakes` in its status): enough for a
 /// latency sparkline, few enough to copy on every status request.
 pub const WAKE_HISTORY: usize = 20;
+
+/// Tenants asked about at once when looking for databases left awake: a gateway that starts
+/// beside thousands of discovered tenants gets through them in a few rounds of API calls
+/// without sending them all at once, and its idle checks are not held up for long.
+const TAKE_OVER_LOOKS_AT_ONCE: usize = 16;
 
 /// Limits and timings of the coordinator.
 #[derive(Clone, Debug)]
@@ -1078,8 +1084,13 @@ impl WakeCoordinator {
                 .filter(|t| !seen.contains(&t.id) && t.backend.activity_namespace(&t.id).is_some())
                 .collect()
         };
-        for tenant in unseen {
-            let state = tenant.backend.state(&tenant.id).await;
+        let mut looks = stream::iter(unseen)
+            .map(|tenant| async move {
+                let state = tenant.backend.state(&tenant.id).await;
+                (tenant, state)
+            })
+            .buffer_unordered(TAKE_OVER_LOOKS_AT_ONCE);
+        while let Some((tenant, state)) = looks.next().await {
             if state.is_err() {
                 // Asked again at the next look.
                 continue;

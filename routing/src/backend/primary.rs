@@ -275,7 +275,7 @@ mod tests {
     }
 
     #[test]
-    fn ending_pods_have_no_address() {
+    fn pods_give_their_address_and_port_until_they_end() {
         let mut pod: Pod = serde_json::from_value(json!({
             "metadata": { "name": "c-1" },
             "spec": { "containers": [{
