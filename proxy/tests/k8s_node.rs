@@ -423,6 +423,21 @@ fn cycles() -> usize {
         .unwrap_or(10)
 }
 
+/// Patches the Cluster alpha for a side-by-side run (`kind`: json or merge).
+fn patch_alpha(kind: &str, patch: &str) {
+    let kind = format!("--type={kind}");
+    kubectl(&[
+        "-n",
+        "pgwake",
+        "patch",
+        "clusters.postgresql.cnpg.io",
+        "alpha",
+        &kind,
+        "-p",
+        patch,
+    ]);
+}
+
 /// The wake of a hibernated cluster, measured the way a client sees it (first row) and broken
 /// down by what the cluster's watchers saw. Prints a table; opt-in with PGWAKE_K8S_NODE_BENCH=1
 /// as well, since it takes minutes.
@@ -436,30 +451,13 @@ fn measure_hibernation_wake() {
     // For a side-by-side run: the operator's default probes instead of the example's
     // one-second ones (the next deploy puts the example's back).
     if std::env::var("PGWAKE_K8S_NODE_DEFAULT_PROBES").as_deref() == Ok("1") {
-        kubectl(&[
-            "-n",
-            "pgwake",
-            "patch",
-            "clusters.postgresql.cnpg.io",
-            "alpha",
-            "--type=json",
-            "-p",
-            r#"[{"op":"remove","path":"/spec/probes"}]"#,
-        ]);
+        patch_alpha("json", r#"[{"op":"remove","path":"/spec/probes"}]"#);
     }
     // For a side-by-side run: a stop delay too short for the shutdown checkpoint, so that the
     // kubelet kills Postgres and the next start replays WAL (the next deploy puts it back).
     if let Ok(delay) = std::env::var("PGWAKE_K8S_NODE_STOP_DELAY") {
-        kubectl(&[
-            "-n",
-            "pgwake",
-            "patch",
-            "clusters.postgresql.cnpg.io",
-            "alpha",
-            "--type=merge",
-            "-p",
-            &format!(r#"{{"spec":{{"stopDelay":{delay},"smartShutdownTimeout":0}}}}"#),
-        ]);
+        let spec = format!(r#"{{"spec":{{"stopDelay":{delay},"smartShutdownTimeout":0}}}}"#);
+        patch_alpha("merge", &spec);
     }
     // Each cycle writes this much after its first row, so the sleep that follows has dirty
     // buffers and WAL to checkpoint.

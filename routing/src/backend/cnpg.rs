@@ -334,13 +334,7 @@ impl ComputeBackend for CnpgBackend {
         if hibernation_requested(&obj) {
             return Ok(ComputeState::Asleep);
         }
-        if let Some(state) = self.routes.state(tenant, &obj).await? {
-            return Ok(state);
-        }
-        Ok(match cluster_awake(&obj) {
-            true => ComputeState::Awake,
-            false => ComputeState::Asleep,
-        })
+        self.routes.state(tenant, &obj).await
     }
 
     fn activity_namespace(&self, tenant: &TenantId) -> Option<String> {
@@ -349,10 +343,11 @@ impl ComputeBackend for CnpgBackend {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn cluster(status: serde_json::Value) -> DynamicObject {
+    /// A Cluster with this status.
+    pub(in crate::backend) fn cluster(status: serde_json::Value) -> DynamicObject {
         let mut obj = DynamicObject::new("c", &cluster_resource());
         obj.data = json!({ "status": status });
         obj

@@ -939,13 +939,7 @@ impl ComputeBackend for PoolBackend {
         {
             return Ok(ComputeState::Asleep);
         }
-        if let Some(state) = self.routes.state(tenant, &obj).await? {
-            return Ok(state);
-        }
-        Ok(match cluster_awake(&obj) {
-            true => ComputeState::Awake,
-            false => ComputeState::Asleep,
-        })
+        self.routes.state(tenant, &obj).await
     }
 
     fn activity_namespace(&self, tenant: &TenantId) -> Option<String> {

@@ -21,7 +21,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::time::{Instant, sleep};
 use tracing::{debug, info, warn};
 
-use super::cnpg::{CnpgSettings, api_error};
+use super::cnpg::{CnpgSettings, api_error, cluster_awake};
 use super::{BackendError, ComputeState, Endpoint};
 use crate::TenantId;
 use crate::probe::{Probe, probe};
@@ -214,11 +214,25 @@ impl PrimaryRoutes {
         }
     }
 
+    /// The state of a tenant's cluster that is not asked to hibernate: from the pod when the
+    /// tenant was routed to it directly, else from the operator's status.
+    pub(super) async fn state(
+        &self,
+        tenant: &TenantId,
+        cluster: &DynamicObject,
+    ) -> Result<ComputeState, BackendError> {
+        Ok(match self.direct_state(tenant, cluster).await? {
+            Some(state) => state,
+            None if cluster_awake(cluster) => ComputeState::Awake,
+            None => ComputeState::Asleep,
+        })
+    }
+
     /// The state of a tenant routed to a pod directly (`None`: it was not): `Moved` when the
     /// cluster's primary is no longer there (another instance took over, or the pod was made
     /// again with another address), else `Awake`. The operator's status may lag the pod by
     /// seconds after a wake, so only the pod and the primary's name are trusted.
-    pub(super) async fn state(
+    async fn direct_state(
         &self,
         tenant: &TenantId,
         cluster: &DynamicObject,
@@ -254,14 +268,8 @@ impl PrimaryRoutes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cluster_resource;
+    use crate::backend::cnpg::tests::cluster;
     use serde_json::json;
-
-    fn cluster(status: serde_json::Value) -> DynamicObject {
-        let mut obj = DynamicObject::new("c", &cluster_resource());
-        obj.data = json!({ "status": status });
-        obj
-    }
 
     #[test]
     fn only_an_agreed_primary_is_reached_directly() {
