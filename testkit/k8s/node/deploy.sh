@@ -134,6 +134,26 @@ EOF
     done
   fi
   "$kustomize" build "$overlay" >"$overlay/rendered.yaml"
+  # A Cluster that exists keeps the hibernation state the gateway gave it: the examples create
+  # clusters asleep, and applying their "on" again with --force-conflicts would stop a cluster
+  # the gateway is serving.
+  kc get clusters.postgresql.cnpg.io -A -o json 2>/dev/null >"$overlay/live.json" || echo '{"items":[]}' >"$overlay/live.json"
+  python3 - "$overlay/rendered.yaml" "$overlay/live.json" <<'PY'
+import json, re, sys
+rendered, live = sys.argv[1], json.load(open(sys.argv[2]))
+state = {(c["metadata"]["namespace"], c["metadata"]["name"]):
+         c["metadata"].get("annotations", {}).get("cnpg.io/hibernation") for c in live["items"]}
+docs = open(rendered).read().split("\n---\n")
+for i, doc in enumerate(docs):
+    if not re.search(r"^kind: Cluster$", doc, re.M):
+        continue
+    name = re.search(r"^  name: (\S+)$", doc, re.M)
+    ns = re.search(r"^  namespace: (\S+)$", doc, re.M)
+    value = state.get((ns and ns.group(1), name and name.group(1)))
+    if value:
+        docs[i] = re.sub(r'(cnpg\.io/hibernation: )"?\w+"?', r'\g<1>"%s"' % value, doc)
+open(rendered, "w").write("\n---\n".join(docs))
+PY
   kc apply --server-side --force-conflicts -f "$overlay/rendered.yaml" >/dev/null
   if [[ $kustomization == base || $kustomization == examples/pool ]]; then
     kc -n pgwake rollout status deployment/pgwake --timeout=180s >/dev/null
