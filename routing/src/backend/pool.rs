@@ -49,7 +49,7 @@ use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::cnpg::ENDPOINT_ANNOTATION;
+use super::cnpg::{CnpgCluster, ENDPOINT_ANNOTATION};
 use super::cnpg::{
     FIELD_MANAGER, api_error, hibernation_requested, probe_until_ready, set_hibernation, wait_awake,
 };
@@ -224,16 +224,9 @@ fn is_status(e: &kube::Error, codes: &[u16]) -> bool {
     matches!(e, kube::Error::Api(s) if codes.contains(&s.code))
 }
 
-fn has_endpoint_annotation(obj: &DynamicObject) -> bool {
-    obj.metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key(ENDPOINT_ANNOTATION))
-}
-
 /// The address of a cluster's primary: the `pgwake.io/endpoint` annotation, else the `-rw`
-/// service.
-fn endpoint_of(obj: &DynamicObject, namespace: &str) -> Result<Endpoint, BackendError> {
+/// service, and whether it is that service (which the primary pod may stand in for).
+fn endpoint_of(obj: &DynamicObject, namespace: &str) -> Result<(Endpoint, bool), BackendError> {
     let name = obj.metadata.name.as_deref().unwrap_or_default();
     match obj
         .metadata
@@ -241,12 +234,13 @@ fn endpoint_of(obj: &DynamicObject, namespace: &str) -> Result<Endpoint, Backend
         .as_ref()
         .and_then(|a| a.get(ENDPOINT_ANNOTATION))
     {
-        Some(value) => Endpoint::parse(value).ok_or_else(|| {
-            BackendError::StartFailed(format!(
+        Some(value) => match Endpoint::parse(value) {
+            Some(endpoint) => Ok((endpoint, false)),
+            None => Err(BackendError::StartFailed(format!(
                 "cluster {name}: annotation {ENDPOINT_ANNOTATION}={value:?} is not host:port"
-            ))
-        }),
-        None => Ok(Endpoint::new(format!("{name}-rw.{namespace}.svc"), 5432)),
+            ))),
+        },
+        None => Ok((CnpgCluster::new(namespace, name).endpoint, true)),
     }
 }
 
@@ -830,8 +824,7 @@ impl ComputeBackend for PoolBackend {
                     (name, obj, true)
                 }
             };
-            let service = endpoint_of(&obj, &class.namespace)?;
-            let direct = !has_endpoint_annotation(&obj);
+            let (service, direct) = endpoint_of(&obj, &class.namespace)?;
             let via_service = async {
                 // A warm cluster is normally running already: no watch needed then.
                 if !(current && cluster_awake(&obj)) {
@@ -1023,18 +1016,20 @@ mod tests {
     fn endpoint_annotation_overrides_the_service() {
         let mut obj = DynamicObject::new("small-abc", &cluster_resource());
         assert_eq!(
-            endpoint_of(&obj, "pool").unwrap().to_string(),
+            endpoint_of(&obj, "pool").unwrap().0.to_string(),
             "small-abc-rw.pool.svc:5432"
         );
+        assert!(endpoint_of(&obj, "pool").unwrap().1, "the -rw Service");
         obj.metadata.annotations = Some(
             [(ENDPOINT_ANNOTATION.to_owned(), "127.0.0.9:6000".to_owned())]
                 .into_iter()
                 .collect(),
         );
         assert_eq!(
-            endpoint_of(&obj, "pool").unwrap().to_string(),
+            endpoint_of(&obj, "pool").unwrap().0.to_string(),
             "127.0.0.9:6000"
         );
+        assert!(!endpoint_of(&obj, "pool").unwrap().1, "a named endpoint");
         obj.metadata.annotations = Some(
             [(ENDPOINT_ANNOTATION.to_owned(), "nowhere".to_owned())]
                 .into_iter()
