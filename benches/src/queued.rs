@@ -32,7 +32,7 @@ pub struct QueuedOptions {
 }
 
 /// The goal from the issue, KiB of gateway memory per waiting connection.
-const GOAL_KIB: f64 = 16.0;
+const GOAL_KIB: f64 = 4.0;
 /// How long Postgres delays every login; everything below must be done well within it.
 const HOLD: Duration = Duration::from_secs(40);
 /// Connections being opened at once: enough to be quick, few enough to stay within the
@@ -381,7 +381,7 @@ mod tests {
         assert_eq!(r.kib_per_connection(), 12.0);
         let text = render(&Facts { rows: vec![] }, &Ok(r));
         assert!(text.contains("| **12.0** |"), "{text}");
-        assert!(text.contains("(goal ≤ 16: yes)"), "{text}");
+        assert!(text.contains("(goal ≤ 4: **no**)"), "{text}");
         assert!(
             text.contains("| gateway exit after SIGTERM | 1.2 s |"),
             "{text}"

@@ -179,9 +179,12 @@ impl BackendLogin {
         self.relayed
     }
 
-    /// The backend's ParameterStatus messages, when kept.
+    /// The backend's ParameterStatus messages, when kept; without the room they grew by, as
+    /// they are held for as long as the backend connection is kept.
     pub fn take_parameters(&mut self) -> Option<Vec<u8>> {
-        self.parameters.take()
+        let mut kept = self.parameters.take()?;
+        kept.shrink_to_fit();
+        Some(kept)
     }
 }
 

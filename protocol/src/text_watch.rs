@@ -59,6 +59,11 @@ pub(crate) struct TextWatch {
 }
 
 impl TextWatch {
+    /// Drops the scan window's spare room (called between messages only).
+    pub(crate) fn release_buffer(&mut self) {
+        self.window = Vec::new();
+    }
+
     /// A message with `tag` begins.
     pub fn start(&mut self, tag: u8) {
         self.phase = match tag {

@@ -769,6 +769,20 @@ impl SessionTracker {
         self.stale.active().then(|| self.stale.backend(data))
     }
 
+    /// Gives back the read buffers' spare room, kept from the largest message seen, while the
+    /// session has no traffic (parked).
+    pub fn release_buffers(&mut self) {
+        // Mid-message the buffers hold the message's start: nothing is given back then.
+        if !self.client.in_message {
+            self.client.capture = Vec::new();
+            self.text.release_buffer();
+        }
+        if !self.backend.in_message {
+            self.backend.capture = Vec::new();
+        }
+        self.ops.shrink_to_fit();
+    }
+
     /// The backend connection was replaced by a fresh one holding these statements (after a
     /// revival); the `stale` ones describe other rows than the client was told or could not be
     /// made again, and their uses answer as given; the unnamed statement is there again only

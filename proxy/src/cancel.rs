@@ -95,7 +95,16 @@ impl CancelRoute {
 struct Entry {
     secret: i32,
     target: Option<CancelTarget>,
-    requests: Arc<watch::Sender<u64>>,
+    /// Made when first asked for: most sessions are never cancelled while they have no
+    /// backend connection, and thousands may be parked.
+    requests: Option<Arc<watch::Sender<u64>>>,
+}
+
+impl Entry {
+    fn requests(&mut self) -> &Arc<watch::Sender<u64>> {
+        self.requests
+            .get_or_insert_with(|| Arc::new(watch::channel(0).0))
+    }
 }
 
 /// Map from gateway-issued keys to backend processes.
@@ -133,9 +142,9 @@ impl CancelRegistration {
     /// The count of cancel requests that reached the session while it had no backend
     /// connection: a change means the client asked to cancel what it is waiting for.
     pub fn requests(&self) -> watch::Receiver<u64> {
-        let m = self.map.inner.lock().unwrap_or_else(|p| p.into_inner());
-        match m.get(&self.pid) {
-            Some(e) => e.requests.subscribe(),
+        let mut m = self.map.inner.lock().unwrap_or_else(|p| p.into_inner());
+        match m.get_mut(&self.pid) {
+            Some(e) => e.requests().subscribe(),
             None => watch::channel(0).1,
         }
     }
@@ -222,7 +231,7 @@ impl CancelMap {
             let entry = Entry {
                 secret,
                 target: Some(target),
-                requests: Arc::new(watch::channel(0).0),
+                requests: None,
             };
             m.insert(pid, entry);
             return CancelRegistration {
@@ -244,15 +253,15 @@ impl CancelMap {
 
     /// Where a key a client presented leads, its secret compared in constant time.
     pub fn lookup(&self, key: &CancelKey) -> Option<CancelRoute> {
-        let m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let e = m.get(&key.pid)?;
+        let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let e = m.get_mut(&key.pid)?;
         let ok: bool = e.secret.to_be_bytes()[..].ct_eq(&key.secret[..]).into();
         if !ok {
             return None;
         }
         Some(match &e.target {
             Some(t) => CancelRoute::Backend(t.clone()),
-            None => CancelRoute::Session(e.requests.clone()),
+            None => CancelRoute::Session(e.requests().clone()),
         })
     }
 

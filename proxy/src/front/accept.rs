@@ -21,6 +21,8 @@ use crate::capacity::{Capacity, ClientSlot};
 use crate::error::fail;
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
+use crate::stream::Stream;
+use pgwake_protocol::StartupMessage;
 
 /// How often a failing accept is logged; the failures in between are counted in the next line.
 const ACCEPT_ERROR_LOG_INTERVAL: Duration = Duration::from_secs(10);
@@ -153,16 +155,17 @@ async fn handle(mut tcp: TcpStream, socket_peer: SocketAddr, front: &Front, slot
     let accepted_at = Instant::now();
     let _ = tcp.set_nodelay(true);
     let deadline = accepted_at + front.startup_timeout;
-    let interrupted = async {
-        tokio::select! {
-            _ = front.terminate.cancelled() => {}
-            _ = slot.evicted() => {}
-        }
+    // In a block of its own, so that the PROXY header's state is gone before the session.
+    let peer = {
+        let interrupted = async {
+            tokio::select! {
+                _ = front.terminate.cancelled() => {}
+                _ = slot.evicted() => {}
+            }
+        };
+        Box::pin(front.client_address(&mut tcp, socket_peer, deadline, interrupted)).await
     };
-    let Some(peer) = front
-        .client_address(&mut tcp, socket_peer, deadline, interrupted)
-        .await
-    else {
+    let Some(peer) = peer else {
         return;
     };
     let span = info_span!("conn", %peer, tenant = Empty, via = Empty);
@@ -183,26 +186,45 @@ async fn session(
     accepted_at: Instant,
     deadline: Instant,
 ) {
-    // Negotiation (a TLS handshake) and the short-lived ends are boxed so that the session's
-    // task, which lives as long as the client stays, is not sized by them.
+    // Negotiation (a TLS handshake) and the short-lived ends are boxed, and done in a function
+    // of their own, so that the session's task, which lives as long as the client stays, is not
+    // sized by them.
+    let negotiated = Box::pin(negotiate_session(tcp, peer, front, slot, deadline));
+    let Some((stream, startup)) = negotiated.await else {
+        return;
+    };
+    front
+        .pipeline
+        .run_session(stream, peer, startup, accepted_at, slot)
+        .await
+}
+
+/// Negotiates TLS or a cancel request; the stream and startup message of a session to run,
+/// `None` when the connection ended here.
+async fn negotiate_session(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    front: &Front,
+    slot: &mut ClientSlot,
+    deadline: Instant,
+) -> Option<(Stream, StartupMessage)> {
     let negotiated = tokio::select! {
-        n = Box::pin(negotiate(tcp, &front.negotiate, deadline)) => n,
-        _ = front.terminate.cancelled() => return,
+        n = negotiate(tcp, &front.negotiate, deadline) => n,
+        _ = front.terminate.cancelled() => return None,
         _ = slot.evicted() => {
             debug!("connection ended during negotiation to make room for newer ones");
-            return;
+            return None;
         }
     };
     match negotiated {
         Ok(Negotiated::Cancel { key, stream }) => {
-            Box::pin(front.pipeline.cancel_request(&key, peer, stream)).await
+            front.pipeline.cancel_request(&key, peer, stream).await;
+            None
         }
-        Ok(Negotiated::Session { stream, startup }) => {
-            let pipeline = &front.pipeline;
-            pipeline
-                .run_session(stream, peer, startup, accepted_at, slot)
-                .await
+        Ok(Negotiated::Session { stream, startup }) => Some((stream, startup)),
+        Err((stream, err)) => {
+            fail(&front.metrics, stream, err).await;
+            None
         }
-        Err((stream, err)) => Box::pin(fail(&front.metrics, stream, err)).await,
     }
 }

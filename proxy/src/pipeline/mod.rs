@@ -125,7 +125,8 @@ impl Pipeline {
             debug!(elapsed_ms, %backend, "login relayed");
         }
         debug!(peer = %peer, "session ready");
-        self.sessions.run(&mut client, opened.start).await;
+        // Boxed: a connection still queued for a wake should not carry the relay's size.
+        Box::pin(self.sessions.run(&mut client, opened.start)).await;
     }
 
     /// Admits, authenticates, wakes and connects a client: the journey up to the relay.
@@ -144,7 +145,16 @@ impl Pipeline {
                 .await
                 .map_err(SessionError::ClientIo)?;
         }
-        let admitted = admit::admit(&self.router, &self.auth, client, peer, &mut startup, slot);
+        // The SCRAM exchange and the backend login are boxed so that a connection queued in the
+        // wake holds only the wake step's state, not the largest step's.
+        let admitted = Box::pin(admit::admit(
+            &self.router,
+            &self.auth,
+            client,
+            peer,
+            &mut startup,
+            slot,
+        ));
         let Admitted {
             tenant,
             profile,
@@ -154,6 +164,29 @@ impl Pipeline {
         // Only a client the gateway authenticated may learn that its database is waking.
         let notice = material.is_some() && self.wake_notice;
         let awake = wake::wake(&self.coordinator, client, &tenant.id, notice).await?;
+        let admitted = Admitted {
+            tenant,
+            profile,
+            user,
+            material,
+        };
+        Box::pin(self.log_in(client, admitted, &startup, awake)).await
+    }
+
+    /// Logs a woken client in on a backend connection, sealing its revival token first.
+    async fn log_in(
+        &self,
+        client: &mut Stream,
+        admitted: Admitted,
+        startup: &StartupMessage,
+        awake: Admission,
+    ) -> Result<Opened, SessionError> {
+        let Admitted {
+            tenant,
+            profile,
+            user,
+            material,
+        } = admitted;
         let params: Vec<(String, String)> = startup.forwardable_params().cloned().collect();
         let checked = user.as_deref().zip(material.as_ref());
         let revivable = checked.and_then(|(user, material)| {
@@ -173,7 +206,7 @@ impl Pipeline {
             checked,
             reuse_passthrough: profile.reuse_passthrough,
         };
-        let up = self.connector.for_client(client, login).await?;
+        let up = Box::pin(self.connector.for_client(client, login)).await?;
         Ok(Opened::new(up, awake, revivable))
     }
 }

@@ -17,15 +17,8 @@ pub async fn wake(
     notice: bool,
 ) -> Result<Admission, SessionError> {
     if notice && !coordinator.is_awake(tenant) {
-        let notice = pgwake_protocol::ErrorMessage::notice(
-            "00000",
-            format!("waking database for tenant \"{tenant}\""),
-        );
-        client
-            .write_all(&notice.to_bytes())
-            .await
-            .map_err(SessionError::ClientIo)?;
-        client.flush().await.map_err(SessionError::ClientIo)?;
+        // Boxed: the notice's write should not size a wait that may hold thousands of clients.
+        Box::pin(tell_waking(client, tenant)).await?;
     }
     tokio::select! {
         a = coordinator.ensure_awake(tenant) => {
@@ -33,4 +26,17 @@ pub async fn wake(
         }
         _ = client.hung_up() => Err(SessionError::client_left("its database was waking")),
     }
+}
+
+/// Tells the client its database is waking.
+async fn tell_waking(client: &mut Stream, tenant: &TenantId) -> Result<(), SessionError> {
+    let notice = pgwake_protocol::ErrorMessage::notice(
+        "00000",
+        format!("waking database for tenant \"{tenant}\""),
+    );
+    client
+        .write_all(&notice.to_bytes())
+        .await
+        .map_err(SessionError::ClientIo)?;
+    client.flush().await.map_err(SessionError::ClientIo)
 }

@@ -65,7 +65,7 @@ pub struct Sessions {
 }
 /// How long the rest of an idle backend's last ErrorResponse may take to arrive.
 const HELD_MESSAGE_WAIT: Duration = Duration::from_secs(1);
-/// Client bytes read at once while parked (the rest stays in the socket for the relay).
+/// Client bytes read at once while a cancelled request of a parked session is skipped.
 const PARKED_READ: usize = 512;
 
 /// A live backend connection of a session.
@@ -159,7 +159,8 @@ async fn drive(gw: &Sessions, client: &mut Stream, start: Box<SessionStart>) -> 
     let mut s = Box::new(Live::new(gw, attached, cancel, returnable, limits));
     loop {
         let plan = s.plan(mover.as_deref_mut());
-        let end = s.relay_run(client, plan).await;
+        // Boxed too: the relay's state is freed while the session is parked.
+        let end = Box::pin(s.relay_run(client, plan)).await;
         s.cancel_if_abandoned(&end);
         if let RelayEnd::ClientLeft = end {
             Box::pin(s.client_left()).await;
@@ -435,15 +436,19 @@ impl<'g> Live<'g> {
             let conn = (stream, slot);
             Box::pin(gw.connector.give_back(conn, endpoint, back, true)).await;
         } else {
+            // The closed connection's login parameters and reuse key are of no further use.
+            self.returnable = None;
             Box::pin(crate::upstream::close((stream, slot))).await;
         }
         gw.metrics.parked(how.label());
+        self.tracker.release_buffers();
         // Until it is revived, the session's cancel key must reach no backend: the one it left
         // may serve another session now.
         if let Some(reg) = &self.cancel {
             reg.detach();
         }
-        let Some(snapshot) = self.snap.take() else {
+        // Borrowed, not taken: a parked session should hold its snapshot once.
+        let Some(snapshot) = self.snap.as_ref() else {
             return Err(Err(("internal", "parked without a snapshot".into())));
         };
         let mut mark = how.parks().then(|| claim.park(how.for_sleep()));
@@ -460,7 +465,7 @@ impl<'g> Live<'g> {
             }
             drop(mark.take());
             let started = Instant::now();
-            let revived = revive_unless_cancelled(gw, m, &snapshot, self.cancel.as_ref(), parked);
+            let revived = revive_unless_cancelled(gw, m, snapshot, self.cancel.as_ref(), parked);
             match Box::pin(revived).await {
                 ReviveOutcome::Done(new, returnable, restored) => {
                     let took = started.elapsed();
@@ -481,14 +486,15 @@ impl<'g> Live<'g> {
                     let stale = restored.stale.iter().map(|(n, a)| (n.as_str(), a.clone()));
                     self.tracker
                         .reset_for_new_backend(names, stale, restored.unnamed);
-                    self.snap = Some(snapshot);
                     return Ok(self);
                 }
                 ReviveOutcome::Cancelled => {
                     info!("cancel request while the session waited for its database");
                     let pending = std::mem::take(&mut self.preload);
                     let max = gw.relay.max_message as usize;
-                    self.preload = answer_cancelled(client, pending, max).await?;
+                    // Boxed: its read buffer should not size every parked session.
+                    let answered = Box::pin(answer_cancelled(client, pending, max));
+                    self.preload = answered.await?;
                     parked = true;
                 }
                 ReviveOutcome::Failed(e) => {
@@ -765,14 +771,15 @@ async fn backend_going_away(
     }
 }
 
-/// Waits for a parked client's next bytes.
+/// Waits for a parked client's next bytes. Only the first byte is awaited (a parked session
+/// holds no read buffer); the rest of the message stays in the socket for the revived relay.
 async fn wait_parked(client: &mut Stream, gw: &Sessions) -> Parked {
-    let mut buf = [0u8; PARKED_READ];
+    let mut first = 0u8;
     tokio::select! {
-        r = client.read(&mut buf) => match r {
+        r = client.read(std::slice::from_mut(&mut first)) => match r {
             Ok(0) | Err(_) => Parked::Closed,
-            Ok(_) if buf[0] == b'X' => Parked::Closed,
-            Ok(n) => Parked::Message(buf[..n].to_vec()),
+            Ok(_) if first == b'X' => Parked::Closed,
+            Ok(_) => Parked::Message(vec![first]),
         },
         _ = gw.terminate.cancelled() => Parked::Terminated,
         _ = gw.end_idle.cancelled() => Parked::Terminated,

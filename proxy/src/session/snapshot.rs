@@ -178,6 +178,17 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// Gives back the room its vectors grew by while being filled: a snapshot is kept for as
+    /// long as its session stays parked, by thousands of sessions.
+    fn shrink(&mut self) {
+        self.settings.shrink_to_fit();
+        self.statements.shrink_to_fit();
+        self.failed.shrink_to_fit();
+        for s in &mut self.statements {
+            s.param_types.shrink_to_fit();
+        }
+    }
+
     /// A statement is recorded as the client was told it (when the gateway first described
     /// it), not as it looks now: a table changed and changed back leaves it usable, as
     /// Postgres checks each use against the statement's first shape. One stale on this
@@ -366,6 +377,7 @@ pub async fn take_snapshot(
     )
     .await?;
     snap.carry_stale(tracker, limits);
+    snap.shrink();
     Ok(snap)
 }
 
