@@ -317,6 +317,50 @@ async fn idle_http2_connections_exhaust_nothing_and_are_closed() {
         .expect("idle HTTP/2 connections were left open");
 }
 
+/// A client that trickles an HTTP/1 request head, a byte every 200 ms, holds its connection no
+/// longer than one that sends nothing: it is closed once `http.header_timeout` has passed with
+/// no request (and the grace the closing gives a request under way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickled_http1_request_head_is_closed_after_the_header_timeout() {
+    let http = pgwake_testkit::free_port();
+    let extra = format!(
+        "allow_plaintext = true\nhttp = \"127.0.0.1:{http}\"\n[http]\nheader_timeout = \"2s\"\n"
+    );
+    let tenants = Gateway::local_tenants(&["edge"], "");
+    let gw = tokio::task::spawn_blocking(move || Gateway::launch(&extra, &tenants, &[]))
+        .await
+        .unwrap();
+    let mut s = TcpStream::connect(("127.0.0.1", http)).await.unwrap();
+    let started = std::time::Instant::now();
+    let head = b"POST /sql HTTP/1.1\r\nHost: edge\r\nX-Filler: ";
+    let filler = std::iter::repeat(&b'a');
+    let mut closed_after = None;
+    for byte in head.iter().chain(filler) {
+        if s.write_all(std::slice::from_ref(byte)).await.is_err() {
+            closed_after = Some(started.elapsed());
+            break;
+        }
+        let mut buf = [0u8; 512];
+        match tokio::time::timeout(Duration::from_millis(200), s.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) => {
+                closed_after = Some(started.elapsed());
+                break;
+            }
+            Ok(Ok(_)) | Err(_) => {}
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            break;
+        }
+    }
+    let closed_after = closed_after.expect("a trickling client was still connected after 30 s");
+    eprintln!("trickled request head closed after {closed_after:?}");
+    assert!(
+        closed_after >= Duration::from_millis(1500) && closed_after <= Duration::from_secs(10),
+        "closed after {closed_after:?} with header_timeout = 2s"
+    );
+    drop(gw);
+}
+
 /// Resident memory of process `pid`, in bytes.
 fn rss(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

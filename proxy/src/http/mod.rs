@@ -23,7 +23,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
@@ -353,11 +353,10 @@ async fn serve_connection(
         }
     });
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    // A client that trickles its headers (or holds a kept-alive connection idle) is closed.
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout);
+    // No timer of hyper's: it would arm one for every request head. A client that trickles its
+    // headers or holds a kept-alive connection idle is closed by the loop below, whose one
+    // deadline starts when the connection's last request ended.
+    builder.http1().header_read_timeout(None);
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
     loop {
