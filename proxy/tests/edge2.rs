@@ -341,12 +341,10 @@ async fn a_trickled_http1_request_head_is_closed_after_the_header_timeout() {
             break;
         }
         let mut buf = [0u8; 512];
-        match tokio::time::timeout(Duration::from_millis(200), s.read(&mut buf)).await {
-            Ok(Ok(0) | Err(_)) => {
-                closed_after = Some(started.elapsed());
-                break;
-            }
-            Ok(Ok(_)) | Err(_) => {}
+        let read = tokio::time::timeout(Duration::from_millis(200), s.read(&mut buf)).await;
+        if let Ok(Ok(0) | Err(_)) = read {
+            closed_after = Some(started.elapsed());
+            break;
         }
         if started.elapsed() > Duration::from_secs(30) {
             break;
