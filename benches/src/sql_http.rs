@@ -455,5 +455,82 @@ pub fn render(facts: &Facts, opts: &HttpOptions, outcome: &Result<HttpResults, S
             row.p99_us
         );
     }
+    out.push_str(&goals(&r.rows));
     out
+}
+
+/// Issue 29's `/sql` goals: with one client, at least this share of the gateway's own Postgres
+/// listener's rate.
+const ONE_CLIENT_MIN_RATE: f64 = 0.95;
+/// With eight clients, at most this multiple of the Postgres listener's gateway CPU per query.
+const EIGHT_CLIENTS_MAX_CPU: f64 = 1.25;
+
+/// The goals' lines, judged on the rows (a row that was not measured leaves its goal open).
+fn goals(rows: &[Row]) -> String {
+    let find =
+        |way: Way, clients: usize| rows.iter().find(|r| r.way == way && r.clients == clients);
+    let mut out = String::from(
+        "\nIssue 29's goals, from the rows above:\n\n| goal | figure | met |\n|---|---:|---|\n",
+    );
+    let verdict = |v: Option<f64>, ok: &dyn Fn(f64) -> bool| match v {
+        Some(v) => (format!("{v:.2}×"), if ok(v) { "yes" } else { "**no**" }),
+        None => ("–".to_string(), "not measured"),
+    };
+    let rate = find(Way::GatewayHttp, 1)
+        .zip(find(Way::GatewayTcp, 1))
+        .map(|(h, t)| h.rps / t.rps);
+    let (figure, met) = verdict(rate, &|v| v >= ONE_CLIENT_MIN_RATE);
+    let _ = writeln!(
+        out,
+        "| one client: `POST /sql` queries/s ≥ {ONE_CLIENT_MIN_RATE}× the Postgres listener's | {figure} | {met} |"
+    );
+    let cpu = find(Way::GatewayHttp, 8)
+        .and_then(|h| h.gateway_cpu_us)
+        .zip(find(Way::GatewayTcp, 8).and_then(|t| t.gateway_cpu_us))
+        .map(|(h, t)| h / t);
+    let (figure, met) = verdict(cpu, &|v| v <= EIGHT_CLIENTS_MAX_CPU);
+    let _ = writeln!(
+        out,
+        "| eight clients: `POST /sql` gateway CPU per query ≤ {EIGHT_CLIENTS_MAX_CPU}× the Postgres listener's | {figure} | {met} |"
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(way: Way, clients: usize, rps: f64, cpu: Option<f64>) -> Row {
+        Row {
+            way,
+            clients,
+            requests: 0,
+            rps,
+            p50_us: 0.0,
+            p99_us: 0.0,
+            gateway_cpu_us: cpu,
+        }
+    }
+
+    #[test]
+    fn goals_compare_sql_over_http_with_the_postgres_listener() {
+        let rows = [
+            row(Way::Direct, 1, 12000.0, None),
+            row(Way::GatewayTcp, 1, 10000.0, Some(40.0)),
+            row(Way::GatewayHttp, 1, 9600.0, Some(45.0)),
+            row(Way::GatewayTcp, 8, 20000.0, Some(20.0)),
+            row(Way::GatewayHttp, 8, 12000.0, Some(30.0)),
+        ];
+        let text = goals(&rows);
+        assert!(
+            text.contains("the Postgres listener's | 0.96× | yes |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("the Postgres listener's | 1.50× | **no** |"),
+            "{text}"
+        );
+        let text = goals(&rows[..3]);
+        assert!(text.contains("| – | not measured |"), "{text}");
+    }
 }
