@@ -5,6 +5,8 @@
 //! once. Otherwise it waits (bounded per tenant and in total) while a single wake task runs; the
 //! task outlives any one waiter, so a client giving up never cancels a wake others wait for.
 
+pub mod predict;
+
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};

@@ -1,0 +1,478 @@
+//! Recognising a tenant's periodic runs and predicting the next one.
+//!
+//! A *run* is the first connection after the tenant slept, or after a quiet gap; the caller
+//! reports each run's start with [`RunHistory::record_run`]. From the starts of the last few
+//! runs the history recognises two kinds of pattern, and says nothing otherwise:
+//!
+//! - **periodic:** the last [`RECENT`] intervals agree within a tenth of their median (a cron job
+//!   every 15 minutes ± 20 s, an hourly job at :00);
+//! - **daily:** the recent intervals are whole days (one to three, so weekends may be skipped)
+//!   within [`DAILY_TOLERANCE`] and the runs start near the same time of day; the next run is
+//!   predicted on the next weekday that has had a run (a preview environment opened every
+//!   weekday morning).
+//!
+//! Once [`MAX_MISSES`] predicted runs have passed without a run, the history stays silent until
+//! the next one comes: a tenant that stopped soon stops being woken. Times are seconds since the
+//! Unix epoch (UTC) passed in by the caller, so the module does no I/O and reads no clock, and
+//! its state is a fixed-size array.
+
+use std::time::Duration;
+
+/// Run starts remembered per tenant.
+pub const HISTORY: usize = 16;
+/// Intervals that must agree for a periodic pattern: after a change of period, the new one is
+/// recognised on the third run at the new period.
+pub const RECENT: usize = 3;
+/// Predicted runs that may pass without a run before the history stays silent.
+pub const MAX_MISSES: u64 = 2;
+/// How far a daily run's interval may stray from a whole number of days, and its start from the
+/// usual time of day.
+pub const DAILY_TOLERANCE: u64 = 20 * 60;
+/// The smallest window around a daily run's predicted start.
+const DAILY_MIN_JITTER: u64 = 5 * 60;
+/// The smallest tolerance of a periodic pattern, for periods of a few seconds.
+const MIN_TOLERANCE: u64 = 2;
+const DAY: u64 = 86_400;
+/// 1970-01-01 was a Thursday: the weekday (0 = Monday) of day 0.
+const EPOCH_WEEKDAY: u64 = 3;
+
+/// A recognised pattern of run starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pattern {
+    /// A run every `period` seconds; starts strayed by up to `jitter` seconds from the fit.
+    Periodic {
+        /// Seconds between runs.
+        period: u64,
+        /// How far a run may come from its predicted start, in seconds.
+        jitter: u64,
+        /// The predicted start after the newest run, on the schedule fitted to the runs.
+        anchor: u64,
+    },
+    /// A run a day, `at` seconds after midnight UTC, on the weekdays of `days` (bit 0 Monday).
+    Daily {
+        /// Seconds after midnight UTC.
+        at: u64,
+        /// Largest distance of a recent start from `at`, in seconds.
+        jitter: u64,
+        /// Weekdays that have had a run (bit 0 Monday … bit 6 Sunday).
+        days: u8,
+    },
+}
+
+impl Pattern {
+    /// How far a run may come from its predicted time, in seconds.
+    pub fn jitter(&self) -> u64 {
+        match *self {
+            Pattern::Periodic { jitter, .. } | Pattern::Daily { jitter, .. } => jitter,
+        }
+    }
+}
+
+/// A tenant's recent run starts: fixed memory, newest last.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunHistory {
+    starts: [u64; HISTORY],
+    len: usize,
+}
+
+impl RunHistory {
+    /// A history holding `starts` (oldest first; only the last [`HISTORY`] are kept), e.g. as
+    /// read back from a state file.
+    pub fn from_starts(starts: &[u64]) -> RunHistory {
+        let mut h = RunHistory::default();
+        for &s in starts {
+            h.record_run(s);
+        }
+        h
+    }
+
+    /// The remembered starts, oldest first (what a state file keeps).
+    pub fn starts(&self) -> &[u64] {
+        &self.starts[..self.len]
+    }
+
+    /// A run started at `at`. A start earlier than the newest one (a clock step back) replaces
+    /// the history, which cannot be trusted across it.
+    pub fn record_run(&mut self, at: u64) {
+        if self.starts().last().is_some_and(|&last| at < last) {
+            self.len = 0;
+        }
+        if self.len == HISTORY {
+            self.starts.copy_within(1.., 0);
+            self.len -= 1;
+        }
+        self.starts[self.len] = at;
+        self.len += 1;
+    }
+
+    /// The pattern the recent runs follow, if any.
+    pub fn pattern(&self) -> Option<Pattern> {
+        self.daily().or_else(|| self.periodic())
+    }
+
+    /// When the next run is expected, as seen at `now`: the first predicted start whose
+    /// tolerance window has not passed yet. `None` without a pattern, or once [`MAX_MISSES`]
+    /// predicted runs passed without a run.
+    pub fn next_run(&self, now: u64) -> Option<u64> {
+        let pattern = self.pattern()?;
+        let jitter = pattern.jitter();
+        let mut missed = 0;
+        let mut next = self.after(self.last()?, pattern)?;
+        while next.saturating_add(jitter) < now {
+            missed += 1;
+            if missed >= MAX_MISSES {
+                return None;
+            }
+            next = self.after(next, pattern)?;
+        }
+        Some(next)
+    }
+
+    /// When to start waking the tenant so that it is up by the next run: the run's earliest
+    /// expected start less `lead` (the tenant's wake duration and a margin). `None` when no run
+    /// is expected.
+    pub fn wake_at(&self, now: u64, lead: Duration) -> Option<u64> {
+        let pattern = self.pattern()?;
+        let next = self.next_run(now)?;
+        Some(
+            next.saturating_sub(pattern.jitter())
+                .saturating_sub(lead.as_secs()),
+        )
+    }
+
+    /// Whether a tenant whose run just ended may sleep before its idle timeout: a run is
+    /// expected, and its earliest start (less `lead`) is further away than `idle_timeout`.
+    pub fn may_sleep_early(&self, now: u64, idle_timeout: Duration, lead: Duration) -> bool {
+        self.wake_at(now, lead)
+            .is_some_and(|wake| wake > now.saturating_add(idle_timeout.as_secs()))
+    }
+
+    fn last(&self) -> Option<u64> {
+        self.starts().last().copied()
+    }
+
+    /// The predicted start after `t`, which is a predicted or actual start.
+    fn after(&self, t: u64, pattern: Pattern) -> Option<u64> {
+        match pattern {
+            Pattern::Periodic {
+                period,
+                anchor: fit,
+                ..
+            } => {
+                if fit > t {
+                    Some(fit)
+                } else {
+                    // Whole periods past `t` on the fitted schedule.
+                    let k = (t - fit) / period + 1;
+                    Some(fit + k * period)
+                }
+            }
+            Pattern::Daily { at, days, .. } => {
+                let day = t / DAY;
+                (1..=7)
+                    .map(|d| day + d)
+                    .find(|&d| days & (1 << weekday(d)) != 0)
+                    .map(|d| d * DAY + at)
+            }
+        }
+    }
+
+    fn recent_starts(&self, n: usize) -> &[u64] {
+        let s = self.starts();
+        &s[s.len().saturating_sub(n)..]
+    }
+
+    fn periodic(&self) -> Option<Pattern> {
+        let recent = self.recent_starts(RECENT + 1);
+        if recent.len() < RECENT + 1 {
+            return None;
+        }
+        let mut intervals: Vec<u64> = recent.windows(2).map(|w| w[1] - w[0]).collect();
+        intervals.sort_unstable();
+        let median = intervals[intervals.len() / 2];
+        if median == 0 {
+            return None;
+        }
+        let tolerance = (median / 10).max(MIN_TOLERANCE);
+        if intervals.iter().any(|&i| i.abs_diff(median) > tolerance) {
+            return None;
+        }
+        // The period and the schedule are fitted to every earlier run that kept to it too, so
+        // that one run's jitter moves neither much.
+        let starts = self.starts();
+        let mut first = starts.len() - recent.len();
+        while first > 0 && (starts[first] - starts[first - 1]).abs_diff(median) <= tolerance {
+            first -= 1;
+        }
+        let kept = &starts[first..];
+        let n = kept.len() as u64;
+        let newest = *kept.last()?;
+        let period = (newest - kept[0] + (n - 1) / 2) / (n - 1);
+        // Each start carried forward to the one after the newest; their mean is the anchor.
+        let carried = |i: usize, s: u64| s + (n - i as u64) * period;
+        let sum: u64 = kept.iter().enumerate().map(|(i, &s)| carried(i, s)).sum();
+        let anchor = sum / n;
+        let spread = kept
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| carried(i, s).abs_diff(anchor))
+            .max()
+            .unwrap_or(0);
+        // A few starts understate how far the next may stray: the window is twice their
+        // spread, and never under a twentieth of the period.
+        let jitter = (2 * spread).max(period / 20).max(MIN_TOLERANCE);
+        Some(Pattern::Periodic {
+            period,
+            jitter,
+            anchor,
+        })
+    }
+
+    fn daily(&self) -> Option<Pattern> {
+        let recent = self.recent_starts(RECENT + 2);
+        if recent.len() < RECENT + 1 {
+            return None;
+        }
+        let mut whole_days = 0;
+        for w in recent.windows(2) {
+            let interval = w[1] - w[0];
+            let days = (interval + DAY / 2) / DAY;
+            if !(1..=3).contains(&days) || interval.abs_diff(days * DAY) > DAILY_TOLERANCE {
+                return None;
+            }
+            if days == 1 {
+                whole_days += 1;
+            }
+        }
+        if whole_days < RECENT - 1 {
+            return None;
+        }
+        // Times of day, as offsets from the newest run's, so runs near midnight compare right.
+        let newest = *recent.last()? % DAY;
+        let offset = |s: u64| -> i64 {
+            let d = (s % DAY) as i64 - newest as i64;
+            (d + DAY as i64 / 2).rem_euclid(DAY as i64) - DAY as i64 / 2
+        };
+        let mean = recent.iter().map(|&s| offset(s)).sum::<i64>() / recent.len() as i64;
+        let spread = recent
+            .iter()
+            .map(|&s| offset(s).abs_diff(mean))
+            .max()
+            .unwrap_or(0);
+        if spread > DAILY_TOLERANCE {
+            return None;
+        }
+        let jitter = (2 * spread).max(DAILY_MIN_JITTER);
+        let at = (newest as i64 + mean).rem_euclid(DAY as i64) as u64;
+        let days = self
+            .starts()
+            .iter()
+            .fold(0u8, |m, &s| m | 1 << weekday(s / DAY));
+        Some(Pattern::Daily { at, jitter, days })
+    }
+}
+
+/// The weekday of day `day` since the epoch, 0 = Monday.
+fn weekday(day: u64) -> u64 {
+    (day + EPOCH_WEEKDAY) % 7
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A Monday, 2026-11-23 00:00 UTC.
+    const MONDAY: u64 = 1_795_392_000;
+    const MIN: u64 = 60;
+    const HOUR: u64 = 3600;
+
+    /// Jitter in -j..=j from a small deterministic generator.
+    fn jitter(seed: &mut u64, j: u64) -> i64 {
+        *seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        ((*seed >> 33) % (2 * j + 1)) as i64 - j as i64
+    }
+
+    fn shifted(t: u64, by: i64) -> u64 {
+        (t as i64 + by) as u64
+    }
+
+    #[test]
+    fn the_monday_constant_is_a_monday() {
+        assert_eq!(weekday(MONDAY / DAY), 0);
+    }
+
+    #[test]
+    fn a_cron_job_every_fifteen_minutes_is_predicted_within_its_jitter() {
+        let mut h = RunHistory::default();
+        let mut seed = 7;
+        let mut found = 0;
+        for i in 0..40 {
+            let at = shifted(MONDAY + i * 15 * MIN, jitter(&mut seed, 20));
+            if let Some(next) = h.next_run(at.saturating_sub(5 * MIN)) {
+                let pattern = h.pattern().unwrap();
+                if next.abs_diff(at) <= pattern.jitter() {
+                    found += 1;
+                }
+            }
+            h.record_run(at);
+        }
+        // Four runs before the first prediction; every later one predicted.
+        assert!(found >= 40 - 4, "{found} of 40 predicted");
+        assert!(matches!(
+            h.pattern(),
+            Some(Pattern::Periodic { period, .. }) if period.abs_diff(15 * MIN) <= 40
+        ));
+    }
+
+    #[test]
+    fn an_hourly_job_at_the_hour_predicts_the_next_hour() {
+        let h =
+            RunHistory::from_starts(&[MONDAY, MONDAY + HOUR, MONDAY + 2 * HOUR, MONDAY + 3 * HOUR]);
+        assert_eq!(h.next_run(MONDAY + 3 * HOUR + 10), Some(MONDAY + 4 * HOUR));
+        // The window before it is a twentieth of the period (three minutes).
+        assert_eq!(
+            h.wake_at(MONDAY + 3 * HOUR + 10, Duration::from_secs(30)),
+            Some(MONDAY + 4 * HOUR - 180 - 30)
+        );
+    }
+
+    #[test]
+    fn irregular_runs_are_not_predicted() {
+        let h = RunHistory::from_starts(&[MONDAY, MONDAY + 300, MONDAY + 2000, MONDAY + 2300]);
+        assert_eq!(h.pattern(), None);
+        assert_eq!(h.next_run(MONDAY + 2400), None);
+        assert!(!h.may_sleep_early(MONDAY + 2400, Duration::from_secs(60), Duration::ZERO));
+    }
+
+    #[test]
+    fn three_runs_are_not_enough() {
+        let h = RunHistory::from_starts(&[MONDAY, MONDAY + 600, MONDAY + 1200]);
+        assert_eq!(h.pattern(), None);
+    }
+
+    #[test]
+    fn a_changed_period_is_followed_within_three_runs() {
+        let mut h = RunHistory::default();
+        for i in 0..8 {
+            h.record_run(MONDAY + i * 10 * MIN);
+        }
+        let mut t = MONDAY + 7 * 10 * MIN;
+        let mut right = Vec::new();
+        for _ in 0..5 {
+            t += 25 * MIN;
+            right.push(h.next_run(t - MIN) == Some(t));
+            h.record_run(t);
+        }
+        // Runs 1–3 at the new period may be missed; from the fourth on it is predicted.
+        assert_eq!(right[3..], [true, true], "{right:?}");
+    }
+
+    #[test]
+    fn predictions_stop_after_two_missed_runs() {
+        let h =
+            RunHistory::from_starts(&[MONDAY, MONDAY + HOUR, MONDAY + 2 * HOUR, MONDAY + 3 * HOUR]);
+        // The run at +4 h did not come: +5 h is still expected.
+        assert_eq!(
+            h.next_run(MONDAY + 4 * HOUR + 10 * MIN),
+            Some(MONDAY + 5 * HOUR)
+        );
+        // Neither did +5 h: silence.
+        assert_eq!(h.next_run(MONDAY + 5 * HOUR + 10 * MIN), None);
+        assert!(h.pattern().is_some());
+        // A run comes again: predictions resume from it once the intervals agree.
+        let mut h = h;
+        for k in 9..13 {
+            h.record_run(MONDAY + k * HOUR);
+        }
+        assert_eq!(
+            h.next_run(MONDAY + 12 * HOUR + MIN),
+            Some(MONDAY + 13 * HOUR)
+        );
+    }
+
+    #[test]
+    fn weekday_mornings_skip_the_weekend() {
+        let mut h = RunHistory::default();
+        let mut seed = 3;
+        // Two weeks of runs at 08:00 ± 5 min, Monday to Friday.
+        for week in 0..2 {
+            for day in 0..5 {
+                let at = MONDAY + (week * 7 + day) * DAY + 8 * HOUR;
+                h.record_run(shifted(at, jitter(&mut seed, 5 * MIN)));
+            }
+        }
+        let friday = MONDAY + 11 * DAY + 8 * HOUR;
+        let Some(Pattern::Daily { at, days, .. }) = h.pattern() else {
+            panic!("{:?}", h.pattern());
+        };
+        assert!(at.abs_diff(8 * HOUR) <= 5 * MIN, "{at}");
+        assert_eq!(days, 0b0001_1111);
+        // After Friday's run the next is Monday's, not Saturday's.
+        let next = h.next_run(friday + HOUR).unwrap();
+        assert_eq!(next / DAY, MONDAY / DAY + 14);
+        assert!(h.may_sleep_early(
+            friday + HOUR,
+            Duration::from_secs(300),
+            Duration::from_secs(60)
+        ));
+    }
+
+    #[test]
+    fn a_daily_run_near_midnight_keeps_its_time_of_day() {
+        let starts: Vec<u64> = [-3i64 * 60, 2 * 60, -60, 4 * 60]
+            .iter()
+            .enumerate()
+            .map(|(d, &off)| shifted(MONDAY + (d as u64 + 1) * DAY, off))
+            .collect();
+        let h = RunHistory::from_starts(&starts);
+        let Some(Pattern::Daily { at, .. }) = h.pattern() else {
+            panic!("{:?}", h.pattern());
+        };
+        assert!(!(5 * MIN..=DAY - 5 * MIN).contains(&at), "{at}");
+    }
+
+    #[test]
+    fn a_clock_step_back_forgets_the_history() {
+        let mut h =
+            RunHistory::from_starts(&[MONDAY, MONDAY + HOUR, MONDAY + 2 * HOUR, MONDAY + 3 * HOUR]);
+        h.record_run(MONDAY + HOUR / 2);
+        assert_eq!(h.starts(), &[MONDAY + HOUR / 2]);
+    }
+
+    #[test]
+    fn the_history_keeps_its_last_runs_only() {
+        let starts: Vec<u64> = (0..40).map(|i| MONDAY + i * MIN).collect();
+        let h = RunHistory::from_starts(&starts);
+        assert_eq!(h.starts(), &starts[40 - HISTORY..]);
+    }
+
+    #[test]
+    fn poisson_runs_rarely_look_periodic() {
+        // Exponential gaps with a mean of 20 minutes: a prediction that a run then misses by
+        // more than the jitter is a wasted pre-wake.
+        let mut seed: u64 = 11;
+        let mut uniform = || {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            ((seed >> 11) as f64 + 1.0) / (1u64 << 53) as f64
+        };
+        let mut h = RunHistory::default();
+        let mut t = MONDAY;
+        let mut wasted = 0;
+        let runs = 10_000;
+        for _ in 0..runs {
+            let gap = (-uniform().ln() * 20.0 * MIN as f64) as u64 + 1;
+            let next = t + gap;
+            if let (Some(p), Some(pred)) = (h.pattern(), h.next_run(t + 1)) {
+                if pred.abs_diff(next) > p.jitter() {
+                    wasted += 1;
+                }
+            }
+            h.record_run(next);
+            t = next;
+        }
+        assert!(
+            wasted * 100 <= runs,
+            "{wasted} wasted predictions in {runs} runs"
+        );
+    }
+}
