@@ -155,21 +155,11 @@ impl Pipeline {
             &mut startup,
             slot,
         ));
-        let Admitted {
-            tenant,
-            profile,
-            user,
-            material,
-        } = admitted.await?;
+        let admitted = admitted.await?;
         // Only a client the gateway authenticated may learn that its database is waking.
-        let notice = material.is_some() && self.wake_notice;
-        let awake = wake::wake(&self.coordinator, client, &tenant.id, notice).await?;
-        let admitted = Admitted {
-            tenant,
-            profile,
-            user,
-            material,
-        };
+        let notice = admitted.material.is_some() && self.wake_notice;
+        let tenant = &admitted.tenant.id;
+        let awake = wake::wake(&self.coordinator, client, tenant, notice).await?;
         Box::pin(self.log_in(client, admitted, &startup, awake)).await
     }
 

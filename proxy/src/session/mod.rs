@@ -430,14 +430,13 @@ impl<'g> Live<'g> {
             claim,
             endpoint,
         } = self.current;
+        // The connection's login parameters and reuse key go with it, given back or closed.
+        let back = self.returnable.take();
         if how == Move::SessionIdle {
             // At rest and movable: the connection can serve another session.
-            let back = self.returnable.take();
             let conn = (stream, slot);
             Box::pin(gw.connector.give_back(conn, endpoint, back, true)).await;
         } else {
-            // The closed connection's login parameters and reuse key are of no further use.
-            self.returnable = None;
             Box::pin(crate::upstream::close((stream, slot))).await;
         }
         gw.metrics.parked(how.label());

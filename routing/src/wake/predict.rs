@@ -66,6 +66,32 @@ impl Pattern {
             Pattern::Periodic { jitter, .. } | Pattern::Daily { jitter, .. } => jitter,
         }
     }
+
+    /// The predicted start after `t`, which is a predicted or actual start.
+    fn after(self, t: u64) -> Option<u64> {
+        match self {
+            Pattern::Periodic {
+                period,
+                anchor: fit,
+                ..
+            } => {
+                if fit > t {
+                    Some(fit)
+                } else {
+                    // Whole periods past `t` on the fitted schedule.
+                    let k = (t - fit) / period + 1;
+                    Some(fit + k * period)
+                }
+            }
+            Pattern::Daily { at, days, .. } => {
+                let day = t / DAY;
+                (1..=7)
+                    .map(|d| day + d)
+                    .find(|&d| days & (1 << weekday(d)) != 0)
+                    .map(|d| d * DAY + at)
+            }
+        }
+    }
 }
 
 /// A tenant's recent run starts: fixed memory, newest last.
@@ -114,18 +140,7 @@ impl RunHistory {
     /// tolerance window has not passed yet. `None` without a pattern, or once [`MAX_MISSES`]
     /// predicted runs passed without a run.
     pub fn next_run(&self, now: u64) -> Option<u64> {
-        let pattern = self.pattern()?;
-        let jitter = pattern.jitter();
-        let mut missed = 0;
-        let mut next = self.after(self.last()?, pattern)?;
-        while next.saturating_add(jitter) < now {
-            missed += 1;
-            if missed >= MAX_MISSES {
-                return None;
-            }
-            next = self.after(next, pattern)?;
-        }
-        Some(next)
+        self.next_of(self.pattern()?, now)
     }
 
     /// When to start waking the tenant so that it is up by the next run: the run's earliest
@@ -133,7 +148,7 @@ impl RunHistory {
     /// is expected.
     pub fn wake_at(&self, now: u64, lead: Duration) -> Option<u64> {
         let pattern = self.pattern()?;
-        let next = self.next_run(now)?;
+        let next = self.next_of(pattern, now)?;
         Some(
             next.saturating_sub(pattern.jitter())
                 .saturating_sub(lead.as_secs()),
@@ -151,30 +166,19 @@ impl RunHistory {
         self.starts().last().copied()
     }
 
-    /// The predicted start after `t`, which is a predicted or actual start.
-    fn after(&self, t: u64, pattern: Pattern) -> Option<u64> {
-        match pattern {
-            Pattern::Periodic {
-                period,
-                anchor: fit,
-                ..
-            } => {
-                if fit > t {
-                    Some(fit)
-                } else {
-                    // Whole periods past `t` on the fitted schedule.
-                    let k = (t - fit) / period + 1;
-                    Some(fit + k * period)
-                }
+    /// [`RunHistory::next_run`] for the history's `pattern`.
+    fn next_of(&self, pattern: Pattern, now: u64) -> Option<u64> {
+        let jitter = pattern.jitter();
+        let mut missed = 0;
+        let mut next = pattern.after(self.last()?)?;
+        while next.saturating_add(jitter) < now {
+            missed += 1;
+            if missed >= MAX_MISSES {
+                return None;
             }
-            Pattern::Daily { at, days, .. } => {
-                let day = t / DAY;
-                (1..=7)
-                    .map(|d| day + d)
-                    .find(|&d| days & (1 << weekday(d)) != 0)
-                    .map(|d| d * DAY + at)
-            }
+            next = pattern.after(next)?;
         }
+        Some(next)
     }
 
     fn recent_starts(&self, n: usize) -> &[u64] {
@@ -187,7 +191,10 @@ impl RunHistory {
         if recent.len() < RECENT + 1 {
             return None;
         }
-        let mut intervals: Vec<u64> = recent.windows(2).map(|w| w[1] - w[0]).collect();
+        let mut intervals = [0u64; RECENT];
+        for (i, w) in recent.windows(2).enumerate() {
+            intervals[i] = w[1] - w[0];
+        }
         intervals.sort_unstable();
         let median = intervals[intervals.len() / 2];
         if median == 0 {
