@@ -234,6 +234,7 @@ async fn route(state: &AdminState, req: &Request<Incoming>) -> Response<Full<Byt
                 &state.coordinator.status(),
                 state.coordinator.waiters_total(),
                 &state.coordinator.awake_seconds_by_kind(),
+                state.coordinator.prediction_counts(),
             );
             text(
                 StatusCode::OK,

@@ -1,7 +1,9 @@
 //! Every metric the gateway exports, declared in one place with its help text.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 
+use pgwake_routing::wake::PredictionCounts;
 use pgwake_routing::{Phase, TenantStatus, WakeEvent};
 use prometheus::core::Collector;
 use prometheus::{
@@ -150,6 +152,9 @@ pub struct Metrics {
     waiters: IntGauge,
     tenants: IntGaugeVec,
     tenant_awake: CounterVec,
+    runs: IntCounterVec,
+    prewakes: IntCounterVec,
+    predictive_sleeps: IntCounter,
     /// Backend connections open in the SQL-over-HTTP pool (idle and in use).
     pub http_pool_open: IntGauge,
     /// Idle backend connections in the SQL-over-HTTP pool.
@@ -292,6 +297,21 @@ impl Metrics {
                 "pgwake_tenant_awake_seconds_total",
                 "Seconds tenants' databases spent waking, awake or going to sleep, by backend kind.",
                 &["backend"],
+            ),
+            runs: r.counter_vec(
+                "pgwake_runs_total",
+                "Runs (a tenant's first connection after a sleep or a quiet gap), by whether it \
+                 found the tenant awake or asleep.",
+                &["found"],
+            ),
+            prewakes: r.counter_vec(
+                "pgwake_prewakes_total",
+                "Wakes ahead of a predicted run, by outcome (used: the run came; wasted: it did not).",
+                &["outcome"],
+            ),
+            predictive_sleeps: r.counter(
+                "pgwake_predictive_sleeps_total",
+                "Sleeps before the idle timeout because the next run was predicted far away.",
             ),
             auth_attempts: r.counter_vec(
                 "pgwake_auth_attempts_total",
@@ -465,7 +485,29 @@ impl Metrics {
         status: &[TenantStatus],
         waiters: usize,
         awake_by_kind: &HashMap<&'static str, f64>,
+        predictions: &PredictionCounts,
     ) {
+        let catch_up = |counter: &IntCounter, total: &AtomicU64| {
+            let more = total.load(Ordering::Relaxed).saturating_sub(counter.get());
+            counter.inc_by(more);
+        };
+        catch_up(
+            &self.runs.with_label_values(&["awake"]),
+            &predictions.runs_found_awake,
+        );
+        catch_up(
+            &self.runs.with_label_values(&["asleep"]),
+            &predictions.runs_found_asleep,
+        );
+        catch_up(
+            &self.prewakes.with_label_values(&["used"]),
+            &predictions.prewakes_used,
+        );
+        catch_up(
+            &self.prewakes.with_label_values(&["wasted"]),
+            &predictions.prewakes_wasted,
+        );
+        catch_up(&self.predictive_sleeps, &predictions.predictive_sleeps);
         for (kind, total) in awake_by_kind {
             let counter = self.tenant_awake.with_label_values(&[kind]);
             let more = total - counter.get();

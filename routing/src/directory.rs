@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use crate::wake::PredictPolicy;
 use crate::{ComputeBackend, TenantId};
 
 /// One tenant the gateway serves.
@@ -18,6 +19,8 @@ pub struct Tenant {
     pub backend: Arc<dyn ComputeBackend>,
     /// How long it may go without connections before it is put to sleep.
     pub idle_timeout: Duration,
+    /// What its run predictions are used for.
+    pub predict: PredictPolicy,
 }
 
 /// Lookup of tenants by id; safe to change while connections use it.

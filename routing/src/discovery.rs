@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::backend::{CnpgBackend, CnpgCluster, cluster_resource};
+use crate::wake::PredictPolicy;
 use crate::{Tenant, TenantDirectory, TenantId};
 
 /// The label naming the tenant a Cluster serves.
@@ -29,6 +30,8 @@ pub struct DiscoverySettings {
     pub label: String,
     /// Idle timeout of discovered tenants.
     pub idle_timeout: Duration,
+    /// What discovered tenants' run predictions are used for.
+    pub predict: PredictPolicy,
 }
 
 /// Why a directory change was made, for the caller's own per-tenant state.
@@ -161,6 +164,7 @@ impl ClusterDiscovery {
                 id: tenant.clone(),
                 backend: self.backend.clone(),
                 idle_timeout: self.settings.idle_timeout,
+                predict: self.settings.predict,
             });
             info!(tenant = %tenant, cluster = %cluster.name, namespace = %cluster.namespace, "tenant discovered");
             on_event(&DiscoveryEvent::Upserted(tenant, cluster));

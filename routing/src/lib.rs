@@ -16,6 +16,6 @@ pub use directory::{Tenant, TenantDirectory};
 pub use resolver::{ResolveError, Resolved, ResolverConfig, Rule, Source, TenantResolver};
 pub use tenant::{InvalidTenantId, TenantId};
 pub use wake::{
-    Admission, ParkedMark, Phase, TenantStatus, WAKE_HISTORY, WakeClaim, WakeCoordinator,
-    WakeError, WakeEvent, WakeRecord, WakeSettings,
+    Admission, ParkedMark, Pattern, Phase, PredictPolicy, PredictSettings, RunStatus, TenantStatus,
+    WAKE_HISTORY, WakeClaim, WakeCoordinator, WakeError, WakeEvent, WakeRecord, WakeSettings,
 };

@@ -2,6 +2,7 @@
 //! CloudNativePG and warm-pool backends, the tenant list and the wake coordinator over it.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +12,8 @@ use pgwake_routing::backend::{
     PoolClass, Release, Route, cluster_template,
 };
 use pgwake_routing::{
-    ComputeBackend, Endpoint, Tenant, TenantDirectory, TenantId, WakeCoordinator, WakeSettings,
+    ComputeBackend, Endpoint, PredictSettings, Tenant, TenantDirectory, TenantId, WakeCoordinator,
+    WakeSettings,
 };
 
 use super::BuildError;
@@ -276,6 +278,7 @@ pub(super) fn tenant_list(
             id: t.id.clone(),
             backend,
             idle_timeout: t.idle_timeout.unwrap_or(config.wake.idle_timeout),
+            predict: t.predict.unwrap_or(config.wake.predict),
         });
     }
     tenants
@@ -285,6 +288,7 @@ pub(super) fn tenant_list(
 pub(super) fn wake_coordinator(
     directory: &Arc<TenantDirectory>,
     w: &WakeConfig,
+    history_file: Option<PathBuf>,
     activity: Option<Arc<SharedActivity>>,
     metrics: &Arc<Metrics>,
 ) -> Arc<WakeCoordinator> {
@@ -299,6 +303,12 @@ pub(super) fn wake_coordinator(
             retry_backoff: w.retry_backoff,
             failed_retry_delay: w.failed_retry_delay,
             idle_check_interval: w.idle_check_interval,
+            predict: PredictSettings {
+                margin: w.predict_margin,
+                sleep_grace: w.predict_sleep_grace,
+                run_gap: w.predict_run_gap,
+                history_file,
+            },
         },
         activity,
         move |event| wake_metrics.wake_finished(event),

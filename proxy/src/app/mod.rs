@@ -17,6 +17,10 @@ use tokio_util::sync::CancellationToken;
 pub use backends::local_settings;
 pub use run::{StopRequest, run};
 
+/// The file in `[local] data_dir` that keeps tenants' run histories across restarts, unless
+/// `[wake] predict_history_file` names another.
+pub const RUN_HISTORY_FILE: &str = "pgwake-runs.json";
+
 use crate::auth::CredentialError;
 use crate::auth::password::PasswordChecker;
 use crate::auth::shared_throttle::{SharedSettings, SharedThrottle};
@@ -123,8 +127,17 @@ pub async fn build(
     for kind in backend_kinds {
         metrics.backend_in_use(kind);
     }
-    let coordinator =
-        backends::wake_coordinator(&directory, &config.wake, kube.activity.clone(), &metrics);
+    let history_file = config.wake.predict_history_file.clone().or_else(|| {
+        let local = config.local.as_ref()?;
+        Some(local.data_dir.join(RUN_HISTORY_FILE))
+    });
+    let coordinator = backends::wake_coordinator(
+        &directory,
+        &config.wake,
+        history_file,
+        kube.activity.clone(),
+        &metrics,
+    );
     let mut secrets = tenants::SecretStores::new(config.limits.login_timeout, terminate.clone());
     let profiles = tenants::tenant_profiles(config, &coordinator, &kube, &mut secrets)?;
     let profiles: Profiles = Arc::new(RwLock::new(profiles));

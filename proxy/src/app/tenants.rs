@@ -176,6 +176,7 @@ pub(super) fn start_discovery(
                 .clone()
                 .unwrap_or_else(|| TENANT_LABEL.to_owned()),
             idle_timeout: k.discover_idle_timeout.unwrap_or(config.wake.idle_timeout),
+            predict: config.wake.predict,
         },
         cnpg.clone(),
         directory.clone(),

@@ -339,6 +339,7 @@ mod tests {
     use std::time::Duration;
 
     use bytesize::ByteSize;
+    use pgwake_routing::PredictPolicy;
 
     use super::*;
 
@@ -464,6 +465,29 @@ backend = { kind = "fixed", address = "127.0.0.1:5433" }
             &format!("{EXAMPLE}[kubernetes]\nactivity_ttl = \"200ms\"\n"),
             "kubernetes.activity_ttl",
         );
+    }
+
+    #[test]
+    fn run_predictions_are_off_unless_asked_for_gateway_wide_or_per_tenant() {
+        let c = load(EXAMPLE).unwrap();
+        assert_eq!(c.wake.predict, PredictPolicy::Off);
+        assert_eq!(c.tenants[0].predict, None);
+        let text = EXAMPLE.replace(
+            "backend = { kind = \"fixed\", address = \"127.0.0.1:5433\" }",
+            "backend = { kind = \"fixed\", address = \"127.0.0.1:5433\" }\npredict = \"wake\"",
+        );
+        let c = load(&format!(
+            "{text}[wake]\npredict = \"wake_and_sleep\"\npredict_sleep_grace = \"5s\"\n"
+        ))
+        .unwrap();
+        assert_eq!(c.wake.predict, PredictPolicy::WakeAndSleep);
+        assert_eq!(c.wake.predict_sleep_grace, Duration::from_secs(5));
+        assert_eq!(c.tenants[0].predict, Some(PredictPolicy::Wake));
+        let err = load(&format!("{EXAMPLE}[wake]\npredict = \"always\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("wake.predict"), "{err}");
+        assert!(err.contains("wake_and_sleep"), "{err}");
     }
 
     #[test]
@@ -651,7 +675,8 @@ backend = { kind = "fixed", address = "127.0.0.1:5433" }
             unknown.ends_with(
                 "wake.idle_timout: unknown key; the keys here are wake_timeout, \
                  max_waiters_per_tenant, max_waiters_total, attempts, retry_backoff, \
-                 failed_retry_delay, idle_timeout, idle_check_interval, wake_notice"
+                 failed_retry_delay, idle_timeout, idle_check_interval, wake_notice, predict, \
+                 predict_margin, predict_sleep_grace, predict_run_gap, predict_history_file"
             ),
             "{unknown}"
         );

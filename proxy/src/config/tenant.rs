@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use pgwake_routing::{Endpoint, TenantId};
+use pgwake_routing::{Endpoint, PredictPolicy, TenantId};
 use serde::Deserialize;
 
 use super::pool_class::label_value_ok;
@@ -76,6 +76,9 @@ pub struct TenantConfig {
     /// Overrides `[wake] idle_timeout`.
     #[serde(default, with = "super::duration")]
     pub idle_timeout: Option<Duration>,
+    /// Overrides `[wake] predict`: what the tenant's run predictions are used for.
+    #[serde(default)]
+    pub predict: Option<PredictPolicy>,
     /// Who checks passwords (default: the gateway when credentials are known, else passthrough).
     #[serde(default)]
     pub auth: Option<AuthMode>,

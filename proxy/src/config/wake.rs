@@ -1,7 +1,9 @@
 //! `[wake]`: the accept queue, wake retries and idle sleep.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
+use pgwake_routing::PredictPolicy;
 use serde::Deserialize;
 
 use super::{ConfigError, invalid, nonzero};
@@ -36,6 +38,23 @@ pub struct WakeConfig {
     /// gateway's AuthenticationOk (clients refuse notices earlier), so only for tenants the
     /// gateway authenticates.
     pub wake_notice: bool,
+    /// What tenants' run predictions are used for: `off`, `wake` (wake ahead of a predicted
+    /// run) or `wake_and_sleep` (also sleep soon after a run when the next is far away);
+    /// per-tenant override: `predict` in `[[tenant]]`.
+    pub predict: PredictPolicy,
+    /// Added to a tenant's slowest recent wake when waking it ahead of a predicted run.
+    #[serde(with = "super::duration")]
+    pub predict_margin: Duration,
+    /// With `wake_and_sleep`, how long a tenant stays up after a run when the next is far.
+    #[serde(with = "super::duration")]
+    pub predict_sleep_grace: Duration,
+    /// A connection after this long without one starts a new run (as does the first after a
+    /// sleep).
+    #[serde(with = "super::duration")]
+    pub predict_run_gap: Duration,
+    /// Where run histories are kept across restarts (default: `runs.json` in `[local]
+    /// data_dir` when there is one, else in memory only).
+    pub predict_history_file: Option<PathBuf>,
 }
 
 impl Default for WakeConfig {
@@ -50,14 +69,23 @@ impl Default for WakeConfig {
             idle_timeout: Duration::from_secs(300),
             idle_check_interval: Duration::from_secs(1),
             wake_notice: false,
+            predict: PredictPolicy::Off,
+            predict_margin: Duration::from_secs(2),
+            predict_sleep_grace: Duration::from_secs(15),
+            predict_run_gap: Duration::from_secs(60),
+            predict_history_file: None,
         }
     }
 }
 
 impl WakeConfig {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        let times = [self.wake_timeout, self.idle_check_interval];
-        let why = "wake_timeout and idle_check_interval must be greater than zero";
+        let times = [
+            self.wake_timeout,
+            self.idle_check_interval,
+            self.predict_run_gap,
+        ];
+        let why = "wake_timeout, idle_check_interval and predict_run_gap must be greater than zero";
         nonzero("wake.wake_timeout", &times, why)?;
         if self.max_waiters_per_tenant == 0 || self.max_waiters_total == 0 || self.attempts == 0 {
             return Err(invalid(

@@ -18,6 +18,33 @@
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
+/// What a tenant's run predictions are used for (`wake.predict`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PredictPolicy {
+    /// Nothing: the tenant wakes on its first connection and sleeps after its idle timeout.
+    #[default]
+    Off,
+    /// Wake the tenant ahead of a predicted run.
+    Wake,
+    /// Wake it ahead of a predicted run, and put it to sleep soon after a run when the next is
+    /// far away.
+    WakeAndSleep,
+}
+
+impl PredictPolicy {
+    /// The name the configuration uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PredictPolicy::Off => "off",
+            PredictPolicy::Wake => "wake",
+            PredictPolicy::WakeAndSleep => "wake_and_sleep",
+        }
+    }
+}
+
 /// Run starts remembered per tenant.
 pub const HISTORY: usize = 16;
 /// Intervals that must agree for a periodic pattern: after a change of period, the new one is
@@ -37,7 +64,8 @@ const DAY: u64 = 86_400;
 const EPOCH_WEEKDAY: u64 = 3;
 
 /// A recognised pattern of run starts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
 pub enum Pattern {
     /// A run every `period` seconds; starts strayed by up to `jitter` seconds from the fit.
     Periodic {
@@ -46,6 +74,7 @@ pub enum Pattern {
         /// How far a run may come from its predicted start, in seconds.
         jitter: u64,
         /// The predicted start after the newest run, on the schedule fitted to the runs.
+        #[serde(skip)]
         anchor: u64,
     },
     /// A run a day, `at` seconds after midnight UTC, on the weekdays of `days` (bit 0 Monday).
@@ -149,10 +178,8 @@ impl RunHistory {
     pub fn wake_at(&self, now: u64, lead: Duration) -> Option<u64> {
         let pattern = self.pattern()?;
         let next = self.next_of(pattern, now)?;
-        Some(
-            next.saturating_sub(pattern.jitter())
-                .saturating_sub(lead.as_secs()),
-        )
+        let lead = lead.as_secs() + u64::from(lead.subsec_nanos() > 0);
+        Some(next.saturating_sub(pattern.jitter()).saturating_sub(lead))
     }
 
     /// Whether a tenant whose run just ended may sleep before its idle timeout: a run is

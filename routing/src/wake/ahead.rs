@@ -1,0 +1,636 @@
+//! Predictive wake and sleep: what the coordinator does with each tenant's run history.
+//!
+//! Every client connection that arrives after a sleep, or after [`PredictSettings::run_gap`]
+//! without one, starts a run; its start goes into the tenant's [`RunHistory`] whatever the
+//! tenant's policy, so the status page shows a pattern before anyone opts in. For tenants that
+//! opt in ([`PredictPolicy`]):
+//!
+//! - the look-ahead loop wakes an asleep tenant ahead of its predicted run, by its slowest recent
+//!   wake plus [`PredictSettings::margin`], through the same single-flight wake a connection
+//!   starts; until the run's window has passed the tenant is not put to sleep, and then the
+//!   ordinary idle timeout applies;
+//! - with `wake_and_sleep`, once a run is over and the next is predicted further away than the
+//!   idle timeout, the tenant sleeps after [`PredictSettings::sleep_grace`] instead.
+//!
+//! Histories outlive the gateway in [`PredictSettings::history_file`].
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+use tokio::time::{Instant, sleep};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::coordinator::WakeCoordinator;
+use super::predict::{PredictPolicy, RunHistory};
+use super::slot::{Inner, Slot};
+use super::{Phase, PredictSettings, RunStatus};
+use crate::TenantId;
+
+/// Wall-clock seconds read through tokio's clock: the predictor works in seconds since the
+/// epoch, and a paused clock (tests, the simulated benchmark) moves them as it moves timers.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Clock {
+    epoch: SystemTime,
+    at: Instant,
+}
+
+impl Clock {
+    /// A clock reading the wall clock's time now.
+    pub(super) fn start() -> Clock {
+        Clock {
+            epoch: SystemTime::now(),
+            at: Instant::now(),
+        }
+    }
+
+    /// Seconds since the Unix epoch.
+    pub(super) fn seconds(&self) -> u64 {
+        (self.epoch + self.at.elapsed())
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    }
+}
+
+/// What every slot needs of the predictive settings: copied in, so a claim can work out its
+/// idle timeout without the coordinator.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Ahead {
+    pub(super) margin: Duration,
+    pub(super) sleep_grace: Duration,
+    pub(super) clock: Clock,
+}
+
+impl Ahead {
+    pub(super) fn new(settings: &PredictSettings, clock: Clock) -> Ahead {
+        Ahead {
+            margin: settings.margin,
+            sleep_grace: settings.sleep_grace,
+            clock,
+        }
+    }
+}
+
+/// A wake started ahead of a predicted run, until the run comes or its window closes.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct PreWake {
+    /// The end of the predicted run's window, seconds since the epoch.
+    until: u64,
+}
+
+/// A tenant's runs and what came of the predictions made from them.
+#[derive(Debug)]
+pub(super) struct Forecast {
+    pub(super) history: RunHistory,
+    /// When a client connection last came or (unless parked for a sleep) went.
+    pub(super) last_client: Option<Instant>,
+    pub(super) prewake: Option<PreWake>,
+    pub(super) counts: RunCounts,
+}
+
+/// What a tenant's runs and predictions came to since the gateway started.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct RunCounts {
+    pub(super) seen: u64,
+    pub(super) found_awake: u64,
+    pub(super) prewakes_used: u64,
+    pub(super) prewakes_wasted: u64,
+    pub(super) predictive_sleeps: u64,
+}
+
+impl Forecast {
+    pub(super) fn new(history: RunHistory) -> Forecast {
+        Forecast {
+            history,
+            last_client: None,
+            prewake: None,
+            counts: RunCounts::default(),
+        }
+    }
+}
+
+/// The gateway's totals of runs and predictions, for metrics: they outlive removed tenants.
+#[derive(Debug, Default)]
+pub struct PredictionCounts {
+    /// Runs whose first connection found the tenant awake.
+    pub runs_found_awake: AtomicU64,
+    /// Runs whose first connection had to wait for a wake.
+    pub runs_found_asleep: AtomicU64,
+    /// Wakes ahead of a predicted run that the run used.
+    pub prewakes_used: AtomicU64,
+    /// Wakes ahead of a predicted run that did not come.
+    pub prewakes_wasted: AtomicU64,
+    /// Sleeps before the idle timeout because the next run was predicted far away.
+    pub predictive_sleeps: AtomicU64,
+}
+
+impl Slot {
+    /// How far ahead of a run to start waking: the slowest of the recent successful wakes, plus
+    /// the margin.
+    pub(super) fn lead(&self, inner: &Inner) -> Duration {
+        let slowest_ms = inner
+            .wakes
+            .iter()
+            .filter(|w| w.ok)
+            .map(|w| w.ms)
+            .fold(0.0, f64::max);
+        Duration::from_secs_f64(slowest_ms / 1000.0) + self.ahead.margin
+    }
+
+    /// How long the tenant may go without connections (or with only idle ones) before it
+    /// sleeps, as of now: its idle timeout, or with `wake_and_sleep` the short grace when the
+    /// next run is predicted further away than the idle timeout.
+    pub(super) fn idle_timeout_now(&self, inner: &Inner) -> Duration {
+        let idle = self.tenant.idle_timeout;
+        if self.early_sleep_allowed(inner) {
+            self.ahead.sleep_grace
+        } else {
+            idle
+        }
+    }
+
+    fn early_sleep_allowed(&self, inner: &Inner) -> bool {
+        self.tenant.predict == PredictPolicy::WakeAndSleep
+            && inner.forecast.prewake.is_none()
+            && self.ahead.sleep_grace < self.tenant.idle_timeout
+            && inner.forecast.history.may_sleep_early(
+                self.ahead.clock.seconds(),
+                self.tenant.idle_timeout,
+                self.lead(inner),
+            )
+    }
+
+    /// True when the tenant, idle since `inner.idle_since`, is due to sleep now.
+    pub(super) fn idle_long_enough(&self, inner: &Inner) -> bool {
+        inner.forecast.prewake.is_none()
+            && inner.idle_since.elapsed() >= self.idle_timeout_now(inner)
+    }
+
+    /// Counts a sleep that starts now as predictive when the ordinary idle timeout has not
+    /// passed yet; returns whether it was.
+    pub(super) fn note_sleep(&self, inner: &mut Inner, counts: &PredictionCounts) -> bool {
+        let early = inner.idle_since.elapsed() < self.tenant.idle_timeout;
+        if early {
+            inner.forecast.counts.predictive_sleeps += 1;
+            counts.predictive_sleeps.fetch_add(1, Ordering::Relaxed);
+        }
+        early
+    }
+
+    /// What the status shows of the tenant's runs.
+    pub(super) fn run_status(&self, inner: &Inner) -> RunStatus {
+        let f = &inner.forecast;
+        let now = self.ahead.clock.seconds();
+        RunStatus {
+            pattern: f.history.pattern(),
+            next_run: f.history.next_run(now).map(|t| t as f64),
+            remembered: f.history.starts().len(),
+            seen: f.counts.seen,
+            found_awake: f.counts.found_awake,
+            prewakes_used: f.counts.prewakes_used,
+            prewakes_wasted: f.counts.prewakes_wasted,
+            predictive_sleeps: f.counts.predictive_sleeps,
+        }
+    }
+}
+
+/// The run histories of a history file.
+#[derive(Default, Deserialize, Serialize)]
+struct HistoryFile {
+    /// Run starts per tenant, seconds since the epoch, oldest first.
+    tenants: HashMap<String, Vec<u64>>,
+}
+
+/// Reads the run histories kept in `path`; a missing file holds none, and one that cannot be
+/// read is logged and left to be rewritten.
+pub(super) fn load_histories(path: Option<&Path>) -> HashMap<TenantId, RunHistory> {
+    let Some(path) = path else {
+        return HashMap::new();
+    };
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return HashMap::new(),
+        Err(e) => {
+            warn!(path = %path.display(), error = %e, "cannot read the run histories; starting without them");
+            return HashMap::new();
+        }
+    };
+    match serde_json::from_str::<HistoryFile>(&text) {
+        Ok(file) => file
+            .tenants
+            .into_iter()
+            .filter_map(|(id, starts)| {
+                Some((TenantId::parse(&id).ok()?, RunHistory::from_starts(&starts)))
+            })
+            .collect(),
+        Err(e) => {
+            warn!(path = %path.display(), error = %e, "the run histories file is not valid; starting without it");
+            HashMap::new()
+        }
+    }
+}
+
+/// Writes the histories to `path` through a temporary file, so a crash never leaves half a
+/// file.
+fn save_histories(path: &Path, histories: HashMap<String, Vec<u64>>) -> std::io::Result<()> {
+    let text = serde_json::to_string(&HistoryFile { tenants: histories })
+        .map_err(std::io::Error::other)?;
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(".tmp");
+    let temporary = PathBuf::from(temporary);
+    std::fs::write(&temporary, text)?;
+    std::fs::rename(&temporary, path)
+}
+
+/// Run histories not (yet) in a slot, and whether any changed since they were last saved.
+#[derive(Default)]
+pub(super) struct Histories {
+    /// Read from the history file, for tenants that have no slot yet.
+    pub(super) unclaimed: std::sync::Mutex<HashMap<TenantId, RunHistory>>,
+    pub(super) dirty: AtomicBool,
+}
+
+impl WakeCoordinator {
+    /// Notes a client connection arriving at the tenant; the caller holds the slot's lock.
+    pub(super) fn note_arrival(&self, slot: &Slot, inner: &mut Inner) {
+        let now = Instant::now();
+        let quiet = inner.connections == 0 && inner.waiters == 0;
+        let gap = inner
+            .forecast
+            .last_client
+            .is_none_or(|t| now.duration_since(t) >= self.settings.predict.run_gap);
+        let slept = !matches!(inner.phase, Phase::Awake | Phase::Waking);
+        inner.forecast.last_client = Some(now);
+        if !quiet || !(gap || slept) {
+            return;
+        }
+        let awake = inner.phase == Phase::Awake;
+        let f = &mut inner.forecast;
+        f.history.record_run(slot.ahead.clock.seconds());
+        f.counts.seen += 1;
+        let counts = &self.predictions;
+        if awake {
+            f.counts.found_awake += 1;
+            counts.runs_found_awake.fetch_add(1, Ordering::Relaxed);
+        } else {
+            counts.runs_found_asleep.fetch_add(1, Ordering::Relaxed);
+        }
+        if f.prewake.take().is_some() {
+            f.counts.prewakes_used += 1;
+            counts.prewakes_used.fetch_add(1, Ordering::Relaxed);
+        }
+        self.histories.dirty.store(true, Ordering::Relaxed);
+    }
+
+    /// Wakes tenants ahead of their predicted runs and closes the windows of runs that did not
+    /// come, every `idle_check_interval`; keeps the history file up to date. Runs until `stop`
+    /// fires.
+    pub(super) async fn look_ahead(&self, stop: &CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = sleep(self.settings.idle_check_interval) => {}
+            }
+            let slots: Vec<Arc<Slot>> = self.read_slots().values().cloned().collect();
+            for slot in &slots {
+                if slot.tenant.predict != PredictPolicy::Off {
+                    self.look_ahead_at(slot);
+                }
+            }
+            self.save_if_changed().await;
+        }
+        self.save_if_changed().await;
+    }
+
+    fn look_ahead_at(&self, slot: &Arc<Slot>) {
+        let id = &slot.tenant.id;
+        let mut inner = slot.lock();
+        let now = slot.ahead.clock.seconds();
+        if let Some(prewake) = inner.forecast.prewake
+            && now > prewake.until
+        {
+            info!(tenant = %id, "the predicted run did not come: the tenant sleeps after its idle timeout");
+            inner.forecast.prewake = None;
+            inner.forecast.counts.prewakes_wasted += 1;
+            self.predictions
+                .prewakes_wasted
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        if inner.phase != Phase::Asleep
+            || inner.connections > 0
+            || inner.waiters > 0
+            || inner.forecast.prewake.is_some()
+        {
+            return;
+        }
+        let lead = slot.lead(&inner);
+        let history = &inner.forecast.history;
+        let (Some(pattern), Some(run)) = (history.pattern(), history.next_run(now)) else {
+            return;
+        };
+        let Some(wake_at) = history.wake_at(now, lead) else {
+            return;
+        };
+        if now < wake_at {
+            return;
+        }
+        info!(tenant = %id, run_in_s = run.saturating_sub(now), "waking ahead of the predicted run");
+        inner.forecast.prewake = Some(PreWake {
+            until: run + pattern.jitter(),
+        });
+        self.start_wake(slot, &mut inner);
+    }
+
+    /// Writes the history file when a history changed since the last write.
+    async fn save_if_changed(&self) {
+        let Some(path) = self.settings.predict.history_file.clone() else {
+            return;
+        };
+        if !self.histories.dirty.swap(false, Ordering::Relaxed) {
+            return;
+        }
+        let mut all: HashMap<String, Vec<u64>> = self
+            .histories
+            .unclaimed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(id, h)| (id.to_string(), h.starts().to_vec()))
+            .collect();
+        for slot in self.read_slots().values() {
+            let inner = slot.lock();
+            let starts = inner.forecast.history.starts();
+            if !starts.is_empty() {
+                all.insert(slot.tenant.id.to_string(), starts.to_vec());
+            }
+        }
+        let written = tokio::task::spawn_blocking({
+            let path = path.clone();
+            move || save_histories(&path, all)
+        })
+        .await;
+        if let Ok(Err(e)) = written {
+            warn!(path = %path.display(), error = %e, "cannot write the run histories");
+            self.histories.dirty.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Seconds since the Unix epoch on the coordinator's clock, which the run predictions read.
+    pub fn clock_seconds(&self) -> u64 {
+        self.clock.seconds()
+    }
+
+    /// The gateway's totals of runs and predictions.
+    pub fn prediction_counts(&self) -> &PredictionCounts {
+        &self.predictions
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Pattern;
+    use super::super::testing::*;
+    use super::*;
+
+    const PERIOD: Duration = Duration::from_secs(600);
+    const RUN: Duration = Duration::from_secs(30);
+
+    /// A lab of one tenant with the given policy: every wake takes a second, the idle timeout is
+    /// five minutes (so the tenant sleeps between runs ten minutes apart).
+    fn lab(
+        predict: PredictPolicy,
+        history_file: Option<PathBuf>,
+    ) -> (Lab, TenantId, Arc<FakeBackend>) {
+        let t = tenant("t");
+        let backend = fake(FakeBackend::new());
+        let settings = WakeSettings {
+            predict: PredictSettings {
+                history_file,
+                ..PredictSettings::default()
+            },
+            ..settings()
+        };
+        let lab = Lab::predicting(settings, 300 * SECOND, predict, &[(&t, &backend)]);
+        (lab, t, backend)
+    }
+
+    /// A run at `at`: one connection, held for [`RUN`]; returns whether it found the tenant
+    /// awake.
+    async fn run_at(lab: &Lab, t: &TenantId, at: Instant) -> bool {
+        tokio::time::sleep_until(at).await;
+        let awake = lab.coordinator.is_awake(t);
+        let admission = lab.coordinator.ensure_awake(t).await.unwrap();
+        sleep(RUN).await;
+        drop(admission);
+        awake
+    }
+
+    /// When the tenant went to sleep after `from`, as the fake saw it.
+    fn sleeps_after(backend: &FakeBackend, from: Instant) -> Vec<Duration> {
+        backend
+            .times_of(Call::Sleep)
+            .into_iter()
+            .filter(|t| *t >= from)
+            .map(|t| t - from)
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_periodic_tenant_is_woken_ahead_of_its_next_run() {
+        let (lab, t, backend) = lab(PredictPolicy::Wake, None);
+        let _sleeper = lab.run_idle_sleeper();
+        let start = Instant::now();
+        let epoch = lab.coordinator.clock_seconds();
+        // Four runs make three equal intervals: the pattern is known after the fourth.
+        for k in 0..4 {
+            assert!(
+                !run_at(&lab, &t, start + k * PERIOD).await,
+                "run {k} found it awake"
+            );
+        }
+        let runs = lab.status(&t).runs;
+        assert!(
+            matches!(runs.pattern, Some(Pattern::Periodic { period: 600, .. })),
+            "{runs:?}"
+        );
+        let next = runs.next_run.expect("a next run") as u64;
+        assert!(next.abs_diff(epoch + 4 * 600) <= 1, "{next} for {epoch}");
+        assert!(
+            run_at(&lab, &t, start + 4 * PERIOD).await,
+            "the fifth run waited for a wake"
+        );
+        let wakes = backend.wakes();
+        assert_eq!(wakes.len(), 5);
+        // Ahead by the jitter window (a twentieth of the period), the wake and the margin.
+        let ahead = start + 4 * PERIOD - wakes[4];
+        assert!(ahead >= 30 * SECOND && ahead <= 35 * SECOND, "{ahead:?}");
+        let runs = lab.status(&t).runs;
+        assert_eq!(
+            (
+                runs.seen,
+                runs.found_awake,
+                runs.prewakes_used,
+                runs.prewakes_wasted
+            ),
+            (5, 1, 1, 0)
+        );
+        // Without wake_and_sleep, the tenant still sleeps after its full idle timeout.
+        sleep(400 * SECOND).await;
+        let after_run = sleeps_after(&backend, start + 4 * PERIOD + RUN);
+        assert_eq!(after_run.len(), 1);
+        assert!(after_run[0] >= 300 * SECOND, "{after_run:?}");
+        let counts = lab.coordinator.prediction_counts();
+        assert_eq!(counts.prewakes_used.load(Ordering::Relaxed), 1);
+        assert_eq!(counts.runs_found_awake.load(Ordering::Relaxed), 1);
+        assert_eq!(counts.runs_found_asleep.load(Ordering::Relaxed), 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_wake_and_sleep_the_tenant_sleeps_soon_after_a_run_when_the_next_is_far() {
+        let (lab, t, backend) = lab(PredictPolicy::WakeAndSleep, None);
+        let _sleeper = lab.run_idle_sleeper();
+        let start = Instant::now();
+        for k in 0..3 {
+            run_at(&lab, &t, start + k * PERIOD).await;
+        }
+        run_at(&lab, &t, start + 3 * PERIOD).await;
+        // Not known before the fourth run: the third ended with the full idle timeout.
+        let after_third = sleeps_after(&backend, start + 2 * PERIOD + RUN);
+        assert!(after_third[0] >= 300 * SECOND, "{after_third:?}");
+        // Known now: the grace (15 s) and the next look after it.
+        sleep(60 * SECOND).await;
+        let after_fourth = sleeps_after(&backend, start + 3 * PERIOD + RUN);
+        assert_eq!(after_fourth.len(), 1);
+        assert!(
+            after_fourth[0] >= 15 * SECOND && after_fourth[0] <= 17 * SECOND,
+            "{after_fourth:?}"
+        );
+        assert!(run_at(&lab, &t, start + 4 * PERIOD).await);
+        let runs = lab.status(&t).runs;
+        assert_eq!((runs.predictive_sleeps, runs.prewakes_used), (1, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_session_counts_as_idle_after_the_grace_once_the_next_run_is_far() {
+        let (lab, t, _backend) = lab(PredictPolicy::WakeAndSleep, None);
+        let start = Instant::now();
+        for k in 0..3 {
+            run_at(&lab, &t, start + k * PERIOD).await;
+        }
+        tokio::time::sleep_until(start + 3 * PERIOD).await;
+        let admission = lab.coordinator.ensure_awake(&t).await.unwrap();
+        assert_eq!(admission.claim.idle_timeout(), 15 * SECOND);
+        let (off, t_off, _) = lab_off();
+        let other = off.coordinator.ensure_awake(&t_off).await.unwrap();
+        assert_eq!(other.claim.idle_timeout(), 300 * SECOND);
+    }
+
+    fn lab_off() -> (Lab, TenantId, Arc<FakeBackend>) {
+        lab(PredictPolicy::Off, None)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pre_wakes_for_runs_that_do_not_come_stop_after_two() {
+        let (lab, t, backend) = lab(PredictPolicy::Wake, None);
+        let _sleeper = lab.run_idle_sleeper();
+        let start = Instant::now();
+        for k in 0..4 {
+            run_at(&lab, &t, start + k * PERIOD).await;
+        }
+        // The tenant stops: two predicted runs pass, then nothing for a long time.
+        sleep(20 * PERIOD).await;
+        assert_eq!(backend.wakes().len(), 4 + 2);
+        let runs = lab.status(&t).runs;
+        assert_eq!((runs.prewakes_used, runs.prewakes_wasted), (0, 2));
+        assert_eq!(runs.next_run, None);
+        assert_eq!(lab.status(&t).state, Phase::Asleep);
+        // A run brings the tenant back; a new pattern needs new runs.
+        assert!(!run_at(&lab, &t, Instant::now()).await);
+        sleep(2 * PERIOD).await;
+        assert_eq!(backend.wakes().len(), 4 + 2 + 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn irregular_runs_wake_nothing_ahead() {
+        let (lab, t, backend) = lab(PredictPolicy::WakeAndSleep, None);
+        let _sleeper = lab.run_idle_sleeper();
+        let start = Instant::now();
+        let gaps = [700, 1900, 650, 3100, 1200, 800, 2500];
+        let mut at = start;
+        for gap in gaps {
+            run_at(&lab, &t, at).await;
+            at += gap * SECOND;
+        }
+        assert_eq!(backend.wakes().len(), gaps.len());
+        let runs = lab.status(&t).runs;
+        assert_eq!(runs.pattern, None);
+        assert_eq!(
+            (
+                runs.prewakes_used,
+                runs.prewakes_wasted,
+                runs.predictive_sleeps
+            ),
+            (0, 0, 0)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn connections_of_one_run_start_it_once() {
+        let (lab, t, _backend) = lab(PredictPolicy::Wake, None);
+        let together = join_all((0..10).map(|_| lab.coordinator.ensure_awake(&t))).await;
+        drop(together);
+        // Within the run gap of the last one: the same run.
+        sleep(30 * SECOND).await;
+        let again = lab.coordinator.ensure_awake(&t).await.unwrap();
+        drop(again);
+        // The admin API's wake is not a client's run.
+        lab.coordinator.sleep(&t).await.unwrap();
+        sleep(120 * SECOND).await;
+        lab.coordinator.wake(&t).await.unwrap();
+        assert_eq!(lab.status(&t).runs.seen, 1);
+        // After a sleep, or after the run gap, a connection starts the next one.
+        sleep(120 * SECOND).await;
+        drop(lab.coordinator.ensure_awake(&t).await.unwrap());
+        assert_eq!(lab.status(&t).runs.seen, 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn run_histories_outlive_the_coordinator_in_the_history_file() {
+        let dir = std::env::temp_dir().join(format!("pgwake-runs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("runs.json");
+        let _ = std::fs::remove_file(&file);
+        {
+            let (lab, t, _backend) = lab(PredictPolicy::Wake, Some(file.clone()));
+            let sleeper = lab.run_idle_sleeper();
+            let start = Instant::now();
+            for k in 0..4 {
+                run_at(&lab, &t, start + k * PERIOD).await;
+            }
+            sleep(2 * SECOND).await;
+            drop(sleeper);
+        }
+        // The last write runs on a blocking thread, outside the paused clock.
+        let mut saved = String::new();
+        for _ in 0..200 {
+            saved = std::fs::read_to_string(&file).unwrap_or_default();
+            if saved.contains("\"t\":[") {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(saved.contains("\"t\":["), "{saved}");
+        let (lab, t, _backend) = lab(PredictPolicy::Wake, Some(file.clone()));
+        let runs = lab.status(&t).runs;
+        assert_eq!(runs.remembered, 4);
+        assert!(matches!(
+            runs.pattern,
+            Some(Pattern::Periodic { period: 600, .. })
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
