@@ -89,7 +89,8 @@ impl LocalGateway {
         spec: &Spec<'_>,
         listen: &[String],
     ) -> Result<LocalGateway> {
-        LocalGateway::start_inner(binary, spec, listen, &[], &[])
+        let tenants = [(spec.tenant.to_owned(), Vec::new())];
+        LocalGateway::start_inner(binary, spec, listen, &tenants)
     }
 
     /// Like [`LocalGateway::start`], serving `spec.tenant` and the `more` tenants, all with the
@@ -100,15 +101,31 @@ impl LocalGateway {
         more: &[String],
         tenant_lines: &[String],
     ) -> Result<LocalGateway> {
-        LocalGateway::start_inner(binary, spec, &[], more, tenant_lines)
+        let tenants: Vec<(String, Vec<String>)> = std::iter::once(spec.tenant.to_owned())
+            .chain(more.iter().cloned())
+            .map(|id| (id, tenant_lines.to_vec()))
+            .collect();
+        LocalGateway::start_inner(binary, spec, &[], &tenants)
+    }
+
+    /// Like [`LocalGateway::start`], serving `tenants` (the first of which is `spec.tenant`),
+    /// each with its own extra `[[tenant]]` lines.
+    pub fn start_each(
+        binary: &Path,
+        spec: &Spec<'_>,
+        tenants: &[(String, Vec<String>)],
+    ) -> Result<LocalGateway> {
+        if tenants.first().is_none_or(|(id, _)| id != spec.tenant) {
+            bail!("the first tenant must be the spec's, {}", spec.tenant);
+        }
+        LocalGateway::start_inner(binary, spec, &[], tenants)
     }
 
     fn start_inner(
         binary: &Path,
         spec: &Spec<'_>,
         listen: &[String],
-        more: &[String],
-        tenant_lines: &[String],
+        tenants: &[(String, Vec<String>)],
     ) -> Result<LocalGateway> {
         let dir = tempfile::Builder::new()
             .prefix("pgwake-bench-local-")
@@ -150,15 +167,13 @@ impl LocalGateway {
             revival = lines(&spec.revival),
             settings = lines(&spec.settings),
         );
-        let tenants: Vec<String> = std::iter::once(spec.tenant.to_owned())
-            .chain(more.iter().cloned())
-            .collect();
-        for id in &tenants {
+        for (id, extra) in tenants {
             config.push_str(&format!(
                 "\n[[tenant]]\nid = \"{id}\"\nbackend = {{ kind = \"local\" }}\n{}\n",
-                lines(tenant_lines)
+                lines(extra)
             ));
         }
+        let tenants: Vec<String> = tenants.iter().map(|(id, _)| id.clone()).collect();
         let config_path = dir.path().join("pgwake.toml");
         fs::write(&config_path, config)?;
         let binary = binary.to_path_buf();

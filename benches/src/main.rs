@@ -20,6 +20,7 @@ mod kube_wake;
 mod multiplex;
 mod peers;
 mod pgbench;
+mod predict;
 mod process;
 mod queued;
 mod raw_login;
@@ -45,8 +46,8 @@ use crate::process::{ProcSample, clock_ticks_per_second, command_output, load_av
 use crate::queued::QueuedOptions;
 use crate::report::{
     CHURN_SECTION, FIDELITY_SECTION, Facts, HTTP_SECTION, KUBE_SECTION, MULTIPLEX_SECTION,
-    Measurement, PGBENCH_SECTION, QUEUED_SECTION, REVIVE_SECTION, ReportInput, Results,
-    SCALE_100K_SECTION, SCALE_SECTION, Section, WAKE_SECTION,
+    Measurement, PGBENCH_SECTION, PREDICT_SECTION, QUEUED_SECTION, REVIVE_SECTION, ReportInput,
+    Results, SCALE_100K_SECTION, SCALE_SECTION, Section, WAKE_SECTION,
 };
 use crate::revive::ReviveOptions;
 use crate::scenarios::{Durations, Metric, Scenario};
@@ -104,6 +105,25 @@ enum Cmd {
     /// Many connections held open against many local tenants (10,000 over 20 by default), a
     /// tenth of them querying and the rest idle and parked: gateway memory, CPU, latency, errors.
     Scale(ScaleArgs),
+    /// Predictive wake and sleep: tenant mixes over days on the coordinator's simulated clock,
+    /// then a compressed real-time run of local tenants beside its simulation (not part of the
+    /// whole run).
+    Predict(PredictArgs),
+}
+
+#[derive(Args)]
+struct PredictArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Runs per mix in the compressed real-time part (default 10, or 5 with --quick).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(5..=100))]
+    runs: Option<u32>,
+    /// Seed of the traces' random parts.
+    #[arg(long, default_value_t = 30)]
+    seed: u64,
+    /// Only the simulated mixes (seconds, no Postgres), not the compressed real-time run.
+    #[arg(long)]
+    simulate_only: bool,
 }
 
 #[derive(Args)]
@@ -698,6 +718,24 @@ fn run_command(cmd: Cmd, command: &str) -> Result<(Common, Vec<(Section, String)
                 args.common,
                 vec![(section, scale::render(&local_facts(command), &outcome))],
             )
+        }
+        Cmd::Predict(args) => {
+            let binary = locate(&args.common);
+            let opts = predict::PredictOptions {
+                runs: args.runs.unwrap_or(if args.common.quick { 5 } else { 10 }) as usize,
+                seed: args.seed,
+                real_time: !args.simulate_only,
+            };
+            let outcome = binary
+                .as_deref()
+                .map_err(|e| anyhow!("{e}"))
+                .and_then(|b| predict::run(b, opts))
+                .map_err(|e| format!("{e:#}"));
+            if let Err(e) = &outcome {
+                progress(format_args!("predict failed: {e}"));
+            }
+            let section = predict::render(&local_facts(command), opts, &outcome);
+            (args.common, vec![(PREDICT_SECTION, section)])
         }
         Cmd::Kube(args) => {
             let binary = locate(&args.common);

@@ -77,6 +77,12 @@ pub const SCALE_SECTION: Section = Section {
     end: "<!-- harness:scale:end -->",
 };
 
+/// Predictive wake and sleep over traces of runs (`predict`).
+pub const PREDICT_SECTION: Section = Section {
+    begin: "<!-- harness:predict:begin -->",
+    end: "<!-- harness:predict:end -->",
+};
+
 /// A hundred thousand client connections held open, 1 % active (`scale --connections 100000`).
 pub const SCALE_100K_SECTION: Section = Section {
     begin: "<!-- harness:scale100k:begin -->",

@@ -10,8 +10,8 @@ use std::time::Duration;
 use crate::process::command_output;
 use crate::report::{
     CHURN_SECTION, FIDELITY_SECTION, HTTP_SECTION, KUBE_SECTION, MULTIPLEX_SECTION,
-    PGBENCH_SECTION, QUEUED_SECTION, REVIVE_SECTION, SCALE_100K_SECTION, SCALE_SECTION, Section,
-    WAKE_SECTION,
+    PGBENCH_SECTION, PREDICT_SECTION, QUEUED_SECTION, REVIVE_SECTION, SCALE_100K_SECTION,
+    SCALE_SECTION, Section, WAKE_SECTION,
 };
 
 /// One section of the whole run: the harness command that measures it, run in-process.
@@ -109,8 +109,9 @@ pub const RUNNERS: &[Runner] = &[
 
 /// Sections the whole run does not measure: their last text is carried over from RESULTS.md
 /// with its own date and commit. `kube` needs the Kubernetes lab (kube-apiserver built from Go
-/// modules on first use).
-pub const CARRIED: &[(&str, Section)] = &[("kube", KUBE_SECTION)];
+/// modules on first use); `predict` measures the wake policy, not the gateway's speed, and its
+/// real-time part takes minutes of mostly idle waiting.
+pub const CARRIED: &[(&str, Section)] = &[("kube", KUBE_SECTION), ("predict", PREDICT_SECTION)];
 
 /// The command that reproduces a section alone.
 pub fn section_command(args: &[&str]) -> String {

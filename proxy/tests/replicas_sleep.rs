@@ -2,7 +2,7 @@
 //! replica still serves stays awake however long the others have been idle, and then sleeps with
 //! exactly one hibernation patch; a client reaching one replica while another puts the tenant to
 //! sleep waits for the sleep and gets one wake; a killed replica stops holding its tenants awake
-//! after its TTL.
+//! after its TTL; replicas predict from one history of the tenant's runs.
 //!
 //! Every replica is a real `pgwake` process with the deploy RBAC's ServiceAccount token, against
 //! the real kube-apiserver lab; a fake operator plays CloudNativePG (see
@@ -14,7 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::cnpg_operator::{hibernation, wait_hibernated, wait_hibernation};
-use common::replicas::{Fleet, HibernationWatch, NAMESPACE, TTL, blocking, replica};
+use common::replicas::{
+    Fleet, HibernationWatch, NAMESPACE, TTL, blocking, replica, replica_with_env,
+};
 use futures_util::future::join_all;
 use pgwake_testkit::kube::KubeLab;
 
@@ -227,4 +229,45 @@ async fn replica_killed_with_sigkill_stops_holding_its_tenant_after_the_ttl() {
             .log()
             .contains("no replica uses the tenant: putting it to sleep")
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_the_tenants_run_history_through_its_record() {
+    let lab = blocking(KubeLab::shared).await;
+    // Runs seconds apart count as runs (each comes after a sleep anyway).
+    const GAP: (&str, &str) = ("PGWAKE_WAKE__PREDICT_RUN_GAP", "1s");
+    let fleet = blocking(move || {
+        let mut fleet = Fleet::start(lab, "habits", 0, "1s");
+        let a = replica_with_env(lab, "habits", fleet.pg_port, "1s", &[GAP]);
+        fleet.replicas.push(a);
+        fleet
+    })
+    .await;
+    // Three runs through replica A, each after the tenant slept.
+    for _ in 0..3 {
+        let client = fleet.connect(0).await;
+        client.query_one("select 1::int4", &[]).await.unwrap();
+        drop(client);
+        blocking(move || wait_hibernated(lab, NAMESPACE, "habits")).await;
+    }
+    let remembered = |t: serde_json::Value| t["runs"]["remembered"].as_u64();
+    assert_eq!(
+        remembered(fleet.replicas[0].tenant("habits")),
+        Some(3),
+        "{}",
+        fleet.logs()
+    );
+    // A replica started now reads them from the record before any client reaches it.
+    let port = fleet.pg_port;
+    let late = blocking(move || replica_with_env(lab, "habits", port, "1s", &[GAP])).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while remembered(late.tenant("habits")) != Some(3) {
+        assert!(
+            Instant::now() < deadline,
+            "the late replica has {}: {}",
+            late.tenant("habits"),
+            late.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -234,6 +234,11 @@ fn check_page(gw: &Gateway, browser: &str) {
         dom.contains("median ") && dom.contains(r#"class="bar""#),
         "no wake latency bars"
     );
+    // No tenant opted in to predictions, and none has runs enough for a pattern.
+    assert!(
+        dom.contains(r#"<td data-predict="off">"#) && dom.contains("no pattern · off"),
+        "no prediction column:\n{dom}"
+    );
     assert!(
         dom.contains(r#"<section id="auth" hidden="">"#),
         "no token asked"

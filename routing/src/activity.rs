@@ -13,6 +13,10 @@
 //!   sleep; a replica that wants the tenant waits until it is gone (or expired).
 //! - `pgwake.io/sleeps`: how many sleeps have begun. A replica that remembers a smaller number
 //!   knows the tenant was put to sleep since it last saw it awake.
+//! - `pgwake.io/runs`: the starts of the tenant's last runs as the replicas saw them (a JSON
+//!   array of seconds since the Unix epoch, oldest first), so that every replica predicts from
+//!   the same history ([`crate::wake::predict`]), a new one included. Each write of a replica's
+//!   entry merges in the runs it saw.
 //!
 //! Every write is a create or a replace carrying the `resourceVersion` that was read, so a
 //! replica announcing itself and another starting a sleep cannot both succeed: the loser gets
@@ -29,10 +33,12 @@ use thiserror::Error;
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::TenantId;
+use crate::wake::predict::RunHistory;
 
 const HOLDERS: &str = "pgwake.io/holders";
 const SLEEPING: &str = "pgwake.io/sleeping";
 const SLEEPS: &str = "pgwake.io/sleeps";
+const RUNS: &str = "pgwake.io/runs";
 /// Reads and writes one operation makes when other replicas keep writing the record between
 /// its read and its write, before it gives up (the caller tries again later).
 const WRITE_ROUNDS: usize = 10;
@@ -62,6 +68,15 @@ pub enum ActivityError {
     /// Another replica is putting the tenant to sleep (and did not finish in the time given).
     #[error("another replica is putting the tenant to sleep")]
     SleepUnderWay,
+}
+
+/// What a replica learns when it writes its entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holding {
+    /// The record's sleep count.
+    pub sleeps: u64,
+    /// The tenant's run starts as the record now holds them, this replica's merged in.
+    pub runs: Vec<u64>,
 }
 
 /// What a replica that has no use for a tenant any more learns when it takes its entry out.
@@ -95,6 +110,7 @@ struct Record {
     holders: BTreeMap<String, u64>,
     sleeping: Option<SleepMark>,
     sleeps: u64,
+    runs: Vec<u64>,
 }
 
 impl Record {
@@ -107,6 +123,9 @@ impl Record {
                 .unwrap_or_default(),
             sleeping: get(SLEEPING).and_then(|v| serde_json::from_str(v).ok()),
             sleeps: get(SLEEPS).and_then(|v| v.parse().ok()).unwrap_or(0),
+            runs: get(RUNS)
+                .and_then(|v| serde_json::from_str(v).ok())
+                .unwrap_or_default(),
         }
     }
 
@@ -128,6 +147,12 @@ impl Record {
             }
         }
         annotations.insert(SLEEPS.into(), self.sleeps.to_string());
+        if !self.runs.is_empty() {
+            annotations.insert(
+                RUNS.into(),
+                serde_json::to_string(&self.runs).unwrap_or_default(),
+            );
+        }
     }
 
     /// Drops expired entries and an expired sleeping mark.
@@ -276,15 +301,18 @@ impl SharedActivity {
         Err(ActivityError::Contended)
     }
 
-    /// Writes or renews this replica's entry for the tenant and returns the record's sleep
-    /// count. While another replica puts the tenant to sleep it waits for that to finish until
+    /// Writes or renews this replica's entry for the tenant, merging in the run starts `runs`
+    /// (starts less than `run_gap` seconds apart are one run), and returns what the record holds.
+    /// While another replica puts the tenant to sleep it waits for that to finish until
     /// `wait_until` (without one, or past it: [`ActivityError::SleepUnderWay`]).
     pub async fn hold(
         &self,
         namespace: &str,
         tenant: &TenantId,
         wait_until: Option<Instant>,
-    ) -> Result<u64, ActivityError> {
+        runs: &[u64],
+        run_gap: u64,
+    ) -> Result<Holding, ActivityError> {
         let ttl = ms(self.settings.ttl);
         loop {
             let held = self
@@ -294,11 +322,17 @@ impl SharedActivity {
                         return Step::Keep(None);
                     }
                     record.holders.insert(self.identity.clone(), now + ttl);
-                    Step::Write(Some(record.sleeps))
+                    let mut history = RunHistory::from_starts(&record.runs);
+                    history.merge(runs, run_gap);
+                    record.runs = history.starts().to_vec();
+                    Step::Write(Some(Holding {
+                        sleeps: record.sleeps,
+                        runs: record.runs.clone(),
+                    }))
                 })
                 .await?;
             match held {
-                Some(sleeps) => return Ok(sleeps),
+                Some(holding) => return Ok(holding),
                 None if wait_until.is_some_and(|t| Instant::now() + SLEEP_POLL < t) => {
                     sleep(SLEEP_POLL).await
                 }
@@ -349,6 +383,20 @@ impl SharedActivity {
         .await
     }
 
+    /// The tenant's run starts as the record holds them (none without a record).
+    pub async fn runs(
+        &self,
+        namespace: &str,
+        tenant: &TenantId,
+    ) -> Result<Vec<u64>, ActivityError> {
+        let api: Api<Lease> = Api::namespaced(self.client.clone(), namespace);
+        let read = self
+            .bounded(api.get_opt(&record_name(tenant)))
+            .await?
+            .map_err(|e| ActivityError::Api(e.to_string()))?;
+        Ok(read.map_or_else(Vec::new, |lease| Record::read(&lease.metadata).runs))
+    }
+
     /// Takes this replica's sleeping mark out once the tenant is asleep.
     pub async fn sleep_done(
         &self,
@@ -385,10 +433,12 @@ mod tests {
             until: 150,
         });
         record.sleeps = 7;
+        record.runs = vec![1000, 1900, 2800];
         let mut meta = ObjectMeta::default();
         record.write(&mut meta);
         let mut read = Record::read(&meta);
         assert_eq!(read.holders, record.holders);
+        assert_eq!(read.runs, record.runs);
         assert_eq!((read.sleeping.clone(), read.sleeps), (record.sleeping, 7));
         read.prune(200);
         assert_eq!(read.holders.keys().collect::<Vec<_>>(), ["b"]);
@@ -403,11 +453,13 @@ mod tests {
             annotations: Some(BTreeMap::from([
                 (HOLDERS.to_owned(), "not json".to_owned()),
                 (SLEEPS.to_owned(), "-1".to_owned()),
+                (RUNS.to_owned(), "[1, \"two\"]".to_owned()),
             ])),
             ..ObjectMeta::default()
         };
         let record = Record::read(&meta);
         assert!(record.holders.is_empty() && record.sleeping.is_none() && record.sleeps == 0);
+        assert!(record.runs.is_empty());
     }
 
     #[test]

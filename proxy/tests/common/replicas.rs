@@ -19,6 +19,17 @@ pub const TTL: Duration = Duration::from_secs(3);
 /// One gateway replica for cnpg tenant `name` (gateway-checked passwords from its `-app`
 /// Secret, so idle sessions can park), with the permissions deploy/ grants, not admin.
 pub fn replica(lab: &KubeLab, name: &str, pg_port: u16, idle_timeout: &str) -> Gateway {
+    replica_with_env(lab, name, pg_port, idle_timeout, &[])
+}
+
+/// Like [`replica`], with settings overridden from the environment (`PGWAKE_<SECTION>__<KEY>`).
+pub fn replica_with_env(
+    lab: &KubeLab,
+    name: &str,
+    pg_port: u16,
+    idle_timeout: &str,
+    env: &[(&str, &str)],
+) -> Gateway {
     let token = lab.deploy_rbac_token(NAMESPACE).unwrap();
     let kubeconfig = lab.kubeconfig_for_token(&token).unwrap();
     let tenants = format!(
@@ -35,7 +46,7 @@ pub fn replica(lab: &KubeLab, name: &str, pg_port: u16, idle_timeout: &str) -> G
              idle_check_interval = \"100ms\"\n[revival]\nsnapshot_after = \"200ms\"\n"
         ),
         &tenants,
-        &[],
+        env,
     )
 }
 

@@ -5,14 +5,15 @@
 //! tenant's policy, so the status page shows a pattern before anyone opts in. For tenants that
 //! opt in ([`PredictPolicy`]):
 //!
-//! - the look-ahead loop wakes an asleep tenant ahead of its predicted run, by its slowest recent
-//!   wake plus [`PredictSettings::margin`], through the same single-flight wake a connection
-//!   starts; until the run's window has passed the tenant is not put to sleep, and then the
-//!   ordinary idle timeout applies;
+//! - the look-ahead loop wakes an asleep tenant ahead of its predicted run, by the run's window,
+//!   its slowest recent wake and [`PredictSettings::margin`], through the same single-flight
+//!   wake a connection starts; until the window has passed the tenant is not put to sleep, and
+//!   then the ordinary idle timeout applies;
 //! - with `wake_and_sleep`, once a run is over and the next is predicted further away than the
 //!   idle timeout, the tenant sleeps after [`PredictSettings::sleep_grace`] instead.
 //!
-//! Histories outlive the gateway in [`PredictSettings::history_file`].
+//! Histories outlive the gateway in [`PredictSettings::history_file`]; replicas sharing a tenant
+//! also merge theirs through its shared activity record ([`crate::activity`]).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -26,10 +27,15 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::coordinator::WakeCoordinator;
-use super::predict::{PredictPolicy, RunHistory};
+use super::predict::{Pattern, PredictPolicy, RunHistory};
 use super::slot::{Inner, Slot};
 use super::{Phase, PredictSettings, RunStatus};
 use crate::TenantId;
+
+/// Successful wakes the lead is taken from: enough that one quick wake does not cut it short,
+/// few enough that an unusually slow one (a local tenant's first, which runs initdb) soon stops
+/// counting.
+const LEAD_WAKES: usize = 3;
 
 /// Wall-clock seconds read through tokio's clock: the predictor works in seconds since the
 /// epoch, and a paused clock (tests, the simulated benchmark) moves them as it moves timers.
@@ -78,6 +84,8 @@ impl Ahead {
 /// A wake started ahead of a predicted run, until the run comes or its window closes.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct PreWake {
+    /// When it started, seconds since the epoch.
+    since: u64,
     /// The end of the predicted run's window, seconds since the epoch.
     until: u64,
 }
@@ -129,13 +137,15 @@ pub struct PredictionCounts {
 }
 
 impl Slot {
-    /// How far ahead of a run to start waking: the slowest of the recent successful wakes, plus
-    /// the margin.
+    /// How far ahead of a run to start waking: the slowest of the last [`LEAD_WAKES`]
+    /// successful wakes, plus the margin.
     pub(super) fn lead(&self, inner: &Inner) -> Duration {
         let slowest_ms = inner
             .wakes
             .iter()
+            .rev()
             .filter(|w| w.ok)
+            .take(LEAD_WAKES)
             .map(|w| w.ms)
             .fold(0.0, f64::max);
         Duration::from_secs_f64(slowest_ms / 1000.0) + self.ahead.margin
@@ -313,12 +323,27 @@ impl WakeCoordinator {
         if let Some(prewake) = inner.forecast.prewake
             && now > prewake.until
         {
-            info!(tenant = %id, "the predicted run did not come: the tenant sleeps after its idle timeout");
             inner.forecast.prewake = None;
-            inner.forecast.counts.prewakes_wasted += 1;
-            self.predictions
-                .prewakes_wasted
-                .fetch_add(1, Ordering::Relaxed);
+            // A run that reached another replica is in the history once the shared record
+            // brought it here.
+            let came = inner
+                .forecast
+                .history
+                .starts()
+                .last()
+                .is_some_and(|&s| s >= prewake.since);
+            if came {
+                inner.forecast.counts.prewakes_used += 1;
+                self.predictions
+                    .prewakes_used
+                    .fetch_add(1, Ordering::Relaxed);
+            } else {
+                info!(tenant = %id, "the predicted run did not come: the tenant sleeps after its idle timeout");
+                inner.forecast.counts.prewakes_wasted += 1;
+                self.predictions
+                    .prewakes_wasted
+                    .fetch_add(1, Ordering::Relaxed);
+            }
         }
         if inner.phase != Phase::Asleep
             || inner.connections > 0
@@ -332,6 +357,13 @@ impl WakeCoordinator {
         let (Some(pattern), Some(run)) = (history.pattern(), history.next_run(now)) else {
             return;
         };
+        // Runs closer together than the idle timeout keep the tenant up between them: there is
+        // nothing to wake ahead of, and such a period is what random bursts fake most often.
+        if let Pattern::Periodic { period, .. } = pattern
+            && Duration::from_secs(period) <= slot.tenant.idle_timeout
+        {
+            return;
+        }
         let Some(wake_at) = history.wake_at(now, lead) else {
             return;
         };
@@ -340,6 +372,7 @@ impl WakeCoordinator {
         }
         info!(tenant = %id, run_in_s = run.saturating_sub(now), "waking ahead of the predicted run");
         inner.forecast.prewake = Some(PreWake {
+            since: now,
             until: run + pattern.jitter(),
         });
         self.start_wake(slot, &mut inner);
@@ -392,7 +425,6 @@ impl WakeCoordinator {
 
 #[cfg(test)]
 mod tests {
-    use super::super::Pattern;
     use super::super::testing::*;
     use super::*;
 

@@ -8,7 +8,8 @@
 //!   every 15 minutes ± 20 s, an hourly job at :00);
 //! - **daily:** the recent intervals are whole days (one to three, so weekends may be skipped)
 //!   within [`DAILY_TOLERANCE`] and the runs start near the same time of day; the next run is
-//!   predicted on the next weekday that has had a run (a preview environment opened every
+//!   predicted for the next day while the runs came on consecutive days, and once a day was
+//!   skipped, on the next weekday that has had a run (a preview environment opened every
 //!   weekday morning).
 //!
 //! Once [`MAX_MISSES`] predicted runs have passed without a run, the history stays silent until
@@ -56,7 +57,10 @@ pub const MAX_MISSES: u64 = 2;
 /// usual time of day.
 pub const DAILY_TOLERANCE: u64 = 20 * 60;
 /// The smallest window around a daily run's predicted start.
-const DAILY_MIN_JITTER: u64 = 5 * 60;
+const DAILY_MIN_JITTER: u64 = 60;
+/// The largest floor of a periodic pattern's window (a twentieth of the period below it): an
+/// hourly job that keeps to the second is not woken three minutes early.
+const PERIODIC_FLOOR_CAP: u64 = 30;
 /// The smallest tolerance of a periodic pattern, for periods of a few seconds.
 const MIN_TOLERANCE: u64 = 2;
 const DAY: u64 = 86_400;
@@ -160,6 +164,27 @@ impl RunHistory {
         self.len += 1;
     }
 
+    /// Takes in run starts another replica (or an earlier gateway) saw, oldest first: starts
+    /// less than `gap` seconds after another are the same run, seen twice, and only the newest
+    /// [`HISTORY`] are kept. Returns whether the history changed.
+    pub fn merge(&mut self, other: &[u64], gap: u64) -> bool {
+        let mut all: Vec<u64> = self.starts().iter().chain(other).copied().collect();
+        all.sort_unstable();
+        let mut runs: Vec<u64> = Vec::with_capacity(all.len());
+        for s in all {
+            if runs
+                .last()
+                .is_none_or(|&last| s >= last.saturating_add(gap.max(1)))
+            {
+                runs.push(s);
+            }
+        }
+        let merged = RunHistory::from_starts(&runs);
+        let changed = merged != *self;
+        *self = merged;
+        changed
+    }
+
     /// The pattern the recent runs follow, if any.
     pub fn pattern(&self) -> Option<Pattern> {
         self.daily().or_else(|| self.periodic())
@@ -252,9 +277,10 @@ impl RunHistory {
             .map(|(i, &s)| carried(i, s).abs_diff(anchor))
             .max()
             .unwrap_or(0);
-        // A few starts understate how far the next may stray: the window is twice their
-        // spread, and never under a twentieth of the period.
-        let jitter = (2 * spread).max(period / 20).max(MIN_TOLERANCE);
+        // A few starts understate how far the next may stray: the window is their spread
+        // widened (`widen`), and never under a twentieth of the period (or PERIODIC_FLOOR_CAP).
+        let floor = (period / 20).min(PERIODIC_FLOOR_CAP);
+        let jitter = widen(spread, n).max(floor).max(MIN_TOLERANCE);
         Some(Pattern::Periodic {
             period,
             jitter,
@@ -287,8 +313,24 @@ impl RunHistory {
             let d = (s % DAY) as i64 - newest as i64;
             (d + DAY as i64 / 2).rem_euclid(DAY as i64) - DAY as i64 / 2
         };
-        let mean = recent.iter().map(|&s| offset(s)).sum::<i64>() / recent.len() as i64;
-        let spread = recent
+        // The time of day and its spread come from every earlier run that kept to the rhythm
+        // too: a few starts place the time poorly and understate the spread.
+        let starts = self.starts();
+        let mut first = starts.len() - recent.len();
+        while first > 0 {
+            let interval = starts[first] - starts[first - 1];
+            let days = (interval + DAY / 2) / DAY;
+            let kept = (1..=3).contains(&days)
+                && interval.abs_diff(days * DAY) <= DAILY_TOLERANCE
+                && offset(starts[first - 1]).unsigned_abs() <= DAILY_TOLERANCE;
+            if !kept {
+                break;
+            }
+            first -= 1;
+        }
+        let kept = &starts[first..];
+        let mean = kept.iter().map(|&s| offset(s)).sum::<i64>() / kept.len() as i64;
+        let spread = kept
             .iter()
             .map(|&s| offset(s).abs_diff(mean))
             .max()
@@ -296,14 +338,27 @@ impl RunHistory {
         if spread > DAILY_TOLERANCE {
             return None;
         }
-        let jitter = (2 * spread).max(DAILY_MIN_JITTER);
+        let jitter = widen(spread, kept.len() as u64).max(DAILY_MIN_JITTER);
         let at = (newest as i64 + mean).rem_euclid(DAY as i64) as u64;
-        let days = self
-            .starts()
-            .iter()
-            .fold(0u8, |m, &s| m | 1 << weekday(s / DAY));
+        // Runs on consecutive days so far: every day, until a skipped day shows which are not.
+        let every_day = kept.windows(2).all(|w| (w[1] - w[0] + DAY / 2) / DAY == 1);
+        let days = if every_day {
+            0b111_1111
+        } else {
+            self.starts()
+                .iter()
+                .fold(0u8, |m, &s| m | 1 << weekday(s / DAY))
+        };
         Some(Pattern::Daily { at, jitter, days })
     }
+}
+
+/// How far runs may stray from their prediction, from the largest distance `spread` seen among
+/// `n` starts: `n` starts see about (n - 1) / (n + 1) of the range they come from, and the
+/// prediction (their mean) is itself off by about spread / √n.
+fn widen(spread: u64, n: u64) -> u64 {
+    let range = (spread * (n + 1)).div_ceil(n.saturating_sub(1).max(1));
+    range + spread.div_ceil(n.isqrt().max(1))
 }
 
 /// The weekday of day `day` since the epoch, 0 = Monday.
@@ -342,9 +397,11 @@ mod tests {
         let mut found = 0;
         for i in 0..40 {
             let at = shifted(MONDAY + i * 15 * MIN, jitter(&mut seed, 20));
+            // Woken in time when the run came no earlier than its window opened; a later run
+            // finds the tenant still up.
             if let Some(next) = h.next_run(at.saturating_sub(5 * MIN)) {
                 let pattern = h.pattern().unwrap();
-                if next.abs_diff(at) <= pattern.jitter() {
+                if at + pattern.jitter() >= next && at <= next + 15 * MIN {
                     found += 1;
                 }
             }
@@ -363,10 +420,11 @@ mod tests {
         let h =
             RunHistory::from_starts(&[MONDAY, MONDAY + HOUR, MONDAY + 2 * HOUR, MONDAY + 3 * HOUR]);
         assert_eq!(h.next_run(MONDAY + 3 * HOUR + 10), Some(MONDAY + 4 * HOUR));
-        // The window before it is a twentieth of the period (three minutes).
+        // Runs on the second: the window before it is the floor's cap, 30 s, not a twentieth of
+        // the period.
         assert_eq!(
             h.wake_at(MONDAY + 3 * HOUR + 10, Duration::from_secs(30)),
-            Some(MONDAY + 4 * HOUR - 180 - 30)
+            Some(MONDAY + 4 * HOUR - 30 - 30)
         );
     }
 
@@ -471,6 +529,25 @@ mod tests {
             RunHistory::from_starts(&[MONDAY, MONDAY + HOUR, MONDAY + 2 * HOUR, MONDAY + 3 * HOUR]);
         h.record_run(MONDAY + HOUR / 2);
         assert_eq!(h.starts(), &[MONDAY + HOUR / 2]);
+    }
+
+    #[test]
+    fn histories_of_two_replicas_merge_into_one_list_of_runs() {
+        // Both saw the run at +1 h (a few seconds apart); each saw one the other did not.
+        let mut a = RunHistory::from_starts(&[MONDAY, MONDAY + HOUR, MONDAY + 3 * HOUR]);
+        let b = [MONDAY + HOUR + 4, MONDAY + 2 * HOUR];
+        assert!(a.merge(&b, 60));
+        assert_eq!(
+            a.starts(),
+            &[MONDAY, MONDAY + HOUR, MONDAY + 2 * HOUR, MONDAY + 3 * HOUR]
+        );
+        assert_eq!(a.next_run(MONDAY + 3 * HOUR + 1), Some(MONDAY + 4 * HOUR));
+        // Nothing new: unchanged.
+        assert!(!a.merge(&b, 60));
+        // Only the newest runs are kept.
+        let many: Vec<u64> = (0..40).map(|i| MONDAY + 5 * HOUR + i * MIN).collect();
+        a.merge(&many, 1);
+        assert_eq!(a.starts(), &many[40 - HISTORY..]);
     }
 
     #[test]

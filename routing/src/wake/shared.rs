@@ -4,6 +4,7 @@
 //! does, and takes it out to put the tenant to sleep.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use tokio::time::{Instant, sleep, timeout_at};
 use tokio_util::sync::CancellationToken;
@@ -69,14 +70,19 @@ impl WakeCoordinator {
             return Ok(());
         }
         let id = &slot.tenant.id;
-        let result = activity.hold(namespace, id, Some(deadline)).await;
+        let runs = slot.lock().forecast.history.starts().to_vec();
+        let gap = self.settings.predict.run_gap.as_secs();
+        let result = activity
+            .hold(namespace, id, Some(deadline), &runs, gap)
+            .await;
         let mut inner = slot.lock();
         match result {
-            Ok(sleeps) => {
+            Ok(holding) => {
                 inner.shared.renewed_at = Some(Instant::now());
                 inner.shared.failed_at = None;
                 inner.shared.next_look = None;
-                Self::note_sleeps(slot, &mut inner, sleeps);
+                Self::note_sleeps(slot, &mut inner, holding.sleeps);
+                self.take_runs(&mut inner, &holding.runs);
                 Ok(())
             }
             Err(ActivityError::SleepUnderWay) => Err(timed_out()),
@@ -85,6 +91,14 @@ impl WakeCoordinator {
                 inner.shared.failed_at = Some(Instant::now());
                 Ok(())
             }
+        }
+    }
+
+    /// Takes in the run starts the record holds, which other replicas saw too.
+    pub(super) fn take_runs(&self, inner: &mut Inner, runs: &[u64]) {
+        let gap = self.settings.predict.run_gap.as_secs();
+        if inner.forecast.history.merge(runs, gap) {
+            self.histories.dirty.store(true, Ordering::Relaxed);
         }
     }
 
@@ -188,7 +202,7 @@ impl WakeCoordinator {
                 let Ok(_turn) = slot.hold_lock.try_lock() else {
                     continue;
                 };
-                {
+                let runs = {
                     let inner = slot.lock();
                     let due = inner
                         .shared
@@ -197,14 +211,17 @@ impl WakeCoordinator {
                     if !due || !Self::wants_hold(slot, &inner) {
                         continue;
                     }
-                }
-                let result = activity.hold(&namespace, id, None).await;
+                    inner.forecast.history.starts().to_vec()
+                };
+                let gap = self.settings.predict.run_gap.as_secs();
+                let result = activity.hold(&namespace, id, None, &runs, gap).await;
                 let mut inner = slot.lock();
                 match result {
-                    Ok(sleeps) => {
+                    Ok(holding) => {
                         inner.shared.renewed_at = Some(Instant::now());
                         inner.shared.failed_at = None;
-                        Self::note_sleeps(slot, &mut inner, sleeps);
+                        Self::note_sleeps(slot, &mut inner, holding.sleeps);
+                        self.take_runs(&mut inner, &holding.runs);
                     }
                     Err(e) => {
                         warn!(tenant = %id, error = %e, "cannot renew this replica's activity record");

@@ -111,7 +111,8 @@ impl WakeCoordinator {
     /// running by a gateway before this one, or by a replica since gone, and nothing would put
     /// it to sleep until someone used it. Each such tenant is looked at once; one found awake
     /// is woken here (quick, it runs), so it sleeps after its idle timeout like any other
-    /// unless a replica uses it (the shared record decides).
+    /// unless a replica uses it (the shared record decides). Its run history is read from the
+    /// shared record at the same time.
     async fn take_over_left_awake(&self) {
         let unseen: Vec<Arc<Tenant>> = {
             let seen = self.looked_at.lock().unwrap_or_else(|p| p.into_inner());
@@ -124,10 +125,19 @@ impl WakeCoordinator {
         let mut looks = stream::iter(unseen)
             .map(|tenant| async move {
                 let state = tenant.backend.state(&tenant.id).await;
-                (tenant, state)
+                let runs = match (
+                    &self.activity,
+                    tenant.backend.activity_namespace(&tenant.id),
+                ) {
+                    (Some(activity), Some(namespace)) => {
+                        activity.runs(&namespace, &tenant.id).await.ok()
+                    }
+                    _ => None,
+                };
+                (tenant, state, runs)
             })
             .buffer_unordered(TAKE_OVER_LOOKS_AT_ONCE);
-        while let Some((tenant, state)) = looks.next().await {
+        while let Some((tenant, state, runs)) = looks.next().await {
             if state.is_err() {
                 // Asked again at the next look.
                 continue;
@@ -136,6 +146,13 @@ impl WakeCoordinator {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(tenant.id.clone());
+            // The runs other replicas saw, so this one predicts from the same history before
+            // any client comes to it.
+            if let Some(runs) = runs.filter(|r| !r.is_empty())
+                && let Ok(slot) = self.slot(&tenant.id)
+            {
+                self.take_runs(&mut slot.lock(), &runs);
+            }
             if !matches!(state, Ok(ComputeState::Awake)) {
                 continue;
             }
