@@ -2,7 +2,6 @@
 //! CloudNativePG and warm-pool backends, the tenant list and the wake coordinator over it.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +18,7 @@ use pgwake_routing::{
 use super::BuildError;
 use crate::config::{
     Config, CredentialsConfig, KubeRoute, KubernetesConfig, LocalConfig, PoolClassConfig,
-    PoolRelease, TenantBackend, WakeConfig,
+    PoolRelease, TenantBackend,
 };
 use crate::metrics::Metrics;
 
@@ -284,14 +283,19 @@ pub(super) fn tenant_list(
     tenants
 }
 
-/// The wake coordinator over `directory`, reporting each wake to `metrics`.
+/// The wake coordinator over `directory` with `[wake]`'s settings (and the run history file),
+/// reporting each wake to `metrics`.
 pub(super) fn wake_coordinator(
     directory: &Arc<TenantDirectory>,
-    w: &WakeConfig,
-    history_file: Option<PathBuf>,
+    config: &Config,
     activity: Option<Arc<SharedActivity>>,
     metrics: &Arc<Metrics>,
 ) -> Arc<WakeCoordinator> {
+    let w = &config.wake;
+    let history_file = w.predict_history_file.clone().or_else(|| {
+        let local = config.local.as_ref()?;
+        Some(local.data_dir.join(super::RUN_HISTORY_FILE))
+    });
     let wake_metrics = metrics.clone();
     WakeCoordinator::new_shared(
         directory.clone(),

@@ -127,17 +127,8 @@ pub async fn build(
     for kind in backend_kinds {
         metrics.backend_in_use(kind);
     }
-    let history_file = config.wake.predict_history_file.clone().or_else(|| {
-        let local = config.local.as_ref()?;
-        Some(local.data_dir.join(RUN_HISTORY_FILE))
-    });
-    let coordinator = backends::wake_coordinator(
-        &directory,
-        &config.wake,
-        history_file,
-        kube.activity.clone(),
-        &metrics,
-    );
+    let coordinator =
+        backends::wake_coordinator(&directory, config, kube.activity.clone(), &metrics);
     let mut secrets = tenants::SecretStores::new(config.limits.login_timeout, terminate.clone());
     let profiles = tenants::tenant_profiles(config, &coordinator, &kube, &mut secrets)?;
     let profiles: Profiles = Arc::new(RwLock::new(profiles));
