@@ -301,6 +301,11 @@ impl Outcome {
     fn found_share(&self) -> f64 {
         self.found_awake as f64 / self.runs.max(1) as f64
     }
+
+    /// Awake time as a share of the fixed policy's over the same trace.
+    fn awake_vs(&self, fixed: &Outcome) -> f64 {
+        self.awake_s / fixed.awake_s.max(f64::MIN_POSITIVE)
+    }
 }
 
 /// A backend that wakes and sleeps in fixed times: the simulation's stand-in for Postgres.
@@ -763,8 +768,8 @@ pub fn render(
                 pct(simulated[k].found_share()),
                 real[k].awake_s,
                 simulated[k].awake_s,
-                pct(real[k].awake_s / real[0].awake_s.max(f64::MIN_POSITIVE)),
-                pct(simulated[k].awake_s / simulated[0].awake_s.max(f64::MIN_POSITIVE)),
+                pct(real[k].awake_vs(&real[0])),
+                pct(simulated[k].awake_vs(&simulated[0])),
                 real[k].prewakes_wasted,
                 simulated[k].prewakes_wasted,
             );
@@ -784,7 +789,7 @@ fn rows(out: &mut String, trace: &Trace, o: &[Outcome; 3], unit: f64) {
             p.as_str(),
             pct(x.found_share()),
             x.awake_s / unit,
-            pct(x.awake_s / o[0].awake_s.max(f64::MIN_POSITIVE)),
+            pct(x.awake_vs(&o[0])),
             x.prewakes_used,
             x.prewakes_wasted,
             100.0 * x.prewakes_wasted as f64 / x.runs.max(1) as f64,
@@ -810,7 +815,7 @@ fn goals(out: &mut String, trace: &Trace, o: &[Outcome; 3]) {
                     x.found_share() >= GOAL_FOUND_AWAKE,
                 );
             }
-            let ratio = both.awake_s / fixed.awake_s.max(f64::MIN_POSITIVE);
+            let ratio = both.awake_vs(fixed);
             line(
                 format!(
                     "awake time ≤ {:.0} % of fixed (`wake_and_sleep`)",
@@ -822,7 +827,7 @@ fn goals(out: &mut String, trace: &Trace, o: &[Outcome; 3]) {
         }
         Kind::Random => {
             for (p, x) in [("wake", wake), ("wake_and_sleep", both)] {
-                let drift = x.awake_s / fixed.awake_s.max(f64::MIN_POSITIVE) - 1.0;
+                let drift = x.awake_vs(fixed) - 1.0;
                 line(
                     format!(
                         "awake time within {:.0} % of fixed (`{p}`)",

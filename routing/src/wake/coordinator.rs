@@ -379,6 +379,7 @@ mod tests {
         assert_eq!(status.last_wake_at, Some(last.at));
         assert_eq!(status.last_wake_ms, Some(last.ms));
     }
+
     #[tokio::test]
     async fn a_tenant_never_woken_is_asleep_since_the_start() {
         let before = epoch_seconds(SystemTime::now());
@@ -394,6 +395,7 @@ mod tests {
             status.since
         );
     }
+
     #[tokio::test]
     async fn parked_sessions_are_counted_until_their_mark_drops() {
         let (coordinator, id) = coordinator();
@@ -408,6 +410,7 @@ mod tests {
         drop(mark);
         assert_eq!(status(&coordinator), (0, 0));
     }
+
     #[tokio::test(start_paused = true)]
     async fn failed_attempts_back_off_then_the_tenant_is_refused_until_the_retry_delay() {
         let t = tenant("t");
@@ -456,6 +459,7 @@ mod tests {
             [false, true]
         );
     }
+
     #[tokio::test(start_paused = true)]
     async fn an_unavailable_backend_is_not_retried() {
         let t = tenant("t");
@@ -465,6 +469,7 @@ mod tests {
         assert!(matches!(err, WakeError::Failed { .. }), "{err:?}");
         assert_eq!(backend.wakes().len(), 1);
     }
+
     #[tokio::test(start_paused = true)]
     async fn one_tenants_failures_leave_the_others_alone() {
         let (bad, good) = (tenant("bad"), tenant("good"));
@@ -511,6 +516,7 @@ mod tests {
             w.abort();
         }
     }
+
     #[tokio::test(start_paused = true)]
     async fn unknown_tenants_and_busy_sleeps_are_refused() {
         let t = tenant("t");
@@ -526,6 +532,7 @@ mod tests {
         assert_eq!(lab.status(&t).state, Phase::Asleep);
         assert!(backend.wakes().len() == 1 && backend.times_of(Call::SleepDone).len() == 1);
     }
+
     #[tokio::test(start_paused = true)]
     async fn running_time_counts_waking_awake_and_sleeping_and_outlives_the_tenant() {
         let t = tenant("t");

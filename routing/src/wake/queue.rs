@@ -170,6 +170,7 @@ mod tests {
         drop(claims);
         assert_eq!(lab.status(&t).connections, 0);
     }
+
     #[tokio::test(start_paused = true)]
     async fn accept_queues_are_bounded_per_tenant_and_in_total() {
         let (a, b) = (tenant("a"), tenant("b"));
@@ -208,6 +209,7 @@ mod tests {
         assert_eq!(lab.status(&a).waiters, 1);
         again.abort();
     }
+
     #[tokio::test(start_paused = true)]
     async fn a_connection_refused_for_a_full_queue_wakes_nothing() {
         let (a, b) = (tenant("a"), tenant("b"));
@@ -233,6 +235,7 @@ mod tests {
         assert_eq!(lab.status(&b).state, Phase::Asleep);
         waiting.abort();
     }
+
     #[tokio::test(start_paused = true)]
     async fn a_waiter_past_the_deadline_times_out_while_the_wake_goes_on() {
         let t = tenant("t");
@@ -259,6 +262,7 @@ mod tests {
         assert_eq!(backend.wakes().len(), 1);
         assert_eq!(lab.wake_outcomes(), [true]);
     }
+
     #[tokio::test(start_paused = true)]
     async fn a_waiter_that_gives_up_does_not_cancel_the_wake() {
         let t = tenant("t");

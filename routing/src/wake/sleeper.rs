@@ -199,6 +199,7 @@ mod tests {
         assert!(after >= 10 * SECOND && after <= 11 * SECOND, "{after:?}");
         assert_eq!(lab.status(&t).state, Phase::Asleep);
     }
+
     #[tokio::test(start_paused = true)]
     async fn a_connection_during_sleep_waits_for_it_then_wakes() {
         let t = tenant("t");
@@ -223,6 +224,7 @@ mod tests {
         assert!(backend.wakes()[1] >= backend.times_of(Call::SleepDone)[0]);
         assert_eq!(lab.status(&t).state, Phase::Awake);
     }
+
     #[tokio::test(start_paused = true)]
     async fn idle_sessions_are_asked_to_park_and_the_tenant_sleeps_once_they_have() {
         let t = tenant("t");
@@ -258,6 +260,7 @@ mod tests {
         drop(mark);
         assert_eq!(lab.status(&t).parked, 0);
     }
+
     #[tokio::test(start_paused = true)]
     async fn a_database_that_stopped_on_its_own_is_woken_again() {
         let t = tenant("t");
