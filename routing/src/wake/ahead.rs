@@ -570,20 +570,21 @@ mod tests {
         let (lab, t, backend) = lab(PredictPolicy::Wake, None);
         let _sleeper = lab.run_idle_sleeper();
         let start = Instant::now();
-        for k in 0..4 {
+        for k in 0..5 {
             run_at(&lab, &t, start + k * PERIOD).await;
         }
         // The tenant stops: two predicted runs pass, then nothing for a long time.
         sleep(20 * PERIOD).await;
-        assert_eq!(backend.wakes().len(), 4 + 2);
+        assert_eq!(backend.wakes().len(), 5 + 2);
         let runs = lab.status(&t).runs;
-        assert_eq!((runs.prewakes_used, runs.prewakes_wasted), (0, 2));
+        // The fifth run used the pre-wake the first four predicted.
+        assert_eq!((runs.prewakes_used, runs.prewakes_wasted), (1, 2));
         assert_eq!(runs.next_run, None);
         assert_eq!(lab.status(&t).state, Phase::Asleep);
         // A run brings the tenant back; a new pattern needs new runs.
         assert!(!run_at(&lab, &t, Instant::now()).await);
         sleep(2 * PERIOD).await;
-        assert_eq!(backend.wakes().len(), 4 + 2 + 1);
+        assert_eq!(backend.wakes().len(), 5 + 2 + 1);
     }
 
     #[tokio::test(start_paused = true)]

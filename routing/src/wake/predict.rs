@@ -5,7 +5,8 @@
 //! runs the history recognises two kinds of pattern, and says nothing otherwise:
 //!
 //! - **periodic:** the last [`RECENT`] intervals agree within a tenth of their median (a cron job
-//!   every 15 minutes ± 20 s, an hourly job at :00);
+//!   every 15 minutes ± 20 s, an hourly job at :00), and while only those runs keep to the
+//!   period, they lie within a thirtieth of it of an evenly spaced schedule;
 //! - **daily:** the recent intervals are whole days (one to three, so weekends may be skipped)
 //!   within [`DAILY_TOLERANCE`] and the runs start near the same time of day; the next run is
 //!   predicted for the next day while the runs came on consecutive days, and once a day was
@@ -13,7 +14,11 @@
 //!   weekday morning).
 //!
 //! Once [`MAX_MISSES`] predicted runs have passed without a run, the history stays silent until
-//! the next one comes: a tenant that stopped soon stops being woken. Times are seconds since the
+//! the next one comes: a tenant that stopped soon stops being woken. A pattern recognised from
+//! the fewest runs whose first prediction no run kept was a false start: it stays silent after
+//! that one miss, and while the false start is remembered the tenant needs one more agreeing run
+//! for its next pattern. Random runs fall into a few agreeing intervals now and then, far more
+//! rarely into one more. Times are seconds since the
 //! Unix epoch (UTC) passed in by the caller, so the module does no I/O and reads no clock, and
 //! its state is a fixed-size array.
 
@@ -61,6 +66,10 @@ const DAILY_MIN_JITTER: u64 = 60;
 /// The largest floor of a periodic pattern's window (a twentieth of the period below it): an
 /// hourly job that keeps to the second is not woken three minutes early.
 const PERIODIC_FLOOR_CAP: u64 = 30;
+/// How closely a periodic pattern on the fewest runs must keep to an evenly spaced schedule, as
+/// a fraction of its period (1/30: a 15-minute job ± 30 s, an hourly one ± 2 min): three
+/// intervals that agree only within a tenth are what random bursts of runs fake most often.
+const FIRST_FIT: u64 = 30;
 /// The smallest tolerance of a periodic pattern, for periods of a few seconds.
 const MIN_TOLERANCE: u64 = 2;
 const DAY: u64 = 86_400;
@@ -132,6 +141,9 @@ impl Pattern {
 pub struct RunHistory {
     starts: [u64; HISTORY],
     len: usize,
+    /// What the starts show and how many of the newest keep to it, worked out when they change:
+    /// it is read every idle check.
+    pattern: Option<(Pattern, usize)>,
 }
 
 impl RunHistory {
@@ -140,8 +152,9 @@ impl RunHistory {
     pub fn from_starts(starts: &[u64]) -> RunHistory {
         let mut h = RunHistory::default();
         for &s in starts {
-            h.record_run(s);
+            h.push(s);
         }
+        h.pattern = pattern_of(h.starts());
         h
     }
 
@@ -153,6 +166,11 @@ impl RunHistory {
     /// A run started at `at`. A start earlier than the newest one (a clock step back) replaces
     /// the history, which cannot be trusted across it.
     pub fn record_run(&mut self, at: u64) {
+        self.push(at);
+        self.pattern = pattern_of(self.starts());
+    }
+
+    fn push(&mut self, at: u64) {
         if self.starts().last().is_some_and(|&last| at < last) {
             self.len = 0;
         }
@@ -187,14 +205,14 @@ impl RunHistory {
 
     /// The pattern the recent runs follow, if any.
     pub fn pattern(&self) -> Option<Pattern> {
-        self.daily().or_else(|| self.periodic())
+        self.pattern.map(|(p, _)| p)
     }
 
     /// When the next run is expected, as seen at `now`: the first predicted start whose
     /// tolerance window has not passed yet. `None` without a pattern, or once [`MAX_MISSES`]
     /// predicted runs passed without a run.
     pub fn next_run(&self, now: u64) -> Option<u64> {
-        self.next_of(self.pattern()?, now)
+        self.next_of(now)
     }
 
     /// When to start waking the tenant so that it is up by the next run: the run's earliest
@@ -202,7 +220,7 @@ impl RunHistory {
     /// is expected.
     pub fn wake_at(&self, now: u64, lead: Duration) -> Option<u64> {
         let pattern = self.pattern()?;
-        let next = self.next_of(pattern, now)?;
+        let next = self.next_of(now)?;
         let lead = lead.as_secs() + u64::from(lead.subsec_nanos() > 0);
         Some(next.saturating_sub(pattern.jitter()).saturating_sub(lead))
     }
@@ -218,139 +236,191 @@ impl RunHistory {
         self.starts().last().copied()
     }
 
-    /// [`RunHistory::next_run`] for the history's `pattern`.
-    fn next_of(&self, pattern: Pattern, now: u64) -> Option<u64> {
+    /// [`RunHistory::next_run`]. A pattern on the fewest runs whose first predicted run did not
+    /// come was a false start: it predicts nothing more.
+    fn next_of(&self, now: u64) -> Option<u64> {
+        let (pattern, kept) = self.pattern?;
         let jitter = pattern.jitter();
+        let max_misses = if kept <= RECENT + 1 { 1 } else { MAX_MISSES };
         let mut missed = 0;
         let mut next = pattern.after(self.last()?)?;
         while next.saturating_add(jitter) < now {
             missed += 1;
-            if missed >= MAX_MISSES {
+            if missed >= max_misses {
                 return None;
             }
             next = pattern.after(next)?;
         }
         Some(next)
     }
+}
 
-    fn recent_starts(&self, n: usize) -> &[u64] {
-        let s = self.starts();
-        &s[s.len().saturating_sub(n)..]
+/// The pattern `starts` (oldest first) follow, unless it rests on the fewest runs and the
+/// starts hold a false start (see [`false_start`]).
+fn pattern_of(starts: &[u64]) -> Option<(Pattern, usize)> {
+    let (pattern, kept) = recognise(starts)?;
+    if kept <= RECENT + 1 && false_start(starts) {
+        return None;
     }
+    Some((pattern, kept))
+}
 
-    fn periodic(&self) -> Option<Pattern> {
-        let recent = self.recent_starts(RECENT + 1);
-        if recent.len() < RECENT + 1 {
-            return None;
-        }
-        let mut intervals = [0u64; RECENT];
-        for (i, w) in recent.windows(2).enumerate() {
-            intervals[i] = w[1] - w[0];
-        }
-        intervals.sort_unstable();
-        let median = intervals[intervals.len() / 2];
-        if median == 0 {
-            return None;
-        }
-        let tolerance = (median / 10).max(MIN_TOLERANCE);
-        if intervals.iter().any(|&i| i.abs_diff(median) > tolerance) {
-            return None;
-        }
-        // The period and the schedule are fitted to every earlier run that kept to it too, so
-        // that one run's jitter moves neither much.
-        let starts = self.starts();
-        let mut first = starts.len() - recent.len();
-        while first > 0 && (starts[first] - starts[first - 1]).abs_diff(median) <= tolerance {
-            first -= 1;
-        }
-        let kept = &starts[first..];
-        let n = kept.len() as u64;
-        let newest = *kept.last()?;
-        let period = (newest - kept[0] + (n - 1) / 2) / (n - 1);
-        // Each start carried forward to the one after the newest; their mean is the anchor.
-        let carried = |i: usize, s: u64| s + (n - i as u64) * period;
-        let sum: u64 = kept.iter().enumerate().map(|(i, &s)| carried(i, s)).sum();
-        let anchor = sum / n;
-        let spread = kept
-            .iter()
-            .enumerate()
-            .map(|(i, &s)| carried(i, s).abs_diff(anchor))
-            .max()
-            .unwrap_or(0);
-        // A few starts understate how far the next may stray: the window is their spread
-        // widened (`widen`), and never under a twentieth of the period (or PERIODIC_FLOOR_CAP).
-        let floor = (period / 20).min(PERIODIC_FLOOR_CAP);
-        let jitter = widen(spread, n).max(floor).max(MIN_TOLERANCE);
-        Some(Pattern::Periodic {
+/// The pattern `starts` follow, and how many of the newest starts keep to it.
+fn recognise(starts: &[u64]) -> Option<(Pattern, usize)> {
+    daily(starts).or_else(|| periodic(starts))
+}
+
+/// Whether, at some earlier run, the runs before it showed a pattern that rested on the fewest
+/// runs, and that run came outside the window the pattern predicted for it.
+fn false_start(starts: &[u64]) -> bool {
+    (RECENT + 1..starts.len()).any(|end| {
+        let before = &starts[..end];
+        let Some((pattern, kept)) = recognise(before) else {
+            return false;
+        };
+        let predicted = pattern.after(before[end - 1]);
+        kept <= RECENT + 1 && predicted.is_none_or(|p| starts[end].abs_diff(p) > pattern.jitter())
+    })
+}
+
+fn recent_starts(starts: &[u64], n: usize) -> &[u64] {
+    &starts[starts.len().saturating_sub(n)..]
+}
+
+fn periodic(starts: &[u64]) -> Option<(Pattern, usize)> {
+    let recent = recent_starts(starts, RECENT + 1);
+    if recent.len() < RECENT + 1 {
+        return None;
+    }
+    let mut intervals = [0u64; RECENT];
+    for (i, w) in recent.windows(2).enumerate() {
+        intervals[i] = w[1] - w[0];
+    }
+    intervals.sort_unstable();
+    let median = intervals[intervals.len() / 2];
+    if median == 0 {
+        return None;
+    }
+    let tolerance = (median / 10).max(MIN_TOLERANCE);
+    if intervals.iter().any(|&i| i.abs_diff(median) > tolerance) {
+        return None;
+    }
+    // The period and the schedule are fitted to every earlier run that kept to it too, so
+    // that one run's jitter moves neither much.
+    let mut first = starts.len() - recent.len();
+    while first > 0 && (starts[first] - starts[first - 1]).abs_diff(median) <= tolerance {
+        first -= 1;
+    }
+    let kept = &starts[first..];
+    if kept.len() <= RECENT + 1 && off_schedule(kept) > (median / FIRST_FIT).max(MIN_TOLERANCE) {
+        return None;
+    }
+    let n = kept.len() as u64;
+    let newest = *kept.last()?;
+    let period = (newest - kept[0] + (n - 1) / 2) / (n - 1);
+    // Each start carried forward to the one after the newest; their mean is the anchor.
+    let carried = |i: usize, s: u64| s + (n - i as u64) * period;
+    let sum: u64 = kept.iter().enumerate().map(|(i, &s)| carried(i, s)).sum();
+    let anchor = sum / n;
+    let spread = kept
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| carried(i, s).abs_diff(anchor))
+        .max()
+        .unwrap_or(0);
+    // A few starts understate how far the next may stray: the window is their spread
+    // widened (`widen`), and never under a twentieth of the period (or PERIODIC_FLOOR_CAP).
+    let floor = (period / 20).min(PERIODIC_FLOOR_CAP);
+    let jitter = widen(spread, n).max(floor).max(MIN_TOLERANCE);
+    Some((
+        Pattern::Periodic {
             period,
             jitter,
             anchor,
-        })
-    }
+        },
+        kept.len(),
+    ))
+}
 
-    fn daily(&self) -> Option<Pattern> {
-        let recent = self.recent_starts(RECENT + 2);
-        if recent.len() < RECENT + 1 {
-            return None;
-        }
-        let mut whole_days = 0;
-        for w in recent.windows(2) {
-            let interval = w[1] - w[0];
-            let days = (interval + DAY / 2) / DAY;
-            if !(1..=3).contains(&days) || interval.abs_diff(days * DAY) > DAILY_TOLERANCE {
-                return None;
-            }
-            if days == 1 {
-                whole_days += 1;
-            }
-        }
-        if whole_days < RECENT - 1 {
-            return None;
-        }
-        // Times of day, as offsets from the newest run's, so runs near midnight compare right.
-        let newest = *recent.last()? % DAY;
-        let offset = |s: u64| -> i64 {
-            let d = (s % DAY) as i64 - newest as i64;
-            (d + DAY as i64 / 2).rem_euclid(DAY as i64) - DAY as i64 / 2
-        };
-        // The time of day and its spread come from every earlier run that kept to the rhythm
-        // too: a few starts place the time poorly and understate the spread.
-        let starts = self.starts();
-        let mut first = starts.len() - recent.len();
-        while first > 0 {
-            let interval = starts[first] - starts[first - 1];
-            let days = (interval + DAY / 2) / DAY;
-            let kept = (1..=3).contains(&days)
-                && interval.abs_diff(days * DAY) <= DAILY_TOLERANCE
-                && offset(starts[first - 1]).unsigned_abs() <= DAILY_TOLERANCE;
-            if !kept {
-                break;
-            }
-            first -= 1;
-        }
-        let kept = &starts[first..];
-        let mean = kept.iter().map(|&s| offset(s)).sum::<i64>() / kept.len() as i64;
-        let spread = kept
-            .iter()
-            .map(|&s| offset(s).abs_diff(mean))
-            .max()
-            .unwrap_or(0);
-        if spread > DAILY_TOLERANCE {
-            return None;
-        }
-        let jitter = widen(spread, kept.len() as u64).max(DAILY_MIN_JITTER);
-        let at = (newest as i64 + mean).rem_euclid(DAY as i64) as u64;
-        // Runs on consecutive days so far: every day, until a skipped day shows which are not.
-        let every_day = kept.windows(2).all(|w| (w[1] - w[0] + DAY / 2) / DAY == 1);
-        let days = if every_day {
-            0b111_1111
-        } else {
-            self.starts()
-                .iter()
-                .fold(0u8, |m, &s| m | 1 << weekday(s / DAY))
-        };
-        Some(Pattern::Daily { at, jitter, days })
+fn daily(starts: &[u64]) -> Option<(Pattern, usize)> {
+    let recent = recent_starts(starts, RECENT + 2);
+    if recent.len() < RECENT + 1 {
+        return None;
     }
+    let mut whole_days = 0;
+    for w in recent.windows(2) {
+        let interval = w[1] - w[0];
+        let days = (interval + DAY / 2) / DAY;
+        if !(1..=3).contains(&days) || interval.abs_diff(days * DAY) > DAILY_TOLERANCE {
+            return None;
+        }
+        if days == 1 {
+            whole_days += 1;
+        }
+    }
+    if whole_days < RECENT - 1 {
+        return None;
+    }
+    // Times of day, as offsets from the newest run's, so runs near midnight compare right.
+    let newest = *recent.last()? % DAY;
+    let offset = |s: u64| -> i64 {
+        let d = (s % DAY) as i64 - newest as i64;
+        (d + DAY as i64 / 2).rem_euclid(DAY as i64) - DAY as i64 / 2
+    };
+    // The time of day and its spread come from every earlier run that kept to the rhythm
+    // too: a few starts place the time poorly and understate the spread.
+    let mut first = starts.len() - recent.len();
+    while first > 0 {
+        let interval = starts[first] - starts[first - 1];
+        let days = (interval + DAY / 2) / DAY;
+        let kept = (1..=3).contains(&days)
+            && interval.abs_diff(days * DAY) <= DAILY_TOLERANCE
+            && offset(starts[first - 1]).unsigned_abs() <= DAILY_TOLERANCE;
+        if !kept {
+            break;
+        }
+        first -= 1;
+    }
+    let kept = &starts[first..];
+    let mean = kept.iter().map(|&s| offset(s)).sum::<i64>() / kept.len() as i64;
+    let spread = kept
+        .iter()
+        .map(|&s| offset(s).abs_diff(mean))
+        .max()
+        .unwrap_or(0);
+    if spread > DAILY_TOLERANCE {
+        return None;
+    }
+    let jitter = widen(spread, kept.len() as u64).max(DAILY_MIN_JITTER);
+    let at = (newest as i64 + mean).rem_euclid(DAY as i64) as u64;
+    // Runs on consecutive days so far: every day, until a skipped day shows which are not.
+    let every_day = kept.windows(2).all(|w| (w[1] - w[0] + DAY / 2) / DAY == 1);
+    let days = if every_day {
+        0b111_1111
+    } else {
+        starts.iter().fold(0u8, |m, &s| m | 1 << weekday(s / DAY))
+    };
+    Some((Pattern::Daily { at, jitter, days }, kept.len()))
+}
+
+/// The largest distance in seconds of `starts` (oldest first, at least two) from the evenly
+/// spaced schedule fitted to them by least squares.
+fn off_schedule(starts: &[u64]) -> u64 {
+    let n = starts.len() as f64;
+    let x_mean = (n - 1.0) / 2.0;
+    let y = |i: usize| (starts[i] - starts[0]) as f64;
+    let y_mean = (0..starts.len()).map(y).sum::<f64>() / n;
+    let (mut sxy, mut sxx) = (0.0, 0.0);
+    for i in 0..starts.len() {
+        let dx = i as f64 - x_mean;
+        sxy += dx * (y(i) - y_mean);
+        sxx += dx * dx;
+    }
+    let slope = sxy / sxx;
+    (0..starts.len())
+        .map(|i| (y(i) - y_mean - slope * (i as f64 - x_mean)).abs())
+        .fold(0.0, f64::max)
+        .round() as u64
 }
 
 /// How far runs may stray from their prediction, from the largest distance `spread` seen among
@@ -461,17 +531,17 @@ mod tests {
 
     #[test]
     fn predictions_stop_after_two_missed_runs() {
-        let h =
-            RunHistory::from_starts(&[MONDAY, MONDAY + HOUR, MONDAY + 2 * HOUR, MONDAY + 3 * HOUR]);
-        // The run at +4 h did not come: +5 h is still expected.
+        let hourly: Vec<u64> = (0..5).map(|k| MONDAY + k * HOUR).collect();
+        let h = RunHistory::from_starts(&hourly);
+        // The run at +5 h did not come: +6 h is still expected.
         assert_eq!(
-            h.next_run(MONDAY + 4 * HOUR + 10 * MIN),
-            Some(MONDAY + 5 * HOUR)
+            h.next_run(MONDAY + 5 * HOUR + 10 * MIN),
+            Some(MONDAY + 6 * HOUR)
         );
-        // Neither did +5 h: silence.
-        assert_eq!(h.next_run(MONDAY + 5 * HOUR + 10 * MIN), None);
+        // Neither did +6 h: silence.
+        assert_eq!(h.next_run(MONDAY + 6 * HOUR + 10 * MIN), None);
         assert!(h.pattern().is_some());
-        // A run comes again: predictions resume from it once the intervals agree.
+        // Runs come again: predictions resume once four agree.
         let mut h = h;
         for k in 9..13 {
             h.record_run(MONDAY + k * HOUR);
@@ -480,6 +550,95 @@ mod tests {
             h.next_run(MONDAY + 12 * HOUR + MIN),
             Some(MONDAY + 13 * HOUR)
         );
+    }
+
+    #[test]
+    fn a_pattern_on_four_runs_stops_after_one_missed_run() {
+        let h =
+            RunHistory::from_starts(&[MONDAY, MONDAY + HOUR, MONDAY + 2 * HOUR, MONDAY + 3 * HOUR]);
+        assert_eq!(h.next_run(MONDAY + 3 * HOUR + 1), Some(MONDAY + 4 * HOUR));
+        // The run at +4 h did not come: a false start, silent from then on.
+        assert_eq!(h.next_run(MONDAY + 4 * HOUR + 10 * MIN), None);
+        // Runs come again: the false start is remembered, so four agreeing runs are not enough,
+        // five are.
+        let mut h = h;
+        for k in 9..13 {
+            h.record_run(MONDAY + k * HOUR);
+        }
+        assert_eq!(h.pattern(), None);
+        h.record_run(MONDAY + 13 * HOUR);
+        assert_eq!(
+            h.next_run(MONDAY + 13 * HOUR + MIN),
+            Some(MONDAY + 14 * HOUR)
+        );
+    }
+
+    #[test]
+    fn four_runs_that_drift_within_a_tenth_are_no_pattern() {
+        // Intervals of 9, 10 and 11 minutes agree within a tenth of their median, but the runs
+        // lie 30 s off an even schedule, more than a thirtieth of ten minutes.
+        assert_eq!(off_schedule(&[0, 540, 1140, 1800]), 30);
+        let h = RunHistory::from_starts(&[MONDAY, MONDAY + 540, MONDAY + 1140, MONDAY + 1800]);
+        assert_eq!(h.pattern(), None);
+        let h = RunHistory::from_starts(&[MONDAY, MONDAY + 610, MONDAY + 1190, MONDAY + 1805]);
+        assert!(h.pattern().is_some());
+        // A fifth run that keeps to the period is enough evidence for the looser agreement.
+        let h = RunHistory::from_starts(&[
+            MONDAY,
+            MONDAY + 540,
+            MONDAY + 1140,
+            MONDAY + 1800,
+            MONDAY + 2400,
+        ]);
+        assert!(h.pattern().is_some());
+    }
+
+    #[test]
+    fn after_a_false_start_a_pattern_needs_one_more_run() {
+        // Four runs ten minutes apart, then none for an hour: a pattern on the fewest runs whose
+        // first prediction no run kept.
+        let burst = [MONDAY, MONDAY + 600, MONDAY + 1200, MONDAY + 1800];
+        let mut h = RunHistory::from_starts(&burst);
+        assert!(h.pattern().is_some());
+        let later: Vec<u64> = (0..4).map(|k| MONDAY + 2 * HOUR + k * 420).collect();
+        for &s in &later {
+            h.record_run(s);
+        }
+        // Another four agreeing runs are not enough while the false start is remembered ...
+        assert_eq!(h.pattern(), None);
+        // ... five are.
+        h.record_run(MONDAY + 2 * HOUR + 4 * 420);
+        assert!(matches!(
+            h.pattern(),
+            Some(Pattern::Periodic { period: 420, .. })
+        ));
+        // Without the false start, four are.
+        assert!(RunHistory::from_starts(&later).pattern().is_some());
+        // A pattern on more runs that then changes is no false start: the new period is
+        // followed from four runs.
+        let mut steady: Vec<u64> = (0..8).map(|k| MONDAY + k * 600).collect();
+        let turn = *steady.last().unwrap();
+        steady.extend((1..=3).map(|k| turn + k * 1500));
+        let h = RunHistory::from_starts(&steady);
+        assert!(matches!(
+            h.pattern(),
+            Some(Pattern::Periodic { period: 1500, .. })
+        ));
+    }
+
+    #[test]
+    fn a_false_start_is_forgotten_with_the_runs_that_made_it() {
+        let mut h = RunHistory::from_starts(&[MONDAY, MONDAY + 600, MONDAY + 1200, MONDAY + 1800]);
+        // Runs an hour or more apart, none agreeing, until the false start has left the history.
+        let mut t = MONDAY + 2 * HOUR;
+        for k in 0..HISTORY as u64 - 4 {
+            t += if k % 2 == 0 { HOUR } else { 5 * HOUR / 2 };
+            h.record_run(t);
+        }
+        for k in 1..=3 {
+            h.record_run(t + k * 900);
+        }
+        assert!(h.pattern().is_some(), "{:?}", h.starts());
     }
 
     #[test]
