@@ -61,11 +61,9 @@ pub const MAX_MISSES: u64 = 2;
 /// How far a daily run's interval may stray from a whole number of days, and its start from the
 /// usual time of day.
 pub const DAILY_TOLERANCE: u64 = 20 * 60;
-/// The smallest window around a daily run's predicted start.
-const DAILY_MIN_JITTER: u64 = 60;
-/// The largest floor of a periodic pattern's window (a twentieth of the period below it): an
-/// hourly job that keeps to the second is not woken three minutes early.
-const PERIODIC_FLOOR_CAP: u64 = 30;
+/// The largest floor of a pattern's window (a twentieth of the period below it), and a daily
+/// run's floor: an hourly or nightly job that keeps to the second is not woken minutes early.
+const FLOOR_CAP: u64 = 30;
 /// How closely a periodic pattern on the fewest runs must keep to an evenly spaced schedule, as
 /// a fraction of its period (1/30: a 15-minute job ± 30 s, an hourly one ± 2 min): three
 /// intervals that agree only within a tenth are what random bursts of runs fake most often.
@@ -329,8 +327,8 @@ fn periodic(starts: &[u64]) -> Option<(Pattern, usize)> {
         .max()
         .unwrap_or(0);
     // A few starts understate how far the next may stray: the window is their spread
-    // widened (`widen`), and never under a twentieth of the period (or PERIODIC_FLOOR_CAP).
-    let floor = (period / 20).min(PERIODIC_FLOOR_CAP);
+    // widened (`widen`), and never under a twentieth of the period (or FLOOR_CAP).
+    let floor = (period / 20).min(FLOOR_CAP);
     let jitter = widen(spread, n).max(floor).max(MIN_TOLERANCE);
     Some((
         Pattern::Periodic {
@@ -391,7 +389,7 @@ fn daily(starts: &[u64]) -> Option<(Pattern, usize)> {
     if spread > DAILY_TOLERANCE {
         return None;
     }
-    let jitter = widen(spread, kept.len() as u64).max(DAILY_MIN_JITTER);
+    let jitter = widen(spread, kept.len() as u64).max(FLOOR_CAP);
     let at = (newest as i64 + mean).rem_euclid(DAY as i64) as u64;
     // Runs on consecutive days so far: every day, until a skipped day shows which are not.
     let every_day = kept.windows(2).all(|w| (w[1] - w[0] + DAY / 2) / DAY == 1);
