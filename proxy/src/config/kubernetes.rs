@@ -32,12 +32,12 @@ pub struct KubernetesConfig {
     pub discover_idle_timeout: Option<Duration>,
     /// How long a replica's entry in a tenant's shared activity record counts after its last
     /// renewal (renewed every third of it): a killed replica stops holding its tenants awake
-    /// after this (default [`DEFAULT_ACTIVITY_TTL`]).
+    /// after this (default 15 s, `DEFAULT_ACTIVITY_TTL`).
     #[serde(default, with = "super::duration")]
     pub activity_ttl: Option<Duration>,
     /// How woken clusters are reached: `primary_pod` (default) or `service`.
     pub route: KubeRoute,
-    /// Longest wait for one readiness probe's answer (default [`DEFAULT_PROBE_TIMEOUT`]).
+    /// Longest wait for one readiness probe's answer (default 1 s, `DEFAULT_PROBE_TIMEOUT`).
     #[serde(default, with = "super::duration")]
     pub probe_timeout: Option<Duration>,
 }

@@ -61,7 +61,7 @@ const SECTIONS: &[&str] = &[
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file or environment could not be read or parsed: one line per problem, each naming
-    /// the key as it was written (see [`describe`]).
+    /// the key as it was written (see `describe`).
     #[error("{0}")]
     Parse(String),
     /// A value parsed but is not usable.

@@ -25,7 +25,7 @@ pub struct Authenticator {
     /// Failed-authentication throttle.
     pub throttle: Throttle,
     /// Key for mock SCRAM salts of unknown users (each tenant's derived from it: see
-    /// [`Authenticator::mock_key_for`]).
+    /// `Authenticator::mock_key_for`).
     pub mock_key: Vec<u8>,
     /// Cleartext password checks (HTTP and WebSocket logins, passwords naming their tenant).
     pub passwords: PasswordChecker,

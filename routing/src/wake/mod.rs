@@ -6,12 +6,12 @@
 //! wake task runs; the task outlives any one waiter, so a client giving up never cancels a wake
 //! others wait for.
 //!
-//! - [`slot`]: one tenant's state, and the claims and marks connections hold on it;
-//! - [`coordinator`]: the tenants' slots, waking and putting to sleep, the admin API;
-//! - [`queue`]: admission, the accept queue;
-//! - [`sleeper`]: the idle sleeper, which puts unused tenants to sleep;
-//! - [`shared`]: the sleep decision replicas share through the Kubernetes API;
-//! - [`predict`]: the sans-io run predictor; [`ahead`]: what the coordinator does with it.
+//! - `slot`: one tenant's state, and the claims and marks connections hold on it;
+//! - `coordinator`: the tenants' slots, waking and putting to sleep, the admin API;
+//! - `queue`: admission, the accept queue;
+//! - `sleeper`: the idle sleeper, which puts unused tenants to sleep;
+//! - `shared`: the sleep decision replicas share through the Kubernetes API;
+//! - [`predict`]: the sans-io run predictor; `ahead`: what the coordinator does with it.
 
 mod ahead;
 mod coordinator;

@@ -18,9 +18,10 @@
 //! the fewest runs whose first prediction no run kept was a false start: it stays silent after
 //! that one miss, and while the false start is remembered the tenant needs one more agreeing run
 //! for its next pattern. Random runs fall into a few agreeing intervals now and then, far more
-//! rarely into one more. Times are seconds since the
-//! Unix epoch (UTC) passed in by the caller, so the module does no I/O and reads no clock, and
-//! its state is a fixed-size array.
+//! rarely into one more.
+//!
+//! Times are seconds since the Unix epoch (UTC) passed in by the caller, so the module does no
+//! I/O and reads no clock, and its state is a fixed-size array.
 
 use std::time::Duration;
 
@@ -208,7 +209,7 @@ impl RunHistory {
 
     /// When the next run is expected, as seen at `now`: the first predicted start whose
     /// tolerance window has not passed yet. `None` without a pattern, or once [`MAX_MISSES`]
-    /// predicted runs passed without a run.
+    /// predicted runs passed without a run (one, for a pattern on the fewest runs).
     pub fn next_run(&self, now: u64) -> Option<u64> {
         self.next_of(now)
     }
@@ -281,10 +282,12 @@ fn false_start(starts: &[u64]) -> bool {
     })
 }
 
+/// The newest `n` of `starts`.
 fn recent_starts(starts: &[u64], n: usize) -> &[u64] {
     &starts[starts.len().saturating_sub(n)..]
 }
 
+/// A periodic pattern in `starts`, and how many of the newest keep to it.
 fn periodic(starts: &[u64]) -> Option<(Pattern, usize)> {
     let recent = recent_starts(starts, RECENT + 1);
     if recent.len() < RECENT + 1 {
@@ -340,6 +343,7 @@ fn periodic(starts: &[u64]) -> Option<(Pattern, usize)> {
     ))
 }
 
+/// A daily pattern in `starts`, and how many of the newest keep to it.
 fn daily(starts: &[u64]) -> Option<(Pattern, usize)> {
     let recent = recent_starts(starts, RECENT + 2);
     if recent.len() < RECENT + 1 {
