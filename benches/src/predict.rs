@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use async_trait::async_trait;
-use pgwake_routing::wake::predict::RECENT;
+use pgwake_routing::wake::predict::FEWEST_RUNS;
 use pgwake_routing::{
     BackendError, ComputeBackend, ComputeState, Endpoint, PredictPolicy, PredictSettings, Tenant,
     TenantDirectory, TenantId, WakeCoordinator, WakeSettings,
@@ -473,8 +473,7 @@ fn simulate_all(trace: &Trace, t: Timings) -> Result<[Outcome; 3]> {
     Ok(out)
 }
 
-/// Plays the random mixes of `days` (seed `seed`) again with the next [`MORE_SEEDS`] seeds, two
-/// seeds at a time.
+/// Plays the random mixes of `days` (seed `seed`) again with the next [`MORE_SEEDS`] seeds.
 fn sweep_random(days: &[(Trace, [Outcome; 3])], seed: u64) -> Result<Vec<Sweep>> {
     let mut sweeps: Vec<Sweep> = days
         .iter()
@@ -495,25 +494,12 @@ fn sweep_random(days: &[(Trace, [Outcome; 3])], seed: u64) -> Result<Vec<Sweep>>
         "predict: the random mixes with {MORE_SEEDS} more seeds ..."
     ));
     let seeds: Vec<u64> = (1..=MORE_SEEDS).map(|k| seed.wrapping_add(k)).collect();
-    let played: Vec<Vec<(&'static str, [Outcome; 3])>> = std::thread::scope(|scope| {
-        let workers: Vec<_> = seeds
-            .chunks(seeds.len().div_ceil(2).max(1))
-            .map(|chunk| {
-                scope.spawn(move || -> Result<Vec<(&'static str, [Outcome; 3])>> {
-                    let mut out = Vec::new();
-                    for &s in chunk {
-                        for trace in day_mixes(s).into_iter().filter(|t| t.kind == Kind::Random) {
-                            out.push((trace.name, simulate_all(&trace, DAYS_SCALE)?));
-                        }
-                    }
-                    Ok(out)
-                })
-            })
-            .collect();
-        workers
+    let played = on_two_threads(&seeds, |&s| {
+        day_mixes(s)
             .into_iter()
-            .map(|w| w.join().map_err(|_| anyhow!("a sweep thread panicked"))?)
-            .collect::<Result<_>>()
+            .filter(|t| t.kind == Kind::Random)
+            .map(|t| Ok((t.name, simulate_all(&t, DAYS_SCALE)?)))
+            .collect::<Result<Vec<_>>>()
     })?;
     for (name, o) in played.iter().flatten() {
         if let Some(s) = sweeps.iter_mut().find(|s| s.name == *name) {
@@ -524,7 +510,7 @@ fn sweep_random(days: &[(Trace, [Outcome; 3])], seed: u64) -> Result<Vec<Sweep>>
 }
 
 /// Plays daily runs at each of [`ENVELOPE`]'s jitters and run lengths with the fixed policy and
-/// `wake_and_sleep`, two rows at a time.
+/// `wake_and_sleep`.
 fn envelope(seed: u64) -> Result<Vec<EnvelopeRow>> {
     crate::progress(format_args!(
         "predict: daily runs at {} jitters and run lengths ...",
@@ -548,26 +534,29 @@ fn envelope(seed: u64) -> Result<Vec<EnvelopeRow>> {
         })
     };
     let indexed: Vec<(usize, (f64, f64))> = ENVELOPE.iter().copied().enumerate().collect();
+    on_two_threads(&indexed, |&(k, c)| row(k, c))
+}
+
+/// `f` over every item, the items split between two threads (the machines these run on have two
+/// cores); the results come in the items' order.
+fn on_two_threads<T: Sync, R: Send>(
+    items: &[T],
+    f: impl Fn(&T) -> Result<R> + Sync,
+) -> Result<Vec<R>> {
+    let f = &f;
     std::thread::scope(|scope| {
-        let workers: Vec<_> = indexed
-            .chunks(indexed.len().div_ceil(2))
-            .map(|chunk| {
-                scope.spawn(move || {
-                    chunk
-                        .iter()
-                        .map(|&(k, c)| row(k, c))
-                        .collect::<Result<Vec<_>>>()
-                })
-            })
+        let workers: Vec<_> = items
+            .chunks(items.len().div_ceil(2).max(1))
+            .map(|chunk| scope.spawn(move || chunk.iter().map(f).collect::<Result<Vec<R>>>()))
             .collect();
-        let mut rows = Vec::new();
+        let mut out = Vec::with_capacity(items.len());
         for w in workers {
-            rows.extend(
+            out.extend(
                 w.join()
-                    .map_err(|_| anyhow!("an envelope thread panicked"))??,
+                    .map_err(|_| anyhow!("a simulation thread panicked"))??,
             );
         }
-        Ok(rows)
+        Ok(out)
     })
 }
 
@@ -916,7 +905,7 @@ pub fn render(
          later run just early enough, and sleeps after the grace once the run ends.\n\n\
          | goal | mix | figure | met |\n|---|---|---:|---|",
         GOAL_FOUND_AWAKE * 100.0,
-        RECENT + 1,
+        FEWEST_RUNS,
     );
     for (trace, o) in &r.days {
         goals(&mut out, trace, o);
@@ -959,13 +948,13 @@ pub fn render(
 
 /// The least awake time, as a share of the fixed policy's, with which any predictor finds the
 /// goal's share of `trace`'s runs awake, when each run strays uniformly by up to ± `jitter`
-/// seconds from its schedule. The predictor learns from the first `RECENT + 1` runs (they cost
+/// seconds from its schedule. The predictor learns from the first `FEWEST_RUNS` runs (they cost
 /// what the fixed policy's do) and then knows the schedule and the jitter exactly: it wakes each
 /// later run just early enough that the runs it misses stay within the goal, and sleeps after
 /// the grace once the run ends. Runs must be further apart than a run and the idle timeout.
 fn least_awake_share(trace: &Trace, jitter: f64, t: Timings) -> f64 {
     let n = trace.runs.len();
-    let learning = (RECENT + 1).min(n);
+    let learning = (FEWEST_RUNS).min(n);
     let predicted = (n - learning) as f64;
     let len = trace.runs.iter().map(|r| r.1).sum::<f64>() / n.max(1) as f64;
     let (wake, sleep) = (t.wake.as_secs_f64(), t.sleep.as_secs_f64());
@@ -1000,7 +989,7 @@ fn envelope_rows(out: &mut String, rows: &[EnvelopeRow]) {
          first {} runs finds {:.0} % of the runs awake, as in the goals above.\n\n\
          | jitter | run | runs | found awake | awake vs fixed | least possible |\n\
          |---:|---:|---:|---:|---:|---:|",
-        RECENT + 1,
+        FEWEST_RUNS,
         GOAL_FOUND_AWAKE * 100.0,
     );
     let dur = |s: f64| {

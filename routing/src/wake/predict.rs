@@ -57,6 +57,8 @@ pub const HISTORY: usize = 16;
 /// Intervals that must agree for a periodic pattern: after a change of period, the new one is
 /// recognised on the third run at the new period.
 pub const RECENT: usize = 3;
+/// The fewest runs a pattern rests on: [`RECENT`] agreeing intervals.
+pub const FEWEST_RUNS: usize = RECENT + 1;
 /// Predicted runs that may pass without a run before the history stays silent.
 pub const MAX_MISSES: u64 = 2;
 /// How far a daily run's interval may stray from a whole number of days, and its start from the
@@ -240,7 +242,7 @@ impl RunHistory {
     fn next_of(&self, now: u64) -> Option<u64> {
         let (pattern, kept) = self.pattern?;
         let jitter = pattern.jitter();
-        let max_misses = if kept <= RECENT + 1 { 1 } else { MAX_MISSES };
+        let max_misses = if kept <= FEWEST_RUNS { 1 } else { MAX_MISSES };
         let mut missed = 0;
         let mut next = pattern.after(self.last()?)?;
         while next.saturating_add(jitter) < now {
@@ -258,7 +260,7 @@ impl RunHistory {
 /// starts hold a false start (see [`false_start`]).
 fn pattern_of(starts: &[u64]) -> Option<(Pattern, usize)> {
     let (pattern, kept) = recognise(starts)?;
-    if kept <= RECENT + 1 && false_start(starts) {
+    if kept <= FEWEST_RUNS && false_start(starts) {
         return None;
     }
     Some((pattern, kept))
@@ -272,13 +274,13 @@ fn recognise(starts: &[u64]) -> Option<(Pattern, usize)> {
 /// Whether, at some earlier run, the runs before it showed a pattern that rested on the fewest
 /// runs, and that run came outside the window the pattern predicted for it.
 fn false_start(starts: &[u64]) -> bool {
-    (RECENT + 1..starts.len()).any(|end| {
+    (FEWEST_RUNS..starts.len()).any(|end| {
         let before = &starts[..end];
         let Some((pattern, kept)) = recognise(before) else {
             return false;
         };
         let predicted = pattern.after(before[end - 1]);
-        kept <= RECENT + 1 && predicted.is_none_or(|p| starts[end].abs_diff(p) > pattern.jitter())
+        kept <= FEWEST_RUNS && predicted.is_none_or(|p| starts[end].abs_diff(p) > pattern.jitter())
     })
 }
 
@@ -289,8 +291,8 @@ fn recent_starts(starts: &[u64], n: usize) -> &[u64] {
 
 /// A periodic pattern in `starts`, and how many of the newest keep to it.
 fn periodic(starts: &[u64]) -> Option<(Pattern, usize)> {
-    let recent = recent_starts(starts, RECENT + 1);
-    if recent.len() < RECENT + 1 {
+    let recent = recent_starts(starts, FEWEST_RUNS);
+    if recent.len() < FEWEST_RUNS {
         return None;
     }
     let mut intervals = [0u64; RECENT];
@@ -313,7 +315,7 @@ fn periodic(starts: &[u64]) -> Option<(Pattern, usize)> {
         first -= 1;
     }
     let kept = &starts[first..];
-    if kept.len() <= RECENT + 1 && off_schedule(kept) > (median / FIRST_FIT).max(MIN_TOLERANCE) {
+    if kept.len() <= FEWEST_RUNS && off_schedule(kept) > (median / FIRST_FIT).max(MIN_TOLERANCE) {
         return None;
     }
     let n = kept.len() as u64;
@@ -346,7 +348,7 @@ fn periodic(starts: &[u64]) -> Option<(Pattern, usize)> {
 /// A daily pattern in `starts`, and how many of the newest keep to it.
 fn daily(starts: &[u64]) -> Option<(Pattern, usize)> {
     let recent = recent_starts(starts, RECENT + 2);
-    if recent.len() < RECENT + 1 {
+    if recent.len() < FEWEST_RUNS {
         return None;
     }
     let mut whole_days = 0;
