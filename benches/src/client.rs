@@ -37,6 +37,22 @@ pub struct Login {
     pub dbname: String,
 }
 
+impl Login {
+    /// A tokio-postgres configuration for this login in plaintext (`sslmode=disable`) to
+    /// 127.0.0.1; callers add what their client sets beyond that.
+    pub fn plain_config(&self) -> tokio_postgres::Config {
+        let mut config = tokio_postgres::Config::new();
+        config
+            .user(&self.user)
+            .password(&self.password)
+            .dbname(&self.dbname)
+            .host("127.0.0.1")
+            .port(self.port)
+            .ssl_mode(SslMode::Disable);
+        config
+    }
+}
+
 /// Plaintext, or TLS trusting one certificate (with SCRAM-SHA-256-PLUS, as libpq uses it when
 /// offered).
 #[derive(Clone)]
@@ -86,18 +102,11 @@ pub async fn connect_select1(
     transport: &Transport,
     limit: Duration,
 ) -> Result<Duration> {
-    let mut config = tokio_postgres::Config::new();
-    config
-        .user(&login.user)
-        .password(&login.password)
-        .dbname(&login.dbname)
-        .application_name("pgwake-bench");
+    let mut config = login.plain_config();
+    config.application_name("pgwake-bench");
     let attempt = async {
         match transport {
-            Transport::Plain => {
-                config.ssl_mode(SslMode::Disable);
-                timed(&config, login.port, NoTls).await
-            }
+            Transport::Plain => timed(&config, login.port, NoTls).await,
             Transport::Tls(tls) => {
                 // Require -PLUS, so a gateway that stopped offering it shows as a failure
                 // instead of quietly measuring a different login.

@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use crate::gateway::{LocalGateway, Spec};
 use crate::http;
 use crate::process::load_average;
-use crate::report::Facts;
+use crate::report::{Facts, met};
 
 /// The policies compared, the fixed idle timeout first.
 const POLICIES: [PredictPolicy; 3] = [
@@ -818,15 +818,8 @@ fn real_time(binary: &std::path::Path, traces: &[Trace]) -> Result<(Vec<[Outcome
 
 /// A run: logs in, asks `select 1`, keeps the connection for `len` seconds.
 async fn hold(login: &crate::client::Login, len: f64) -> Result<()> {
-    let mut config = tokio_postgres::Config::new();
-    config
-        .user(&login.user)
-        .password(&login.password)
-        .dbname(&login.dbname)
-        .host("127.0.0.1")
-        .port(login.port)
-        .ssl_mode(tokio_postgres::config::SslMode::Disable)
-        .connect_timeout(Duration::from_secs(30));
+    let mut config = login.plain_config();
+    config.connect_timeout(Duration::from_secs(30));
     let (client, connection) = config
         .connect(tokio_postgres::NoTls)
         .await
@@ -841,10 +834,6 @@ async fn hold(login: &crate::client::Login, len: f64) -> Result<()> {
 
 fn pct(v: f64) -> String {
     format!("{:.1} %", v * 100.0)
-}
-
-fn yes(ok: bool) -> &'static str {
-    if ok { "yes" } else { "**no**" }
 }
 
 /// The report section.
@@ -1048,7 +1037,7 @@ fn sweep_rows(out: &mut String, sweeps: &[Sweep]) {
                 s.seeds,
                 p.as_str(),
                 s.name,
-                yes(per_100 <= GOAL_WASTED_PER_100),
+                met(per_100 <= GOAL_WASTED_PER_100),
             );
             let drift = s.worst_drift[k];
             let _ = writeln!(
@@ -1058,7 +1047,7 @@ fn sweep_rows(out: &mut String, sweeps: &[Sweep]) {
                 p.as_str(),
                 s.name,
                 drift * 100.0,
-                yes(drift.abs() <= GOAL_RANDOM_AWAKE_DRIFT),
+                met(drift.abs() <= GOAL_RANDOM_AWAKE_DRIFT),
             );
         }
     }
@@ -1086,8 +1075,8 @@ fn rows(out: &mut String, trace: &Trace, o: &[Outcome; 3], unit: f64) {
 
 fn goals(out: &mut String, trace: &Trace, o: &[Outcome; 3]) {
     let (fixed, wake, both) = (&o[0], &o[1], &o[2]);
-    let mut line = |goal: String, figure: String, met: bool| {
-        let _ = writeln!(out, "| {goal} | {} | {figure} | {} |", trace.name, yes(met));
+    let mut line = |goal: String, figure: String, ok: bool| {
+        let _ = writeln!(out, "| {goal} | {} | {figure} | {} |", trace.name, met(ok));
     };
     match trace.kind {
         Kind::Periodic { jitter } => {

@@ -22,7 +22,7 @@ use tokio::task::JoinSet;
 use crate::gateway::{LocalGateway, Spec, StopReport};
 use crate::process::{ProcSample, Stopped, load_average};
 use crate::raw_login;
-use crate::report::Facts;
+use crate::report::{Facts, met};
 
 /// How many clients queue.
 #[derive(Clone, Copy, Debug)]
@@ -308,7 +308,7 @@ pub fn render(facts: &Facts, outcome: &Result<QueuedResults, String>) -> String 
     );
     let _ = writeln!(out);
     let per = r.kib_per_connection();
-    let met = if per <= GOAL_KIB { "yes" } else { "**no**" };
+    let verdict = met(per <= GOAL_KIB);
     let mib = |k: u64| format!("{:.1}", k as f64 / 1024.0);
     let _ = writeln!(
         out,
@@ -316,7 +316,7 @@ pub fn render(facts: &Facts, outcome: &Result<QueuedResults, String>) -> String 
          | gateway RSS at start, no connection (MiB) | {} |\n\
          | gateway RSS with 1 client queued (MiB) | {} |\n\
          | gateway RSS with {} clients queued (MiB) | {} |\n\
-         | **RSS per queued connection (KiB)** (goal ≤ {GOAL_KIB:.0}: {met}) | **{per:.1}** |\n\
+         | **RSS per queued connection (KiB)** (goal ≤ {GOAL_KIB:.0}: {verdict}) | **{per:.1}** |\n\
          | time to queue {} more clients (s) | {:.1} |\n\
          | waiters still counted {} s after every client closed its socket | {} |\n\
          | gateway exit after SIGTERM | {} |\n\

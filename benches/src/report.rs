@@ -646,6 +646,11 @@ pub fn percentile(values: &[f64], q: f64) -> Option<f64> {
     Some(v[rank.clamp(1, v.len()) - 1])
 }
 
+/// The "met" column of a goal row: `yes`, or a bold `no` that stands out in the table.
+pub fn met(ok: bool) -> &'static str {
+    if ok { "yes" } else { "**no**" }
+}
+
 /// Milliseconds with one decimal ("0.0" rather than "-0.0" for tiny negative differences).
 pub fn fmt_ms(v: f64) -> String {
     let v = if v.abs() < 0.05 { 0.0 } else { v };

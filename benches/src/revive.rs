@@ -22,7 +22,7 @@ use crate::client::Login;
 use crate::gateway::LocalGateway;
 use crate::gateway::Spec;
 use crate::process::{ProcSample, load_average};
-use crate::report::{Facts, fmt_ms, percentile};
+use crate::report::{Facts, fmt_ms, met, percentile};
 
 /// How much to run.
 #[derive(Clone, Copy, Debug)]
@@ -129,15 +129,9 @@ pub(crate) fn spec(idle: Duration, check: Duration, snapshot: Duration) -> Spec<
 }
 
 async fn connect(login: &Login) -> Result<Client> {
-    let mut config = tokio_postgres::Config::new();
+    let mut config = login.plain_config();
     config
-        .user(&login.user)
-        .password(&login.password)
-        .dbname(&login.dbname)
         .application_name("pgwake-bench")
-        .host("127.0.0.1")
-        .port(login.port)
-        .ssl_mode(tokio_postgres::config::SslMode::Disable)
         .connect_timeout(Duration::from_secs(60));
     let (client, conn) = config.connect(NoTls).await?;
     tokio::spawn(conn);
@@ -470,13 +464,7 @@ pub fn render(
     let (half_kib, half_n) = r.rss_half;
     let marginal =
         (r.rss_parked_kib as f64 - half_kib as f64) / f64::from((r.parked - half_n).max(1));
-    let met = |v: f64| {
-        if v <= GOAL_PARKED_KIB {
-            "yes"
-        } else {
-            "**no**"
-        }
-    };
+    let within_goal = |v: f64| met(v <= GOAL_PARKED_KIB);
     let _ = writeln!(out);
     let _ = writeln!(
         out,
@@ -490,10 +478,10 @@ pub fn render(
         r.rss_empty_kib,
         r.parked,
         r.rss_parked_kib,
-        met(per),
+        within_goal(per),
         half_n + 1,
         r.parked,
-        met(marginal),
+        within_goal(marginal),
     );
     let a = &r.awake;
     let _ = writeln!(out);

@@ -36,7 +36,7 @@ use crate::client::Login;
 use crate::gateway::{LocalGateway, Spec, StopReport};
 use crate::process::{ProcSample, clock_ticks_per_second, load_average};
 use crate::raw_login;
-use crate::report::{Facts, fmt_ms, percentile};
+use crate::report::{Facts, fmt_ms, met, percentile};
 
 /// How much to run.
 #[derive(Clone, Copy, Debug)]
@@ -402,13 +402,8 @@ async fn tcp_from(from: Ipv4Addr, port: u16) -> Result<TcpStream> {
 
 /// A tokio-postgres client logged in from loopback address `from`.
 async fn connect(login: &Login, from: Ipv4Addr) -> Result<Client> {
-    let mut config = tokio_postgres::Config::new();
-    config
-        .user(&login.user)
-        .password(&login.password)
-        .dbname(&login.dbname)
-        .application_name(APPLICATION_NAME)
-        .ssl_mode(tokio_postgres::config::SslMode::Disable);
+    let mut config = login.plain_config();
+    config.application_name(APPLICATION_NAME);
     let attempt = async {
         let tcp = tcp_from(from, login.port).await?;
         Ok::<_, anyhow::Error>(config.connect_raw(tcp, NoTls).await?)
@@ -776,7 +771,6 @@ pub fn render(facts: &Facts, outcome: &Result<ScaleResults, String>) -> String {
         r.nofile
     );
     let _ = writeln!(out);
-    let met = |ok: bool| if ok { "yes" } else { "**no**" };
     let rss_mib = mib(r.rss_kib);
     let goal_mb = goal_rss_mb(o.connections);
     let _ = writeln!(

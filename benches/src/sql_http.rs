@@ -24,7 +24,7 @@ use tokio_tungstenite::tungstenite::Message;
 use crate::client::Login;
 use crate::gateway::{LocalGateway, Spec};
 use crate::process::{ProcSample, clock_ticks_per_second, load_average};
-use crate::report::{Facts, percentile};
+use crate::report::{Facts, met, percentile};
 
 /// How long and how wide to measure.
 #[derive(Clone, Debug)]
@@ -232,15 +232,11 @@ async fn measure(
 }
 
 async fn postgres_loop(login: &Login, deadline: Instant) -> Result<Vec<f64>> {
-    let mut config = tokio_postgres::Config::new();
-    config
-        .host("127.0.0.1")
-        .port(login.port)
-        .user(&login.user)
-        .password(&login.password)
-        .dbname(&login.dbname)
-        .ssl_mode(tokio_postgres::config::SslMode::Disable);
-    let (client, conn) = config.connect(NoTls).await.context("connect")?;
+    let (client, conn) = login
+        .plain_config()
+        .connect(NoTls)
+        .await
+        .context("connect")?;
     let driver = tokio::spawn(conn);
     select_loop(client, driver, deadline).await
 }
@@ -274,13 +270,8 @@ async fn ws_loop(port: u16, login: &Login, deadline: Instant) -> Result<Vec<f64>
     let (ws, _) = tokio_tungstenite::client_async(format!("ws://localhost:{port}/v2"), tcp)
         .await
         .context("websocket handshake")?;
-    let mut config = tokio_postgres::Config::new();
-    config
-        .user(&login.user)
-        .password(&login.password)
-        .dbname(&login.dbname)
-        .ssl_mode(tokio_postgres::config::SslMode::Disable);
-    let (client, conn) = config
+    let (client, conn) = login
+        .plain_config()
         .connect_raw(WsBytes::new(ws), NoTls)
         .await
         .context("log in over the websocket")?;
@@ -473,7 +464,7 @@ fn goals(rows: &[Row]) -> String {
         "\nIssue 29's goals, from the rows above:\n\n| goal | figure | met |\n|---|---:|---|\n",
     );
     let verdict = |v: Option<f64>, ok: &dyn Fn(f64) -> bool| match v {
-        Some(v) => (format!("{v:.2}×"), if ok(v) { "yes" } else { "**no**" }),
+        Some(v) => (format!("{v:.2}×"), met(ok(v))),
         None => ("–".to_string(), "not measured"),
     };
     let rate = find(Way::GatewayHttp, 1)

@@ -16,7 +16,7 @@ use pgwake_testkit::{free_port, pg_bin_dir, pg_command};
 use crate::client::{Login, Transport, connect_select1};
 use crate::gateway::{LocalGateway, Spec};
 use crate::process::{Guarded, load_average};
-use crate::report::{Facts, fmt_ms, percentile};
+use crate::report::{Facts, fmt_ms, met, percentile};
 
 /// How many cycles to run.
 #[derive(Clone, Copy, Debug)]
@@ -475,8 +475,7 @@ fn row(out: &mut String, name: &str, values: &[f64], goal: Option<(String, bool)
     let min = values.iter().copied().fold(f64::INFINITY, f64::min);
     let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let (goal, met) = match goal {
-        Some((g, true)) => (g, "yes"),
-        Some((g, false)) => (g, "**no**"),
+        Some((g, ok)) => (g, met(ok)),
         None => (String::new(), ""),
     };
     let _ = writeln!(
