@@ -6,11 +6,13 @@
 //!
 //! ```sh
 //! testkit/k8s/node/up.sh && testkit/k8s/node/cnpg.sh
-//! PGWAKE_K8S_NODE=1 testkit/k8s/node/exec.sh cargo test -p pgwake --test k8s_node -- --test-threads=1
+//! PGWAKE_K8S_NODE=1 testkit/k8s/node/exec.sh cargo test -p pgwake --test k8s_node -- --ignored --test-threads=1
 //! ```
 //!
-//! Without `PGWAKE_K8S_NODE=1` every test here returns at once. The tests share the lab's one
-//! gateway Deployment and reconfigure it, so they run one at a time (a lock, as well).
+//! Every test here is `#[ignore]`d, so an ordinary `cargo test` lists them as ignored rather
+//! than passed; run with `--ignored` but without `PGWAKE_K8S_NODE=1` (outside the lab), each
+//! fails at once saying so. The tests share the lab's one gateway Deployment and reconfigure it,
+//! so they run one at a time (a lock, as well).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -28,11 +30,27 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-fn opted_in() -> bool {
-    if std::env::var("PGWAKE_K8S_NODE").as_deref() == Ok("1") {
+/// Why the tests are ignored, and how to run them.
+const NEEDS_LAB: &str = "needs the one-node lab: PGWAKE_K8S_NODE=1 testkit/k8s/node/exec.sh \
+    cargo test -p pgwake --test k8s_node -- --ignored --test-threads=1";
+
+/// Stops a test asked for outside the lab with the way to run it: a test that was asked for and
+/// did nothing must not count as passed.
+fn in_lab() {
+    assert!(
+        std::env::var("PGWAKE_K8S_NODE").as_deref() == Ok("1"),
+        "{NEEDS_LAB} (after testkit/k8s/node/up.sh && testkit/k8s/node/cnpg.sh)"
+    );
+}
+
+/// The measurements take minutes each, so inside the lab they also need PGWAKE_K8S_NODE_BENCH=1
+/// (the lab's test command runs the other tests without them).
+fn measuring() -> bool {
+    in_lab();
+    if std::env::var("PGWAKE_K8S_NODE_BENCH").as_deref() == Ok("1") {
         return true;
     }
-    eprintln!("skipped: set PGWAKE_K8S_NODE=1 and run inside testkit/k8s/node/exec.sh");
+    eprintln!("not measured: set PGWAKE_K8S_NODE_BENCH=1 as well");
     false
 }
 
@@ -246,10 +264,9 @@ fn deploy_cnpg_tenant() {
 }
 
 #[test]
+#[ignore = "needs the one-node lab: PGWAKE_K8S_NODE=1 testkit/k8s/node/exec.sh … -- --ignored"]
 fn a_client_wakes_a_hibernated_cluster_which_sleeps_again_under_an_idle_session() {
-    if !opted_in() {
-        return;
-    }
+    in_lab();
     let _lab = LAB.lock().unwrap_or_else(|e| e.into_inner());
     deploy_cnpg_tenant();
     let password = secret_password("pgwake", "alpha-app");
@@ -442,8 +459,9 @@ fn patch_alpha(kind: &str, patch: &str) {
 /// down by what the cluster's watchers saw. Prints a table; opt-in with PGWAKE_K8S_NODE_BENCH=1
 /// as well, since it takes minutes.
 #[test]
+#[ignore = "a measurement in the one-node lab: PGWAKE_K8S_NODE=1 PGWAKE_K8S_NODE_BENCH=1 testkit/k8s/node/exec.sh … -- --ignored"]
 fn measure_hibernation_wake() {
-    if !opted_in() || std::env::var("PGWAKE_K8S_NODE_BENCH").as_deref() != Ok("1") {
+    if !measuring() {
         return;
     }
     let _lab = LAB.lock().unwrap_or_else(|e| e.into_inner());
@@ -662,10 +680,9 @@ fn deploy_pool() -> String {
 }
 
 #[test]
+#[ignore = "needs the one-node lab: PGWAKE_K8S_NODE=1 testkit/k8s/node/exec.sh … -- --ignored"]
 fn a_pool_tenant_claims_a_warm_cluster_and_releases_it() {
-    if !opted_in() {
-        return;
-    }
+    in_lab();
     let _lab = LAB.lock().unwrap_or_else(|e| e.into_inner());
     let password = deploy_pool();
     wait_for("three warm clusters", Duration::from_secs(600), || {
@@ -715,10 +732,9 @@ fn a_pool_tenant_claims_a_warm_cluster_and_releases_it() {
 }
 
 #[test]
+#[ignore = "needs the one-node lab: PGWAKE_K8S_NODE=1 testkit/k8s/node/exec.sh … -- --ignored"]
 fn the_sidecar_pods_application_reaches_its_database_on_loopback() {
-    if !opted_in() {
-        return;
-    }
+    in_lab();
     let _lab = LAB.lock().unwrap_or_else(|e| e.into_inner());
     let _ = try_kubectl(&["create", "namespace", "shop"]);
     // The sidecar's tenant: deploy/examples/cnpg's cluster, named orders, in the app's namespace.
@@ -776,10 +792,9 @@ fn the_sidecar_pods_application_reaches_its_database_on_loopback() {
 }
 
 #[test]
+#[ignore = "needs the one-node lab: PGWAKE_K8S_NODE=1 testkit/k8s/node/exec.sh … -- --ignored"]
 fn killing_a_gateway_replica_moves_clients_to_the_other_and_keeps_the_tenant_awake() {
-    if !opted_in() {
-        return;
-    }
+    in_lab();
     let _lab = LAB.lock().unwrap_or_else(|e| e.into_inner());
     deploy_cnpg_tenant();
     let password = secret_password("pgwake", "alpha-app");
@@ -896,8 +911,9 @@ fn killing_a_gateway_replica_moves_clients_to_the_other_and_keeps_the_tenant_awa
 /// A pool claim's first row, each cycle from a tenant holding no cluster to its first row, with
 /// the claim's own steps (claim label, status) seen by a watch. Opt-in like the other measure.
 #[test]
+#[ignore = "a measurement in the one-node lab: PGWAKE_K8S_NODE=1 PGWAKE_K8S_NODE_BENCH=1 testkit/k8s/node/exec.sh … -- --ignored"]
 fn measure_pool_claim() {
-    if !opted_in() || std::env::var("PGWAKE_K8S_NODE_BENCH").as_deref() != Ok("1") {
+    if !measuring() {
         return;
     }
     let _lab = LAB.lock().unwrap_or_else(|e| e.into_inner());
