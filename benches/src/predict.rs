@@ -406,7 +406,7 @@ fn simulate(trace: &Trace, policy: PredictPolicy, t: Timings) -> Result<Outcome>
                 margin: t.margin,
                 sleep_grace: t.grace,
                 run_gap: t.run_gap,
-                history_file: None,
+                ..PredictSettings::default()
             },
         };
         let coordinator = WakeCoordinator::new(directory, settings, |_| {});

@@ -6,6 +6,7 @@ pub mod backend;
 pub mod directory;
 pub mod discovery;
 pub mod lease;
+pub mod private_file;
 pub mod probe;
 pub mod resolver;
 pub mod tenant;

@@ -2,6 +2,7 @@
 //! CloudNativePG and warm-pool backends, the tenant list and the wake coordinator over it.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,6 +11,7 @@ use pgwake_routing::backend::{
     CnpgBackend, CnpgCluster, CnpgSettings, FixedBackend, LocalBackend, LocalSettings, PoolBackend,
     PoolClass, Release, Route, cluster_template,
 };
+use pgwake_routing::private_file::check_private_dir;
 use pgwake_routing::{
     ComputeBackend, Endpoint, PredictSettings, Tenant, TenantDirectory, TenantId, WakeCoordinator,
     WakeSettings,
@@ -283,21 +285,32 @@ pub(super) fn tenant_list(
     tenants
 }
 
-/// The wake coordinator over `directory` with `[wake]`'s settings (and the run history file),
-/// reporting each wake to `metrics`.
+/// The wake coordinator over `directory` with `[wake]`'s settings (and the run history file:
+/// by default in the data folder of the local backend when one runs, `local`), reporting each
+/// wake to `metrics`. Fails when the history file's folder lets another account change it.
 pub(super) fn wake_coordinator(
     directory: &Arc<TenantDirectory>,
     config: &Config,
+    local: Option<&Arc<LocalBackend>>,
     activity: Option<Arc<SharedActivity>>,
     metrics: &Arc<Metrics>,
-) -> Arc<WakeCoordinator> {
+) -> Result<Arc<WakeCoordinator>, BuildError> {
     let w = &config.wake;
-    let history_file = w.predict_history_file.clone().or_else(|| {
-        let local = config.local.as_ref()?;
-        Some(local.data_dir.join(super::RUN_HISTORY_FILE))
-    });
+    let history_file = match &w.predict_history_file {
+        Some(file) => {
+            let folder = file
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            check_private_dir(folder)
+                .map_err(|e| BuildError::State(format!("wake.predict_history_file: {e}")))?;
+            Some(file.clone())
+        }
+        // The local backend made its data folder the gateway's own and checked it.
+        None => local.map(|l| l.data_dir().join(super::RUN_HISTORY_FILE)),
+    };
     let wake_metrics = metrics.clone();
-    WakeCoordinator::new_shared(
+    Ok(WakeCoordinator::new_shared(
         directory.clone(),
         WakeSettings {
             wake_timeout: w.wake_timeout,
@@ -312,9 +325,10 @@ pub(super) fn wake_coordinator(
                 sleep_grace: w.predict_sleep_grace,
                 run_gap: w.predict_run_gap,
                 history_file,
+                history_max_bytes: w.predict_history_max_size.as_u64(),
             },
         },
         activity,
         move |event| wake_metrics.wake_finished(event),
-    )
+    ))
 }

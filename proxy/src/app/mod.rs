@@ -52,6 +52,9 @@ pub enum BuildError {
     /// The revival keys are unusable.
     #[error("{0}")]
     Revival(String),
+    /// A folder for the gateway's own files is unsafe or unusable.
+    #[error("{0}")]
+    State(String),
     /// A pool class's template is unusable.
     #[error("pool_class {class}: {problem}")]
     Pool {
@@ -127,8 +130,13 @@ pub async fn build(
     for kind in backend_kinds {
         metrics.backend_in_use(kind);
     }
-    let coordinator =
-        backends::wake_coordinator(&directory, config, kube.activity.clone(), &metrics);
+    let coordinator = backends::wake_coordinator(
+        &directory,
+        config,
+        local.as_ref(),
+        kube.activity.clone(),
+        &metrics,
+    )?;
     let mut secrets = tenants::SecretStores::new(config.limits.login_timeout, terminate.clone());
     let profiles = tenants::tenant_profiles(config, &coordinator, &kube, &mut secrets)?;
     let profiles: Profiles = Arc::new(RwLock::new(profiles));

@@ -676,7 +676,8 @@ backend = { kind = "fixed", address = "127.0.0.1:5433" }
                 "wake.idle_timout: unknown key; the keys here are wake_timeout, \
                  max_waiters_per_tenant, max_waiters_total, attempts, retry_backoff, \
                  failed_retry_delay, idle_timeout, idle_check_interval, wake_notice, predict, \
-                 predict_margin, predict_sleep_grace, predict_run_gap, predict_history_file"
+                 predict_margin, predict_sleep_grace, predict_run_gap, predict_history_file, \
+                 predict_history_max_size"
             ),
             "{unknown}"
         );

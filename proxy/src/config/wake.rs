@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use bytesize::ByteSize;
 use pgwake_routing::PredictPolicy;
 use serde::Deserialize;
 
@@ -52,9 +53,13 @@ pub struct WakeConfig {
     /// sleep).
     #[serde(with = "super::duration")]
     pub predict_run_gap: Duration,
-    /// Where run histories are kept across restarts (default: `runs.json` in `[local]
-    /// data_dir` when there is one, else in memory only).
+    /// Where run histories are kept across restarts (default: `pgwake-runs.json` in `[local]
+    /// data_dir` when a tenant uses the local backend, else in memory only). Its folder must be
+    /// writable by the gateway's user alone.
     pub predict_history_file: Option<PathBuf>,
+    /// Largest run history file read or written: a larger one is not loaded, and histories
+    /// that would make one are not written (warned about once).
+    pub predict_history_max_size: ByteSize,
 }
 
 impl Default for WakeConfig {
@@ -74,6 +79,7 @@ impl Default for WakeConfig {
             predict_sleep_grace: Duration::from_secs(15),
             predict_run_gap: Duration::from_secs(60),
             predict_history_file: None,
+            predict_history_max_size: ByteSize::mib(1),
         }
     }
 }

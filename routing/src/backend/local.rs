@@ -3,11 +3,15 @@
 //! sleep with a fast shutdown (a clean checkpoint makes the next start fast).
 //!
 //! Postgres refuses to run as root, so when the gateway is root the servers run as `run_as`
-//! (the `postgres` account by default), which also owns their folders.
+//! (the `postgres` account by default), which owns each tenant's folder. `data_dir` itself
+//! stays the gateway's, writable by it alone: it holds the gateway's lock and run history, and
+//! a tenant's superuser, who can run programs as the server account, must not be able to plant
+//! links there. Inside the account's folders the gateway follows no link
+//! ([`crate::private_file`]).
 
 use std::collections::HashMap;
 use std::fs;
-use std::os::unix::fs::{PermissionsExt, chown};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt, lchown};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -25,6 +29,7 @@ use tracing::{info, warn};
 
 use super::{BackendError, ComputeBackend, ComputeState, Endpoint};
 use crate::TenantId;
+use crate::private_file::{self, check_private_dir};
 use crate::probe::{Probe, probe};
 
 /// Settings of the local backend.
@@ -136,6 +141,52 @@ fn io_error(context: &str, e: impl std::fmt::Display) -> BackendError {
     BackendError::StartFailed(format!("{context}: {e}"))
 }
 
+/// How much of a server's log is read for the lines an error quotes.
+const LOG_TAIL_BYTES: u64 = 8192;
+
+/// Makes `data_dir` the gateway's own, mode 0755 (the server account passes through to its
+/// tenants' folders), taking it back from an account an earlier version gave it to, and checks
+/// that no other account can change what it holds.
+fn take_data_dir(data_dir: &Path) -> Result<(), BackendError> {
+    let meta = fs::symlink_metadata(data_dir).map_err(|e| io_error("examine local.data_dir", e))?;
+    if !meta.file_type().is_dir() {
+        return Err(BackendError::Unavailable(format!(
+            "local.data_dir {} is not a folder",
+            data_dir.display()
+        )));
+    }
+    let me = nix::unistd::geteuid();
+    if meta.uid() != me.as_raw() {
+        lchown(
+            data_dir,
+            Some(me.as_raw()),
+            Some(nix::unistd::getegid().as_raw()),
+        )
+        .map_err(|e| io_error("take back local.data_dir", e))?;
+    }
+    fs::set_permissions(data_dir, fs::Permissions::from_mode(0o755))
+        .map_err(|e| io_error("chmod local.data_dir", e))?;
+    check_private_dir(data_dir)
+        .map_err(|e| BackendError::Unavailable(format!("local.data_dir: {e}")))
+}
+
+/// Creates a folder, or accepts an existing one; a link or file at its name is refused.
+fn create_folder(path: &Path) -> std::io::Result<()> {
+    match fs::create_dir(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            if fs::symlink_metadata(path)?.file_type().is_dir() {
+                Ok(())
+            } else {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    "something other than a folder stands there",
+                ))
+            }
+        }
+        other => other,
+    }
+}
+
 impl LocalBackend {
     /// Finds the Postgres binaries and the account to run them as.
     pub fn new(settings: LocalSettings) -> Result<LocalBackend, BackendError> {
@@ -172,13 +223,18 @@ impl LocalBackend {
             claim: std::sync::Mutex::new(None),
         };
         let data_dir = backend.settings.data_dir.clone();
-        backend.give(&data_dir, 0o755)?;
+        take_data_dir(&data_dir)?;
         if let Some(account) = account
             && !can_enter(account, &data_dir)
         {
             return Err(unreachable_data_dir(&backend.settings));
         }
         Ok(backend)
+    }
+
+    /// The folder holding the tenants' folders, the gateway's own (see the module's text).
+    pub fn data_dir(&self) -> &Path {
+        &self.settings.data_dir
     }
 
     fn tenant_dir(&self, tenant: &TenantId) -> PathBuf {
@@ -194,13 +250,10 @@ impl LocalBackend {
         self.tenant_dir(tenant).join("data")
     }
 
-    /// Hands a path to the server account, with this mode.
+    /// Hands a folder (never a link) to the server account, with this mode.
     fn give(&self, path: &Path, mode: u32) -> Result<(), BackendError> {
-        if let Some((uid, gid)) = self.account {
-            chown(path, Some(uid), Some(gid)).map_err(|e| io_error("chown", e))?;
-        }
-        fs::set_permissions(path, fs::Permissions::from_mode(mode))
-            .map_err(|e| io_error("chmod", e))
+        private_file::give_dir(path, self.account, mode)
+            .map_err(|e| io_error(&format!("hand {} to the server account", path.display()), e))
     }
 
     fn command(&self, program: &str) -> Command {
@@ -227,14 +280,22 @@ impl LocalBackend {
         if self.servers.lock().await.closed {
             return Err(stopping());
         }
-        fs::create_dir_all(&dir).map_err(|e| io_error("create tenant folder", e))?;
-        self.give(&dir, 0o700)?;
+        // data_dir is the gateway's alone, so nothing but a folder of ours stands at `dir`;
+        // one left by an earlier run may be the account's, and a link inside it is refused.
+        create_folder(&dir).map_err(|e| io_error("create tenant folder", e))?;
         let sock = dir.join("sock");
-        fs::create_dir_all(&sock).map_err(|e| io_error("create socket folder", e))?;
+        create_folder(&sock).map_err(|e| io_error("create socket folder", e))?;
         self.give(&sock, 0o700)?;
         let pwfile = dir.join("initdb.pw");
-        fs::write(&pwfile, &self.settings.password).map_err(|e| io_error("write password", e))?;
-        self.give(&pwfile, 0o600)?;
+        match fs::remove_file(&pwfile) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(io_error("remove an old password file", e));
+            }
+            _ => {}
+        }
+        private_file::create_for(&pwfile, self.account, self.settings.password.as_bytes())
+            .map_err(|e| io_error("write password", e))?;
+        self.give(&dir, 0o700)?;
         let out = self
             .command("initdb")
             .arg("-D")
@@ -269,11 +330,11 @@ impl LocalBackend {
         for (k, v) in defaults {
             conf.push_str(&format!("{k} = {v}\n"));
         }
-        let path = data.join("postgresql.conf");
-        let mut text =
-            fs::read_to_string(&path).map_err(|e| io_error("read postgresql.conf", e))?;
-        text.push_str(&conf);
-        fs::write(&path, text).map_err(|e| io_error("write postgresql.conf", e))?;
+        // initdb wrote the file as the account, in the account's folder: appended to only
+        // while it is still that file.
+        private_file::append_existing(&data.join("postgresql.conf"), self.account)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, conf.as_bytes()))
+            .map_err(|e| io_error("append to postgresql.conf", e))?;
         info!(tenant = %tenant, data = %data.display(), "initialized data directory");
         Ok(())
     }
@@ -294,6 +355,8 @@ impl LocalBackend {
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(0o644)
+            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
             .open(&path)
             .map_err(|e| ClaimError::Io(format!("open {}: {e}", path.display())))?;
         // flock: released by the kernel when the process ends, even by SIGKILL.
@@ -334,6 +397,13 @@ impl LocalBackend {
         };
         let pid = Pid::from_raw(pid);
         if kill(pid, None).is_err() {
+            return;
+        }
+        // The file is the account's to write: signal only a process of the account's.
+        if let Some((uid, _)) = self.account
+            && !fs::metadata(format!("/proc/{pid}")).is_ok_and(|m| m.uid() == uid)
+        {
+            warn!(tenant = %tenant, pid = pid.as_raw(), "postmaster.pid names a process of another account; not signalling it");
             return;
         }
         warn!(tenant = %tenant, pid = pid.as_raw(), "stopping a postmaster left by an earlier run");
@@ -404,7 +474,8 @@ impl LocalBackend {
     }
 
     fn log_tail(&self, tenant: &TenantId) -> String {
-        let text = fs::read_to_string(self.log_path(tenant)).unwrap_or_default();
+        let bytes = private_file::read_tail(&self.log_path(tenant), LOG_TAIL_BYTES);
+        let text = String::from_utf8_lossy(&bytes);
         let lines: Vec<&str> = text.lines().rev().take(3).collect();
         lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
     }
@@ -414,10 +485,7 @@ impl LocalBackend {
     async fn spawn(&self, tenant: &TenantId) -> Result<u16, BackendError> {
         self.ensure_initialized(tenant).await?;
         let port = free_port().map_err(|e| io_error("find a free port", e))?;
-        let log = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.log_path(tenant))
+        let log = private_file::append_for(&self.log_path(tenant), self.account)
             .map_err(|e| io_error("open postgres.log", e))?;
         let mut servers = self.servers.lock().await;
         if servers.closed {

@@ -16,7 +16,7 @@
 //! also merge theirs through its shared activity record ([`crate::activity`]).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
@@ -31,6 +31,7 @@ use super::predict::{Pattern, PredictPolicy, RunHistory};
 use super::slot::{Inner, Slot};
 use super::{Phase, PredictSettings, RunStatus};
 use crate::TenantId;
+use crate::private_file;
 
 /// Successful wakes the lead is taken from: enough that one quick wake does not cut it short,
 /// few enough that an unusually slow one (a local tenant's first, which runs initdb) soon stops
@@ -215,26 +216,32 @@ struct HistoryFile {
     tenants: HashMap<String, Vec<u64>>,
 }
 
-/// Reads the run histories kept in `path`; a missing file holds none, and one that cannot be
-/// read is logged and left to be rewritten.
-pub(super) fn load_histories(path: Option<&Path>) -> HashMap<TenantId, RunHistory> {
+/// Reads the run histories kept in `path` for the tenants `configured` says are configured; a
+/// missing file holds none, and one that cannot be read (larger than `max_bytes`, or a link)
+/// is logged and left to be rewritten.
+pub(super) fn load_histories(
+    path: Option<&Path>,
+    max_bytes: u64,
+    configured: impl Fn(&TenantId) -> bool,
+) -> HashMap<TenantId, RunHistory> {
     let Some(path) = path else {
         return HashMap::new();
     };
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return HashMap::new(),
+    let text = match private_file::read_at_most(path, max_bytes) {
+        Ok(Some(text)) => text,
+        Ok(None) => return HashMap::new(),
         Err(e) => {
             warn!(path = %path.display(), error = %e, "cannot read the run histories; starting without them");
             return HashMap::new();
         }
     };
-    match serde_json::from_str::<HistoryFile>(&text) {
+    match serde_json::from_slice::<HistoryFile>(&text) {
         Ok(file) => file
             .tenants
             .into_iter()
             .filter_map(|(id, starts)| {
-                Some((TenantId::parse(&id).ok()?, RunHistory::from_starts(&starts)))
+                let id = TenantId::parse(&id).ok().filter(&configured)?;
+                Some((id, RunHistory::from_starts(&starts)))
             })
             .collect(),
         Err(e) => {
@@ -244,16 +251,26 @@ pub(super) fn load_histories(path: Option<&Path>) -> HashMap<TenantId, RunHistor
     }
 }
 
-/// Writes the histories to `path` through a temporary file, so a crash never leaves half a
-/// file.
-fn save_histories(path: &Path, histories: HashMap<String, Vec<u64>>) -> std::io::Result<()> {
-    let text = serde_json::to_string(&HistoryFile { tenants: histories })
-        .map_err(std::io::Error::other)?;
-    let mut temporary = path.as_os_str().to_owned();
-    temporary.push(".tmp");
-    let temporary = PathBuf::from(temporary);
-    std::fs::write(&temporary, text)?;
-    std::fs::rename(&temporary, path)
+/// Writes the histories to `path` through a temporary file of a fresh name, so a crash never
+/// leaves half a file and no link planted beside it receives the text; a text over
+/// `max_bytes` is not written.
+fn save_histories(
+    path: &Path,
+    histories: HashMap<String, Vec<u64>>,
+    max_bytes: u64,
+) -> std::io::Result<()> {
+    let text =
+        serde_json::to_vec(&HistoryFile { tenants: histories }).map_err(std::io::Error::other)?;
+    if text.len() as u64 > max_bytes {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::FileTooLarge,
+            format!(
+                "{} bytes of run histories, more than wake.predict_history_max_size ({max_bytes})",
+                text.len()
+            ),
+        ));
+    }
+    private_file::replace(path, &text)
 }
 
 /// Run histories not (yet) in a slot, and whether any changed since they were last saved.
@@ -262,6 +279,8 @@ pub(super) struct Histories {
     /// Read from the history file, for tenants that have no slot yet.
     pub(super) unclaimed: std::sync::Mutex<HashMap<TenantId, RunHistory>>,
     pub(super) dirty: AtomicBool,
+    /// The last write failed: the next failure is not warned about again until one succeeds.
+    pub(super) failing: AtomicBool,
 }
 
 impl WakeCoordinator {
@@ -401,14 +420,25 @@ impl WakeCoordinator {
                 all.insert(slot.tenant.id.to_string(), starts.to_vec());
             }
         }
+        let max_bytes = self.settings.predict.history_max_bytes;
         let written = tokio::task::spawn_blocking({
             let path = path.clone();
-            move || save_histories(&path, all)
+            move || save_histories(&path, all, max_bytes)
         })
         .await;
-        if let Ok(Err(e)) = written {
-            warn!(path = %path.display(), error = %e, "cannot write the run histories");
-            self.histories.dirty.store(true, Ordering::Relaxed);
+        match written {
+            Ok(Err(e)) => {
+                if !self.histories.failing.swap(true, Ordering::Relaxed) {
+                    warn!(path = %path.display(), error = %e, "cannot write the run histories; retrying quietly until it works");
+                }
+                self.histories.dirty.store(true, Ordering::Relaxed);
+            }
+            Ok(Ok(())) => {
+                if self.histories.failing.swap(false, Ordering::Relaxed) {
+                    info!(path = %path.display(), "the run histories are written again");
+                }
+            }
+            Err(_) => self.histories.dirty.store(true, Ordering::Relaxed),
         }
     }
 
@@ -425,6 +455,8 @@ impl WakeCoordinator {
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use super::super::testing::*;
     use super::*;
 
@@ -629,6 +661,25 @@ mod tests {
         sleep(120 * SECOND).await;
         drop(lab.coordinator.ensure_awake(&t).await.unwrap());
         assert_eq!(lab.status(&t).runs.seen, 2);
+    }
+
+    #[test]
+    fn only_configured_tenants_histories_are_loaded_and_never_from_a_file_over_the_cap() {
+        let dir = std::env::temp_dir().join(format!("pgwake-runs-cap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("runs.json");
+        let text = r#"{"tenants":{"t":[600,1200,1800],"ghost":[600,1200]}}"#;
+        std::fs::write(&file, text).unwrap();
+        let configured = |id: &TenantId| id.as_str() == "t";
+        let loaded = load_histories(Some(&file), 1 << 20, configured);
+        assert_eq!(loaded.len(), 1);
+        assert_eq!(loaded[&tenant("t")].starts(), [600, 1200, 1800]);
+        let capped = load_histories(Some(&file), text.len() as u64 - 1, configured);
+        assert!(capped.is_empty());
+        let histories = HashMap::from([("t".to_owned(), vec![600, 1200, 1800])]);
+        assert!(save_histories(&file, histories, 10).is_err());
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), text);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[tokio::test(start_paused = true)]

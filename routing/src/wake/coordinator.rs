@@ -69,7 +69,11 @@ impl WakeCoordinator {
         on_wake: impl Fn(&WakeEvent) + Send + Sync + 'static,
     ) -> Arc<WakeCoordinator> {
         let histories = Histories {
-            unclaimed: Mutex::new(load_histories(settings.predict.history_file.as_deref())),
+            unclaimed: Mutex::new(load_histories(
+                settings.predict.history_file.as_deref(),
+                settings.predict.history_max_bytes,
+                |id| directory.get(id).is_some(),
+            )),
             ..Histories::default()
         };
         Arc::new(WakeCoordinator {

@@ -73,8 +73,11 @@ pub struct PredictSettings {
     /// A client connection after this long without one starts a new run (so does the first
     /// after a sleep).
     pub run_gap: Duration,
-    /// Where run histories are kept across restarts (none: in memory only).
+    /// Where run histories are kept across restarts (none: in memory only), in a folder only
+    /// the gateway's user can write.
     pub history_file: Option<PathBuf>,
+    /// Largest history file read or written.
+    pub history_max_bytes: u64,
 }
 
 impl Default for PredictSettings {
@@ -84,6 +87,7 @@ impl Default for PredictSettings {
             sleep_grace: Duration::from_secs(15),
             run_gap: Duration::from_secs(60),
             history_file: None,
+            history_max_bytes: 1 << 20,
         }
     }
 }
