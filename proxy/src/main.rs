@@ -155,17 +155,14 @@ fn init_logs() {
     tracing_subscriber::registry().with(stderr).init();
 }
 
-/// Expected failures print one line that says what to do; the chain of causes and a
-/// backtrace only with RUST_BACKTRACE=1.
+/// A failure prints what went wrong with its causes, and what to do, and nothing more: the
+/// errors that reach here are the user's (a config, a busy folder or port), so a stack trace
+/// would only bury the message, even with RUST_BACKTRACE set (a panic still prints its trace).
 fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            if std::env::var_os("RUST_BACKTRACE").is_some_and(|v| v != "0") {
-                eprintln!("pgwake: {e:?}");
-            } else {
-                eprintln!("pgwake: {e:#}");
-            }
+            eprintln!("pgwake: {e:#}");
             std::process::ExitCode::FAILURE
         }
     }

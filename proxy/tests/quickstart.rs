@@ -514,8 +514,10 @@ fn a_second_quickstart_leaves_a_live_one_alone_and_names_a_busy_port_before_init
     let postmasters = qs.postmasters();
     assert_eq!(postmasters.len(), 1, "alpha awake: {}", qs.log());
 
-    // The same command again in the same folder, as from a second terminal.
+    // The same command again in the same folder, as from a second terminal, of a Rust
+    // developer who keeps RUST_BACKTRACE set: a refusal is not a crash, so no stack trace.
     let second = quickstart_command(qs.home.path(), qs.ports, "alpha")
+        .env("RUST_BACKTRACE", "1")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -531,6 +533,7 @@ fn a_second_quickstart_leaves_a_live_one_alone_and_names_a_busy_port_before_init
         "names the live quickstart and the way out: {stderr}"
     );
     assert!(!stderr.contains("stopping a postmaster"), "{stderr}");
+    assert!(!stderr.contains("tack backtrace"), "{stderr}");
     // Nor can it be removed while it runs.
     let out = Command::new(env!("CARGO_BIN_EXE_pgwake"))
         .args(["quickstart", "--dir", "qs", "--remove"])
@@ -706,6 +709,48 @@ fn config_errors_are_one_line_each_naming_the_key_as_written() {
         !home.path().join("nested").exists(),
         "the refused folder was created"
     );
+}
+
+#[test]
+fn every_config_error_comes_in_one_run_in_the_file_s_words_without_a_backtrace() {
+    let home = tempfile::tempdir().unwrap();
+    let config = home.path().join("pgwake.toml");
+    std::fs::write(
+        &config,
+        "[listen]\npostgres = \"127.0.0.1:6432\"\nallow_plaintext = true\n\
+         admn = \"127.0.0.1:9090\"\nsession_threads = \"x\"\n\
+         [wake]\nidle_timout = \"1m\"\n[limits]\nstartup_timout = \"5s\"\n",
+    )
+    .unwrap();
+    // Rust developers often keep RUST_BACKTRACE set; a mistake in a file is not a crash.
+    let out = Command::new(env!("CARGO_BIN_EXE_pgwake"))
+        .args(["check-config", "--config"])
+        .arg(&config)
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.starts_with(&format!(
+            "pgwake: invalid configuration in {}: 4 problems\n",
+            config.display()
+        )),
+        "{stderr}"
+    );
+    for problem in [
+        "listen.admn: unknown key",
+        "wake.idle_timout: unknown key",
+        "limits.startup_timout: unknown key",
+        "listen.session_threads: expected a whole number, 0 or more, found \"x\"",
+    ] {
+        assert!(
+            stderr.lines().any(|l| l.trim_start().starts_with(problem)),
+            "{problem} in {stderr}"
+        );
+    }
+    assert_eq!(stderr.lines().count(), 5, "{stderr}");
+    assert!(!stderr.contains("tack backtrace"), "{stderr}");
 }
 
 #[test]

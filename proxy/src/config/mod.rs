@@ -18,6 +18,7 @@ mod listen;
 mod local;
 mod peer;
 mod pool_class;
+mod problems;
 mod reuse;
 mod revival;
 mod routing;
@@ -60,8 +61,8 @@ const SECTIONS: &[&str] = &[
 /// A configuration problem, naming the key and what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// The file or environment could not be read or parsed: one line per problem, each naming
-    /// the key as it was written (see `describe`).
+    /// The file or environment could not be read or parsed: every problem found, one line
+    /// each, naming the key as it was written.
     #[error("{0}")]
     Parse(String),
     /// A value parsed but is not usable.
@@ -72,74 +73,6 @@ pub enum ConfigError {
         /// What is wrong and how to fix it.
         problem: String,
     },
-}
-
-/// Every problem in a figment error, one line each: the key as the user wrote it (a variable's
-/// name when it came from the environment), and what is wrong, without figment's profile prefix
-/// (`default.`) or nested quoting.
-fn describe(error: figment::Error) -> String {
-    let lines: Vec<String> = error.into_iter().map(|e| describe_one(&e)).collect();
-    lines.join("\n")
-}
-
-fn describe_one(e: &figment::Error) -> String {
-    use figment::error::Kind;
-    let mut path = e.path.clone();
-    if let Kind::MissingField(field) = &e.kind {
-        path.push(field.to_string());
-    }
-    let from_env = e
-        .metadata
-        .as_ref()
-        .is_some_and(|m| m.name.contains("environment"));
-    let key = match from_env {
-        true => format!("PGWAKE_{}", path.join("__").to_ascii_uppercase()),
-        false => toml_key(&path),
-    };
-    // The file is named by whoever loads it; a value from the environment is not in it.
-    let source = match from_env {
-        true => "environment variable ",
-        false => "",
-    };
-    let problem = match &e.kind {
-        Kind::UnknownField(_, []) => "unknown key".to_owned(),
-        Kind::UnknownField(_, expected) => {
-            format!("unknown key; the keys here are {}", expected.join(", "))
-        }
-        Kind::UnknownVariant(value, expected) => {
-            let quoted: Vec<String> = expected.iter().map(|v| format!("{v:?}")).collect();
-            format!("unknown value {value:?}; one of {}", quoted.join(", "))
-        }
-        Kind::MissingField(_) => "missing".to_owned(),
-        Kind::InvalidType(actual, expected) | Kind::InvalidValue(actual, expected) => {
-            format!(
-                "expected {expected}, found {}",
-                actual.to_string().replace('`', "")
-            )
-        }
-        Kind::Message(m) => m.clone(),
-        other => other.to_string().replace('`', ""),
-    };
-    match key.is_empty() {
-        true => format!("{source}{problem}"),
-        false => format!("{source}{key}: {problem}"),
-    }
-}
-
-/// A key path as TOML spells it: `tenant[0].backend.kind`.
-fn toml_key(path: &[String]) -> String {
-    let mut key = String::new();
-    for part in path {
-        if part.parse::<usize>().is_ok() {
-            key.push_str(&format!("[{part}]"));
-        } else {
-            if !key.is_empty() {
-                key.push('.');
-            }
-            key.push_str(part);
-        }
-    }
-    key
 }
 
 fn invalid(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
@@ -231,11 +164,8 @@ impl Config {
                 })
             })
             .split("__");
-        let mut config: Config = Figment::new()
-            .merge(Toml::file_exact(path))
-            .merge(env)
-            .extract()
-            .map_err(|e| ConfigError::Parse(describe(e)))?;
+        let figment = Figment::new().merge(Toml::file_exact(path)).merge(env);
+        let mut config: Config = problems::extract(&figment).map_err(ConfigError::Parse)?;
         // Absolute, because Postgres servers of the local backend run in their own data
         // directory and would read a relative socket or data path from there.
         let parent = path
