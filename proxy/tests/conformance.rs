@@ -141,6 +141,21 @@ const KNOWN_DIFFERENCES: &[(&str, &str)] = &[
          connection can become; the revival ends the session rather than run it as another",
     ),
     (
+        "serial_insert_then_lastval",
+        "sequence_state = \"auto\": a session that drew from a sequence while nothing could read \
+         it moves; its first lastval after the move answers 55000, as on a new connection",
+    ),
+    (
+        "sequence_currval_and_lastval",
+        "sequence_state = \"auto\": a session that drew from a sequence while nothing could read \
+         it moves; its first currval after the move answers 55000, as on a new connection",
+    ),
+    (
+        "sequence_first_read_after_a_move",
+        "sequence_state = \"auto\": a session that drew from a sequence while nothing could read \
+         it moves; its first currval after the move answers 55000, as on a new connection",
+    ),
+    (
         "database_default_changed_while_idle",
         "ALTER DATABASE SET while the session was parked: the revival's login takes the new \
          defaults, as any new connection does",

@@ -213,7 +213,7 @@ async fn temporary_functions_and_setseed_pin_the_session() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sequence_state_pins_by_default_or_once_read_when_asked() {
+async fn sequence_state_pins_only_where_it_could_be_read_by_default() {
     let pins = |gw: &Gateway| {
         gw.labelled_metric("pgwake_session_pins_total", &[("reason", "sequence_state")])
     };
@@ -227,12 +227,48 @@ async fn sequence_state_pins_by_default_or_once_read_when_asked() {
             .unwrap();
     };
 
-    // By default drawing alone pins, and currval answers as it did.
-    let strict = gateway(None).await;
+    // By default (auto) a session that draws moves while nothing could read the state…
+    let auto = gateway(None).await;
+    fresh_table(&auto).await;
+    let c = connect(&auto).await;
+    assert!(
+        run_then_park(
+            &auto,
+            &c,
+            "insert into seq_rows (v) values (1) returning id"
+        )
+        .await
+    );
+    assert_eq!(pins(&auto), 0.0);
+    // …and stays once the database holds code that reads it, which answers as it did.
+    connect_other(&auto)
+        .await
+        .batch_execute(
+            "create function last_seq_row() returns bigint language sql \
+             as 'select currval(''seq_rows_id_seq'')'",
+        )
+        .await
+        .unwrap();
+    let c = connect(&auto).await;
+    let moved = run_then_park(&auto, &c, "insert into seq_rows (v) values (2)").await;
+    assert!(
+        !moved,
+        "a function that reads currval pins a session that drew"
+    );
+    assert!(pins(&auto) >= 1.0);
+    let read = text(&c, "select last_seq_row()::text").await;
+    let max = text(&c, "select max(id)::text from seq_rows").await;
+    assert_eq!(read, max);
+    // A session that never drew moves all the same.
+    let c = connect(&auto).await;
+    assert!(run_then_park(&auto, &c, "select count(*) from seq_rows").await);
+
+    // With "pin" drawing alone pins, and currval answers as it did.
+    let strict = gateway_with(None, "sequence_state = \"pin\"\n").await;
     fresh_table(&strict).await;
     let c = connect(&strict).await;
     let moved = run_then_park(&strict, &c, "insert into seq_rows (v) values (3)").await;
-    assert!(!moved, "drawing from a sequence pins by default");
+    assert!(!moved, "drawing from a sequence pins with \"pin\"");
     assert!(pins(&strict) >= 1.0);
     let drawn = text(&c, "select currval('seq_rows_id_seq')::text").await;
     let max = text(&c, "select max(id)::text from seq_rows").await;

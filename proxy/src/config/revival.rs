@@ -64,26 +64,32 @@ impl Default for RevivalConfig {
             max_statements: 1000,
             max_custom_settings: 256,
             max_snapshot: ByteSize::kib(256),
-            sequence_state: SequenceStatePolicy::Pin,
+            sequence_state: SequenceStatePolicy::Auto,
         }
     }
 }
 
 /// When a session that drew from a sequence (`nextval`, a serial or identity column) is
 /// pinned. Its `currval` and `lastval` cannot be set on another backend without moving the
-/// sequence for everyone, so by default such a session stays where it is until `DISCARD
-/// SEQUENCES` or `DISCARD ALL`; a pinned idle session keeps its tenant awake, which is what
-/// `pin_if_read` trades away.
+/// sequence for everyone, so a session that could read them stays where it is until `DISCARD
+/// SEQUENCES` or `DISCARD ALL`; a pinned idle session keeps its tenant awake, so the default
+/// pins only where the state could be read.
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum SequenceStatePolicy {
+    /// While something could read the state: the session's own text called `currval` or
+    /// `lastval`, or the database holds code that calls them (a function or procedure body, a
+    /// column default, a view or rule, a trigger's condition, a policy, a check constraint).
+    /// Applications that take keys with `RETURNING` or `nextval` move, and their tenants
+    /// sleep; a first `currval` after a move in a session that could not read it before
+    /// answers ERROR 55000, as on a new connection.
+    #[default]
+    Auto,
     /// Always: every `currval` and `lastval` answers as on Postgres, and a session that
     /// inserted into a serial column keeps its tenant awake while it is open.
-    #[default]
     Pin,
-    /// Once the session's own text has called `currval` or `lastval`: a client that reads
-    /// them does so again. One that first reads them after a move gets ERROR 55000, as on a
-    /// new connection; for applications that never read them, so their tenants can sleep.
+    /// Once the session's own text has called `currval` or `lastval`, whatever the database's
+    /// code does.
     PinIfRead,
 }
 

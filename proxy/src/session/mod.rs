@@ -33,7 +33,9 @@ pub use self::relay::RelaySettings;
 pub use self::revive::{Revivable, Revival};
 
 use self::relay::{RelayEnd, SessionWatch, relay};
-use self::snapshot::{Restored, Snapshot, SnapshotLimits, StateError, take_snapshot};
+use self::snapshot::{
+    Restored, SequenceCheck, Snapshot, SnapshotLimits, StateError, take_snapshot,
+};
 use crate::cancel::{CancelMap, CancelRegistration, cancel_in_background};
 use crate::config::{PinnedPolicy, SequenceStatePolicy};
 use crate::metrics::Metrics;
@@ -684,8 +686,12 @@ async fn snapshot(
         max_statements: rv.config.max_statements,
         max_bytes: rv.config.max_snapshot.as_u64() as usize,
         max_message: gw.relay.max_message as usize,
-        check_sequences: rv.config.sequence_state == SequenceStatePolicy::Pin
-            || tracker.reads_sequence_state(),
+        sequences: match rv.config.sequence_state {
+            SequenceStatePolicy::Pin => SequenceCheck::Drawn,
+            _ if tracker.reads_sequence_state() => SequenceCheck::Drawn,
+            SequenceStatePolicy::PinIfRead => SequenceCheck::Off,
+            SequenceStatePolicy::Auto => SequenceCheck::DrawnAndReadable,
+        },
     };
     let wait = gw.snapshot_timeout;
     match take_snapshot(

@@ -10,7 +10,7 @@
 //! decide what the session may do, end it when they cannot be restored.
 //!
 //! Not carried over, by design: notifications (LISTEN pins a session instead, as does sequence
-//! state: `currval` and `lastval`), the unnamed portal (it ends with its transaction), an
+//! state, `currval` and `lastval`, where something could read it), the unnamed portal (it ends with its transaction), an
 //! unnamed statement whose Parse was too long for the tracker to keep, and anything a session
 //! keeps in extension-private memory. Prepared statements are re-parsed with their recorded parameter
 //! type OIDs, which hold on the same cluster (a tenant's database after a sleep or restart).
@@ -60,13 +60,71 @@ UNION ALL SELECT 'x', 'advisory', (EXISTS (SELECT FROM pg_locks \
 UNION ALL SELECT 'x', 'listen', (EXISTS (SELECT FROM pg_listening_channels()))::text, NULL \
 UNION ALL SELECT 'x', 'cursor', (EXISTS (SELECT FROM pg_cursors WHERE name <> ''))::text, NULL";
 
-/// Whether the session has drawn from a sequence, asked without an error in the server's log:
-/// `lastval()` fails when it has not, so a block catches that and otherwise raises a notice the
-/// snapshot reads (with the notice level set for this block alone, whatever the session's).
-const SEQUENCE_STATE_SQL: &str = "DO $pgwake$BEGIN \
+/// Whether the session holds sequence state, asked without an error in the server's log: a
+/// block raises a notice the snapshot reads (with the notice level set for this block alone,
+/// whatever the session's, and `pg_catalog` alone on the search path, so no object of the
+/// session's can stand in for a catalog's). `{readers}` is replaced by [`READERS_SQL`] or
+/// nothing.
+///
+/// `lastval()` answers when the session drew from a sequence; it fails with 55000 when the
+/// session never did, and also when the last sequence drawn was dropped since, while an
+/// earlier one's `currval` still answers: so on 55000 each sequence's `currval` is tried. Any
+/// other failure (no privilege on the sequence under `SET ROLE`) proves nothing, so it counts
+/// as state: the session could `RESET ROLE` and read it.
+const SEQUENCE_STATE_SQL: &str = "DO $pgwake$DECLARE s pg_catalog.oid; f pg_catalog.text; BEGIN \
  PERFORM pg_catalog.set_config('client_min_messages', 'notice', true); \
- PERFORM pg_catalog.lastval(); RAISE NOTICE 'pgwake: sequence state'; \
- EXCEPTION WHEN object_not_in_prerequisite_state THEN NULL; END$pgwake$";
+ PERFORM pg_catalog.set_config('search_path', 'pg_catalog', true); \
+ {readers} \
+ BEGIN PERFORM pg_catalog.lastval(); RAISE NOTICE 'pgwake: sequence state'; RETURN; \
+ EXCEPTION WHEN object_not_in_prerequisite_state THEN NULL; \
+ WHEN OTHERS THEN RAISE NOTICE 'pgwake: sequence state'; RETURN; END; \
+ FOR s IN SELECT c.oid FROM pg_catalog.pg_class AS c WHERE c.relkind = 'S' \
+ AND (c.relpersistence <> 't' OR c.relnamespace = pg_catalog.pg_my_temp_schema()) LOOP \
+ BEGIN PERFORM pg_catalog.currval(s::pg_catalog.regclass); \
+ RAISE NOTICE 'pgwake: sequence state'; RETURN; \
+ EXCEPTION WHEN object_not_in_prerequisite_state THEN NULL; \
+ WHEN OTHERS THEN RAISE NOTICE 'pgwake: sequence state'; RETURN; END; \
+ END LOOP; END$pgwake$";
+
+/// Ends the sequence check early (no state that anything could read) unless the database holds
+/// code that calls `currval` or `lastval`: a function or procedure body (its text, or the parsed
+/// body of a `BEGIN ATOMIC` one), a column default, a view or rule, a check constraint, a
+/// policy, a trigger's `WHEN`. Parsed expressions name the functions they call by OID
+/// (`:funcid`), so quoting, schema prefixes and spacing cannot hide a call. Dynamic SQL that
+/// builds the name from pieces is not seen (a listed known difference).
+const READERS_SQL: &str = "f := ':funcid (' || 'currval(regclass)'::regprocedure::oid \
+ || '|' || 'lastval()'::regprocedure::oid || ') '; \
+ IF NOT (EXISTS (SELECT FROM pg_catalog.pg_proc AS p WHERE p.oid >= 16384 \
+ AND (p.prosrc ~* E'\\\\m(currval|lastval)' OR pg_catalog.to_jsonb(p) ->> 'prosqlbody' ~ f)) \
+ OR EXISTS (SELECT FROM pg_catalog.pg_attrdef AS d WHERE d.adbin::text ~ f) \
+ OR EXISTS (SELECT FROM pg_catalog.pg_rewrite AS r WHERE r.oid >= 16384 AND r.ev_action::text ~ f) \
+ OR EXISTS (SELECT FROM pg_catalog.pg_constraint AS c WHERE c.conbin::text ~ f) \
+ OR EXISTS (SELECT FROM pg_catalog.pg_policy AS y \
+ WHERE y.polqual::text ~ f OR y.polwithcheck::text ~ f) \
+ OR EXISTS (SELECT FROM pg_catalog.pg_trigger AS t WHERE t.tgqual::text ~ f)) THEN RETURN; END IF;";
+
+/// What the snapshot asks about the session's sequence state (`currval`, `lastval`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SequenceCheck {
+    /// Nothing: the session moves whatever it drew.
+    Off,
+    /// Whether it drew from a sequence: then it is pinned.
+    Drawn,
+    /// Whether it drew from one while the database holds code that reads sequence state.
+    DrawnAndReadable,
+}
+
+impl SequenceCheck {
+    /// The block that asks it, if anything is asked.
+    fn sql(self) -> Option<String> {
+        let readers = match self {
+            SequenceCheck::Off => return None,
+            SequenceCheck::Drawn => "",
+            SequenceCheck::DrawnAndReadable => READERS_SQL,
+        };
+        Some(SEQUENCE_STATE_SQL.replace("{readers}", readers))
+    }
+}
 
 /// The notice [`SEQUENCE_STATE_SQL`] raises.
 const SEQUENCE_STATE_NOTICE: &str = "pgwake: sequence state";
@@ -265,8 +323,8 @@ pub struct SnapshotLimits {
     pub max_bytes: usize,
     /// Largest backend message read.
     pub max_message: usize,
-    /// Ask whether the session drew from a sequence, and pin it if so.
-    pub check_sequences: bool,
+    /// What to ask about the session's sequence state; a session that holds some is pinned.
+    pub sequences: SequenceCheck,
 }
 
 /// The name of the gateway's own statement while it asks something of a session's backend
@@ -304,10 +362,12 @@ pub async fn take_snapshot(
         .map(|n| format!("'{n}'"))
         .collect();
     sql.push_str(&CUSTOM_SETTINGS_SQL.replace("{names}", &tracked.join(",")));
-    let mut out = Vec::with_capacity(sql.len() + SEQUENCE_STATE_SQL.len() + 128);
+    let sequence_sql = limits.sequences.sql();
+    let mut out =
+        Vec::with_capacity(sql.len() + sequence_sql.as_ref().map_or(0, String::len) + 128);
     ask(&mut out, &sql);
-    if limits.check_sequences {
-        ask(&mut out, SEQUENCE_STATE_SQL);
+    if let Some(sequence_sql) = &sequence_sql {
+        ask(&mut out, sequence_sql);
     }
     backend.write_all(&out).await?;
     backend.flush().await?;
@@ -322,7 +382,7 @@ pub async fn take_snapshot(
     };
     let mut failure = None;
     // Every answer is read, whatever the first one was, so none of it reaches the client.
-    let batches = if limits.check_sequences { 4 } else { 2 };
+    let batches = if sequence_sql.is_some() { 4 } else { 2 };
     let mut answered = 0;
     while answered < batches {
         let msg = next_message(backend, limits.max_message, deadline, wait).await?;
@@ -762,7 +822,7 @@ mod tests {
             max_statements: 1,
             max_bytes: 1000,
             max_message: 1000,
-            check_sequences: false,
+            sequences: SequenceCheck::Off,
         };
         let mut s = Snapshot::default();
         s.absorb(

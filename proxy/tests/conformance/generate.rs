@@ -287,7 +287,28 @@ pub type Items = Vec<(MoveKind, GenStep)>;
 /// A sequence of 2 to 6 abstract steps, each with the move before it; with `known_gaps`, also
 /// the steps that meet a gap the README names.
 pub fn sequence(known_gaps: bool) -> impl Strategy<Value = Items> {
-    prop::collection::vec((gen_move(), gen_step(known_gaps)), 2..=6)
+    prop::collection::vec((gen_move(), gen_step(known_gaps)), 2..=6).prop_map(move |mut items| {
+        if !known_gaps {
+            leave_out_first_reads_after_draws(&mut items);
+        }
+        items
+    })
+}
+
+/// With `sequence_state = "auto"` a session that drew from a sequence while nothing could read
+/// it moves, so the first read of its sequence state after a draw answers 55000 through the
+/// gateway (a known difference): such a read becomes a probe. Once a text has read the state,
+/// the session stays where it is whenever it holds some, so later reads are kept.
+fn leave_out_first_reads_after_draws(items: &mut Items) {
+    let (mut drawn, mut read) = (false, false);
+    for (_, step) in items.iter_mut() {
+        match step {
+            GenStep::Insert { counted: true } => drawn = true,
+            GenStep::SequenceRead if drawn && !read => *step = GenStep::Probe,
+            GenStep::SequenceRead => read = true,
+            _ => {}
+        }
+    }
 }
 
 /// The scenario of a sequence: its client steps, a migrate and a probe of the whole state.

@@ -183,6 +183,96 @@ pub fn all() -> Vec<Scenario> {
                 q("SELECT currval('counted_id_seq')"),
             ],
         ),
+        // `sequence_state = "auto"`: a session that drew stays where it is only while
+        // something could read what it drew.
+        sc(
+            "serial_insert_returning_moves",
+            vec![
+                q("INSERT INTO counted(note) VALUES ('a') RETURNING id"),
+                q("INSERT INTO counted(note) VALUES ('b') RETURNING id"),
+                q("SELECT id, note FROM counted ORDER BY id"),
+                q("SELECT nextval('counted_id_seq')"),
+                q("SELECT count(*) FROM counted"),
+            ],
+        ),
+        sc(
+            "sequence_read_in_the_same_text_as_the_draw",
+            vec![
+                q("INSERT INTO counted(note) VALUES ('x'); SELECT currval('counted_id_seq')"),
+                q("SELECT lastval()"),
+                q("INSERT INTO counted(note) VALUES ('y')"),
+                q("SELECT currval('counted_id_seq')"),
+            ],
+        ),
+        sc_setup(
+            "sequence_read_by_a_function",
+            "CREATE FUNCTION last_counted() RETURNS bigint LANGUAGE plpgsql \
+             AS $$BEGIN RETURN currval('counted_id_seq'); END$$",
+            vec![
+                q("INSERT INTO counted(note) VALUES ('x')"),
+                q("SELECT last_counted()"),
+                q("SELECT last_counted()"),
+            ],
+        ),
+        sc_setup(
+            "sequence_read_by_an_atomic_sql_function",
+            "CREATE FUNCTION last_any() RETURNS bigint LANGUAGE sql BEGIN ATOMIC \
+             SELECT pg_catalog.\"lastval\"(); END",
+            vec![
+                q("INSERT INTO counted(note) VALUES ('x')"),
+                q("SELECT last_any()"),
+            ],
+        ),
+        sc_setup(
+            "sequence_read_by_a_column_default",
+            "CREATE TABLE counted_child (id int GENERATED ALWAYS AS IDENTITY, \
+             parent int DEFAULT currval('counted_id_seq'), note text)",
+            vec![
+                q("INSERT INTO counted(note) VALUES ('x')"),
+                q("INSERT INTO counted_child(note) VALUES ('child')"),
+                q("SELECT parent, note FROM counted_child"),
+            ],
+        ),
+        sc_setup(
+            "sequence_read_by_a_view",
+            "CREATE VIEW counted_last AS SELECT currval('counted_id_seq') AS id",
+            vec![
+                q("INSERT INTO counted(note) VALUES ('x')"),
+                q("SELECT id FROM counted_last"),
+            ],
+        ),
+        sc_setup(
+            "sequence_drawn_then_set_role_without_rights",
+            "CREATE FUNCTION last_counted() RETURNS bigint LANGUAGE sql \
+             AS 'SELECT currval(''counted_id_seq'')'; \
+             CREATE ROLE {db}_n; GRANT EXECUTE ON FUNCTION last_counted() TO {db}_n",
+            vec![
+                q("INSERT INTO counted(note) VALUES ('x')"),
+                q("SET ROLE {db}_n"),
+                q("SELECT 1"),
+                q("RESET ROLE"),
+                q("SELECT last_counted()"),
+            ],
+        ),
+        sc_setup(
+            "sequence_drawn_then_the_last_one_dropped",
+            "CREATE SEQUENCE sa; CREATE SEQUENCE sb; \
+             CREATE FUNCTION read_sa() RETURNS bigint LANGUAGE sql AS 'SELECT currval(''sa'')'",
+            vec![
+                q("SELECT nextval('sa') > 0"),
+                q("SELECT nextval('sb') > 0"),
+                q("DROP SEQUENCE sb"),
+                q("SELECT 1"),
+                q("SELECT read_sa()"),
+            ],
+        ),
+        sc(
+            "sequence_first_read_after_a_move",
+            vec![
+                q("INSERT INTO counted(note) VALUES ('x') RETURNING id"),
+                q("SELECT currval('counted_id_seq')"),
+            ],
+        ),
         sc(
             "copy_out",
             vec![
