@@ -823,6 +823,18 @@ fn printed_strings_work_in_every_driver() {
             .trim_end_matches(");")
             .to_owned(),
     );
+    // The README's copy of the snippet is the one tested here (its port the default 8443).
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .unwrap();
+    let http = format!("127.0.0.1:{}", qs.ports[2]);
+    for line in [
+        format!("neonConfig.fetchEndpoint = () => '{fetch}';"),
+        format!("neonConfig.wsProxy = () => '{ws_proxy}';"),
+    ] {
+        let documented = line.replace(&http, "127.0.0.1:8443");
+        assert!(readme.contains(&documented), "README.md lacks {documented}");
+    }
     let out = Command::new("node")
         .arg("connect_from.mjs")
         .args([&fetch, &ws_proxy, &neon_url])
