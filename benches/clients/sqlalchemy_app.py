@@ -1,9 +1,8 @@
 """SQLAlchemy 2 on psycopg 3: a pool of 10 connections, one query per interval.
 
-usage: sqlalchemy_app.py [serial] URL EVERY_MS QUERIES
+usage: sqlalchemy_app.py URL EVERY_MS QUERIES
 
-With `serial`, each query inserts into a table whose key is a serial column, as an ORM's
-models do, so the connection draws from a sequence.
+The ORM, with inserts into serial and identity keys, is the app zoo's (zoo/sqlalchemy_orm.py).
 """
 
 import sys
@@ -11,13 +10,7 @@ import time
 
 from sqlalchemy import create_engine, text
 
-args = sys.argv[1:]
-serial = args[0] == "serial"
-if serial:
-    args = args[1:]
-url, every, queries = args[0], int(args[1]) / 1000, int(args[2])
-table = "fidelity_serial" if serial else "fidelity"
-columns = "id serial primary key, x int" if serial else "x int"
+url, every, queries = sys.argv[1], int(sys.argv[2]) / 1000, int(sys.argv[3])
 engine = create_engine(
     url.replace("postgres://", "postgresql+psycopg://", 1),
     pool_size=10,
@@ -26,7 +19,7 @@ engine = create_engine(
 )
 # Fill the pool: ten connections checked out at once, then returned (each is rolled back).
 held = [engine.connect() for _ in range(10)]
-held[0].execute(text(f"create table if not exists {table} ({columns})"))
+held[0].execute(text("create table if not exists fidelity (x int)"))
 held[0].commit()
 for c in held:
     c.close()
@@ -35,8 +28,8 @@ start = time.monotonic()
 for i in range(queries):
     time.sleep(max(0.0, start + every / 2 + i * every - time.monotonic()))
     with engine.connect() as conn:
-        conn.execute(text(f"insert into {table} (x) values (:x)"), {"x": i})
-        conn.execute(text(f"select count(*) from {table}")).scalar_one()
+        conn.execute(text("insert into fidelity (x) values (:x)"), {"x": i})
+        conn.execute(text("select count(*) from fidelity")).scalar_one()
         conn.commit()
     print(f"query {i}", flush=True)
 time.sleep(max(0.0, start + queries * every - time.monotonic()))

@@ -32,6 +32,7 @@ mod sql_http;
 mod targets;
 mod wake;
 mod whole;
+mod zoo;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -94,8 +95,9 @@ enum Cmd {
     /// authentication, and plaintext trust with a passthrough tenant (`reuse_passthrough`).
     Churn(ChurnArgs),
     /// Scale-to-zero fidelity: applications on real drivers (psycopg 3, node-postgres, pgx,
-    /// asyncpg) hold pools of idle connections and query every 10 minutes; awake time per idle
-    /// tenant-hour beside the ideal (time-scaled).
+    /// asyncpg) and ORMs (the app zoo) hold pools of idle connections and query every 10
+    /// minutes; awake time per idle tenant-hour beside the ideal (time-scaled), and the zoo's
+    /// flow through pgwake against the same flow straight against Postgres.
     Fidelity(FidelityArgs),
     /// Many sessions, few backends: sessions with their own settings and prepared statements
     /// through pgwake (parking on their own, a cap on backend connections) beside PgBouncer in
@@ -169,9 +171,14 @@ struct MultiplexArgs {
 struct FidelityArgs {
     #[command(flatten)]
     common: Common,
-    /// Time scale: one hour of workload takes 3600/N seconds per client.
-    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(10..=600))]
-    scale: u32,
+    /// Time scale: one hour of workload takes 3600/N seconds per client (default 60, or 300
+    /// with --quick).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(10..=600))]
+    scale: Option<u32>,
+    /// Only these applications (comma-separated keys, `zoo` for the app zoo's ORMs, `drivers`
+    /// for the others), e.g. `--only zoo-django`.
+    #[arg(long, value_name = "KEYS", value_delimiter = ',')]
+    only: Vec<String>,
     /// A second pgwake binary (e.g. an earlier commit's) to run every client against too.
     #[arg(long, value_name = "PATH")]
     baseline: Option<PathBuf>,
@@ -649,22 +656,24 @@ fn run_command(cmd: Cmd, command: &str) -> Result<(Common, Vec<(Section, String)
         }
         Cmd::Fidelity(args) => {
             let binary = locate(&args.common);
-            progress(format_args!(
-                "fidelity: {} clients, one hour each at 1/{} ...",
-                fidelity::App::ALL.len(),
-                args.scale
-            ));
-            let outcome = binary
-                .as_deref()
-                .map_err(|e| anyhow!("{e}"))
-                .and_then(|b| fidelity::run(b, args.baseline.as_deref(), args.scale))
+            let scale = args
+                .scale
+                .unwrap_or(if args.common.quick { 300 } else { 60 });
+            let outcome = fidelity::App::select(&args.only)
+                .and_then(|apps| {
+                    progress(format_args!(
+                        "fidelity: {} clients, one hour each at 1/{scale} ...",
+                        apps.len(),
+                    ));
+                    let binary = binary.as_deref().map_err(|e| anyhow!("{e}"))?;
+                    fidelity::run(binary, args.baseline.as_deref(), scale, &apps)
+                })
                 .map_err(|e| format!("{e:#}"));
             let name = args
                 .baseline_name
                 .clone()
                 .or_else(|| args.baseline.as_ref().map(|p| p.display().to_string()));
-            let section =
-                fidelity::render(&local_facts(command), args.scale, name.as_deref(), &outcome);
+            let section = fidelity::render(&local_facts(command), scale, name.as_deref(), &outcome);
             (args.common, vec![(FIDELITY_SECTION, section)])
         }
         Cmd::Multiplex(args) => {
