@@ -753,6 +753,44 @@ fn every_config_error_comes_in_one_run_in_the_file_s_words_without_a_backtrace()
     assert!(!stderr.contains("tack backtrace"), "{stderr}");
 }
 
+/// `pgwake check-config` on `text` (written to `dir/pgwake.toml`) under a soft file limit of
+/// `open_files`: its exit status and stderr.
+fn check_config_under_file_limit(dir: &Path, text: &str, open_files: u32) -> (bool, String) {
+    std::fs::write(dir.join("pgwake.toml"), text).unwrap();
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -S -n {open_files} && exec \"$0\" check-config --config \"$1\""
+        ))
+        .arg(env!("CARGO_BIN_EXE_pgwake"))
+        .arg(dir.join("pgwake.toml"))
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_file_limit_lowering_caps_is_news_only_for_caps_someone_chose() {
+    let home = tempfile::tempdir().unwrap();
+    let head = "[listen]\npostgres = \"127.0.0.1:6432\"\nallow_plaintext = true\n";
+    // The default caps (10,000 clients) are lowered under 256 files, as on most machines: no
+    // warning at every start.
+    let (ok, stderr) = check_config_under_file_limit(home.path(), head, 256);
+    assert!(ok, "{stderr}");
+    assert!(!stderr.contains("file limit"), "{stderr}");
+    // A cap someone set that the process cannot hold is still said.
+    let chosen = format!("{head}[limits]\nmax_client_connections = 5000\n");
+    let (ok, stderr) = check_config_under_file_limit(home.path(), &chosen, 256);
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("the file limit holds fewer connections than configured"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn printed_strings_work_in_every_driver() {
     let qs = Quickstart::start("alpha");

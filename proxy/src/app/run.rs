@@ -10,7 +10,7 @@ use pgwake_routing::backend::ClaimError;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{Gateway, build};
 use crate::admin::{self, AdminState};
@@ -271,14 +271,29 @@ pub(super) fn capacity_settings(config: &crate::config::Config) -> CapacitySetti
         return configured;
     };
     let fitted = configured.fitted_to(soft, backend_bound(config));
-    if fitted.max_clients < configured.max_clients
-        || fitted.max_unauthenticated < configured.max_unauthenticated
-    {
+    // The default caps are more than an ordinary file limit (1024) can hold, so lowering them is
+    // what every start on an ordinary machine does, not news; a cap someone chose and the
+    // process cannot hold is.
+    let defaults = crate::config::Limits::default();
+    let clients_lowered = fitted.max_clients < configured.max_clients;
+    let unauthenticated_lowered = fitted.max_unauthenticated < configured.max_unauthenticated;
+    let chosen_and_lowered = (clients_lowered
+        && configured.max_clients != defaults.max_client_connections)
+        || (unauthenticated_lowered
+            && configured.max_unauthenticated != defaults.max_unauthenticated_connections);
+    if chosen_and_lowered {
         warn!(
             open_files = soft,
             max_client_connections = fitted.max_clients,
             max_unauthenticated_connections = fitted.max_unauthenticated,
             "the file limit holds fewer connections than configured: caps lowered (raise it with ulimit -n)"
+        );
+    } else if clients_lowered || unauthenticated_lowered {
+        debug!(
+            open_files = soft,
+            max_client_connections = fitted.max_clients,
+            max_unauthenticated_connections = fitted.max_unauthenticated,
+            "default connection caps fitted to the file limit"
         );
     }
     fitted
