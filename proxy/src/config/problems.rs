@@ -185,6 +185,7 @@ fn expected_words(expected: &str) -> String {
         "a character" => "a single character in quotes",
         "a sequence" => "a list in square brackets",
         "a map" => "a table",
+        "socket address" => "an address with a port in quotes, such as \"127.0.0.1:6432\"",
         other if other.starts_with("internally tagged enum") => {
             "a table with a kind, such as { kind = \"...\", ... }"
         }
@@ -229,6 +230,8 @@ mod tests {
         on: bool,
         #[serde(default)]
         part: Vec<Part>,
+        #[serde(default)]
+        listen: Option<std::net::SocketAddr>,
     }
 
     #[derive(Debug, Deserialize)]
@@ -255,11 +258,13 @@ mod tests {
 
     #[test]
     fn type_errors_speak_of_the_file_not_of_rust() {
-        let err = problems("name = \"x\"\ncount = \"x\"\nport = 70000\non = \"yes\"\n");
+        let err =
+            problems("name = \"x\"\ncount = \"x\"\nport = 70000\non = \"yes\"\nlisten = 6432\n");
         let expected = [
             "count: expected a whole number, 0 or more, found \"x\"",
             "port: expected a whole number from 0 to 65535, found 70000",
             "on: expected true or false, found \"yes\"",
+            "listen: expected an address with a port in quotes, such as \"127.0.0.1:6432\", found 6432",
         ];
         for line in expected {
             assert!(err.lines().any(|l| l.trim() == line), "{line} in {err}");
@@ -291,7 +296,7 @@ mod tests {
         assert_eq!(
             err,
             "2 problems\n  name: expected a string in quotes, found 5\n  nme: unknown key; \
-             the keys here are name, count, port, on, part"
+             the keys here are name, count, port, on, part, listen"
         );
     }
 }
