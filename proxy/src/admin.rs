@@ -236,6 +236,8 @@ async fn route(state: &AdminState, req: &Request<Incoming>) -> Response<Full<Byt
                 &state.coordinator.awake_seconds_by_kind(),
                 state.coordinator.prediction_counts(),
             );
+            let pinned = state.coordinator.pinned_sessions().by_reason();
+            state.metrics.set_pinned(&pinned);
             text(
                 StatusCode::OK,
                 "text/plain; version=0.0.4; charset=utf-8",

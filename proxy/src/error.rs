@@ -128,6 +128,24 @@ pub enum SessionError {
     /// No backend connection of the capped tenant became free within the wait.
     #[error("no backend connection of tenant {0} became free within {1:?}")]
     BackendWait(TenantId, std::time::Duration),
+    /// No backend connection of the capped tenant became free within the wait, and sessions
+    /// pinned to theirs hold `held` of its `max` places.
+    #[error(
+        "no backend connection of tenant {tenant} became free within {waited:?}: {held} of its \
+         {max} max_backend_connections are held by sessions pinned to them ({sessions})"
+    )]
+    BackendsPinned {
+        /// The tenant.
+        tenant: TenantId,
+        /// How long the session waited.
+        waited: std::time::Duration,
+        /// Places held by pinned sessions.
+        held: usize,
+        /// The tenant's `max_backend_connections`.
+        max: usize,
+        /// The pinned sessions in words: reasons, applications, addresses.
+        sessions: String,
+    },
 }
 
 /// What an [`SessionError::UnknownTenant`] was, for the log.
@@ -186,7 +204,9 @@ impl SessionError {
             SessionError::Evicted => "login_evicted",
             SessionError::BackendNotReady(_) => "backend_not_ready",
             SessionError::BackendsBusy(_) => "backend_queue_full",
-            SessionError::BackendWait(..) => "backend_wait_timeout",
+            SessionError::BackendWait(..) | SessionError::BackendsPinned { .. } => {
+                "backend_wait_timeout"
+            }
         }
     }
 
@@ -263,7 +283,9 @@ impl SessionError {
                 format!("password authentication failed for user \"{user}\""),
             ),
             SessionError::Route(_)
-            | SessionError::UnknownTenant { hidden_as: None, .. }
+            | SessionError::UnknownTenant {
+                hidden_as: None, ..
+            }
             | SessionError::PasswordRouteNeedsGateway(_) => self.routing_message(),
             SessionError::Throttled(wait) => ErrorMessage::fatal(
                 INVALID_AUTHORIZATION_SPECIFICATION,
@@ -294,20 +316,9 @@ impl SessionError {
             | SessionError::BackendProtocol(_)
             | SessionError::LoginTimeout
             | SessionError::BackendNotReady(_) => self.backend_message(),
-            SessionError::BackendsBusy(t) => ErrorMessage::fatal(
-                TOO_MANY_CONNECTIONS,
-                format!("too many sessions are waiting for a connection to the database of tenant \"{t}\""),
-            )
-            .with_hint("retry in a moment, or raise the tenant's max_backend_connections"),
-            SessionError::BackendWait(t, waited) => ErrorMessage::fatal(
-                TOO_MANY_CONNECTIONS,
-                format!(
-                    "no connection to the database of tenant \"{t}\" became free within {} s \
-                     (limits.backend_wait_timeout)",
-                    waited.as_secs_f64()
-                ),
-            )
-            .with_hint("its max_backend_connections are all in use by busy sessions"),
+            SessionError::BackendsBusy(_)
+            | SessionError::BackendWait(..)
+            | SessionError::BackendsPinned { .. } => self.cap_message(),
             SessionError::ClientProtocol(what) => {
                 ErrorMessage::fatal(PROTOCOL_VIOLATION, what.clone())
             }
@@ -348,6 +359,49 @@ impl SessionError {
                 SQLSERVER_REJECTED_ESTABLISHMENT_OF_SQLCONNECTION,
                 other.to_string(),
             ),
+        }
+    }
+
+    /// What a client refused for its tenant's cap on backend connections is told.
+    fn cap_message(&self) -> ErrorMessage {
+        use sqlstate::*;
+        match self {
+            SessionError::BackendsBusy(t) => ErrorMessage::fatal(
+                TOO_MANY_CONNECTIONS,
+                format!("too many sessions are waiting for a connection to the database of tenant \"{t}\""),
+            )
+            .with_hint("retry in a moment, or raise the tenant's max_backend_connections"),
+            SessionError::BackendWait(t, waited) => ErrorMessage::fatal(
+                TOO_MANY_CONNECTIONS,
+                format!(
+                    "no connection to the database of tenant \"{t}\" became free within {} s \
+                     (limits.backend_wait_timeout)",
+                    waited.as_secs_f64()
+                ),
+            )
+            .with_hint("its max_backend_connections are all in use by busy sessions"),
+            SessionError::BackendsPinned {
+                tenant,
+                waited,
+                held,
+                max,
+                sessions,
+            } => ErrorMessage::fatal(
+                TOO_MANY_CONNECTIONS,
+                format!(
+                    "no connection to the database of tenant \"{tenant}\" became free within {} s \
+                     (limits.backend_wait_timeout): {held} of its {max} max_backend_connections \
+                     are held by sessions pinned to them ({sessions})",
+                    waited.as_secs_f64()
+                ),
+            )
+            .with_hint(
+                "a pinned session keeps its connection until the pin is released (unlock, \
+                 UNLISTEN, CLOSE, DISCARD, COMMIT) or its client disconnects; raise \
+                 max_backend_connections or end those sessions",
+            ),
+            // Only the cap's variants are sent here.
+            other => ErrorMessage::fatal(TOO_MANY_CONNECTIONS, other.to_string()),
         }
     }
 

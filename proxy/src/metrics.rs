@@ -167,6 +167,7 @@ pub struct Metrics {
     parks: IntCounterVec,
     revivals: IntCounterVec,
     session_pins: IntCounterVec,
+    sessions_pinned: IntGaugeVec,
     revival_duration: Histogram,
     reuse: IntCounterVec,
     reuse_returns: IntCounterVec,
@@ -322,6 +323,7 @@ impl Metrics {
             parks: moving.parks,
             revivals: moving.revivals,
             session_pins: moving.session_pins,
+            sessions_pinned: moving.sessions_pinned,
             revival_duration: moving.revival_duration,
             http_pool_open: pooling.http_pool_open,
             http_pool_idle: pooling.http_pool_idle,
@@ -354,6 +356,7 @@ impl Metrics {
         }
         for (_, _, reason) in pgwake_protocol::Pins::ALL {
             self.session_pins.with_label_values(&[reason]);
+            self.sessions_pinned.with_label_values(&[reason]);
         }
         for outcome in REUSE_OUTCOMES {
             self.reuse.with_label_values(&[outcome]);
@@ -431,6 +434,17 @@ impl Metrics {
     pub fn pinned(&self, pins: pgwake_protocol::Pins) {
         for reason in pins.labels() {
             self.session_pins.with_label_values(&[reason]).inc();
+        }
+    }
+
+    /// Sets `pgwake_sessions_pinned` from the pinned sessions of every tenant by reason;
+    /// reasons without any go to zero.
+    pub fn set_pinned(&self, by_reason: &BTreeMap<&'static str, usize>) {
+        for (_, _, reason) in pgwake_protocol::Pins::ALL {
+            let n = by_reason.get(reason).copied().unwrap_or(0);
+            self.sessions_pinned
+                .with_label_values(&[reason])
+                .set(n as i64);
         }
     }
 
@@ -558,6 +572,7 @@ struct Moving {
     parks: IntCounterVec,
     revivals: IntCounterVec,
     session_pins: IntCounterVec,
+    sessions_pinned: IntGaugeVec,
     revival_duration: Histogram,
 }
 
@@ -584,6 +599,13 @@ impl Moving {
                 "pgwake_session_pins_total",
                 "Snapshots that found a session pinned to its backend connection, by reason \
                  (a snapshot with several reasons counts under each).",
+                &["reason"],
+            ),
+            sessions_pinned: r.gauge_vec(
+                "pgwake_sessions_pinned",
+                "Sessions pinned to their backend connection now (they keep their tenant awake \
+                 and hold their place under its max_backend_connections), by reason (a session \
+                 with several counts under each).",
                 &["reason"],
             ),
             revival_duration: r.histogram(

@@ -246,6 +246,65 @@ fn check_page(gw: &Gateway, browser: &str) {
     take_screenshot(browser, &url, "status_page.png");
 }
 
+/// A tenant kept awake past its idle timeout by a session holding an advisory lock: the page
+/// names the pinned session, its pin, its application and its address.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_status_page_says_which_pinned_session_keeps_a_tenant_awake() {
+    let Some(browser) = chromium() else { return };
+    let config = "allow_plaintext = true
+[wake]
+idle_timeout = \"1s\"
+idle_check_interval = \"100ms\"
+[revival]
+snapshot_after = \"200ms\"
+";
+    let gw = tokio::task::spawn_blocking(move || Gateway::start_local(&["shop"], config, "", &[]))
+        .await
+        .unwrap();
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user=pgwake password={} dbname=shop.postgres sslmode=disable \
+         application_name=nightly-report",
+        gw.port,
+        common::LOCAL_PASSWORD
+    );
+    let locker = common::connect_plain(&conninfo).await;
+    locker
+        .query_one("select pg_advisory_lock(42)", &[])
+        .await
+        .unwrap();
+    tokio::task::block_in_place(|| {
+        // Past the idle timeout, still awake, and the API says why.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let pinned = loop {
+            let shop = gw.tenant("shop");
+            let pinned = &shop["awake_because"]["pinned"];
+            if pinned.as_array().is_some_and(|p| p.len() == 1) {
+                break pinned[0].clone();
+            }
+            assert!(Instant::now() < deadline, "no pinned session: {shop}");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        std::thread::sleep(Duration::from_secs(2));
+        assert_eq!(gw.tenant_state("shop").0, "awake");
+        assert_eq!(pinned["application_name"], "nightly-report");
+        let client = pinned["client"].as_str().unwrap().to_owned();
+
+        let url = format!("http://127.0.0.1:{}/", gw.admin);
+        let dom = browse(browser, &url, None);
+        let row = dom
+            .split(r#"<tr data-tenant="shop""#)
+            .nth(1)
+            .and_then(|r| r.split("</tr>").next())
+            .unwrap_or_else(|| panic!("no row for shop:\n{dom}"));
+        let said = format!(
+            r#"<div class="pin" data-pin="advisory_lock">pinned session "nightly-report" from {client}: session advisory lock, since "#
+        );
+        assert!(row.contains(&said), "{said} not in shop's row:\n{row}");
+        take_screenshot(browser, &url, "status_page_pinned.png");
+    });
+    drop(locker);
+}
+
 /// A headless Chromium driven over the DevTools protocol (its WebSocket on loopback), for what
 /// the command line cannot do: type into the page. The browser is stopped on drop.
 struct Devtools {

@@ -163,11 +163,7 @@ pub async fn build(
         )?)),
         None => None,
     };
-    let connector = Arc::new(Connector::new(
-        connector_settings(config)?,
-        cancels.clone(),
-        metrics.clone(),
-    ));
+    let connector = connector(config, &cancels, &metrics, &coordinator)?;
     let sessions = sessions(
         config,
         &connector,
@@ -210,6 +206,22 @@ pub async fn build(
         local,
         pool: kube.pool,
     })
+}
+
+/// The one way to backend connections, naming the sessions the coordinator hears are pinned
+/// when they hold a capped tenant's places.
+fn connector(
+    config: &Config,
+    cancels: &Arc<CancelMap>,
+    metrics: &Arc<Metrics>,
+    coordinator: &WakeCoordinator,
+) -> Result<Arc<Connector>, BuildError> {
+    Ok(Arc::new(Connector::new(
+        connector_settings(config)?,
+        cancels.clone(),
+        metrics.clone(),
+        coordinator.pinned_sessions(),
+    )))
 }
 
 /// The tenant rules of `[routing]` over the tenants and their profiles.

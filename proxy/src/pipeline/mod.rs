@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pgwake_protocol::{CancelKey, StartupMessage};
+use pgwake_routing::wake::SessionClient;
 use pgwake_routing::{Admission, WakeCoordinator};
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
@@ -160,16 +161,21 @@ impl Pipeline {
         let notice = admitted.material.is_some() && self.wake_notice;
         let tenant = &admitted.tenant.id;
         let awake = wake::wake(&self.coordinator, client, tenant, notice).await?;
-        Box::pin(self.log_in(client, admitted, &startup, awake)).await
+        let who = SessionClient {
+            application_name: startup.get("application_name").map(str::to_owned),
+            address: peer,
+        };
+        Box::pin(self.log_in(client, admitted, &startup, (awake, who))).await
     }
 
-    /// Logs a woken client in on a backend connection, sealing its revival token first.
+    /// Logs a woken client in on a backend connection, sealing its revival token first; `who`
+    /// is the client as the operator sees it.
     async fn log_in(
         &self,
         client: &mut Stream,
         admitted: Admitted,
         startup: &StartupMessage,
-        awake: Admission,
+        (awake, who): (Admission, SessionClient),
     ) -> Result<Opened, SessionError> {
         let Admitted {
             tenant,
@@ -197,13 +203,18 @@ impl Pipeline {
             reuse_passthrough: profile.reuse_passthrough,
         };
         let up = Box::pin(self.connector.for_client(client, login)).await?;
-        Ok(Opened::new(up, awake, revivable))
+        Ok(Opened::new(up, awake, revivable, who))
     }
 }
 
 impl Opened {
     /// The session that starts on backend connection `up` to the tenant `awake` admitted.
-    fn new(up: Upstream, awake: Admission, revivable: Option<Revivable>) -> Opened {
+    fn new(
+        up: Upstream,
+        awake: Admission,
+        revivable: Option<Revivable>,
+        client: SessionClient,
+    ) -> Opened {
         let attached = Attached {
             stream: up.stream,
             slot: up.slot,
@@ -215,6 +226,7 @@ impl Opened {
             cancel: up.cancel,
             revivable,
             returnable: up.returnable,
+            client,
         };
         Opened {
             start: Box::new(start),

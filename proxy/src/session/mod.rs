@@ -22,6 +22,7 @@ use std::time::Duration;
 use pgwake_protocol::frontend::{self, TERMINATE};
 use pgwake_protocol::mobility::{Decision, Mobility, Move, Outcome, Policy, RunPlan, SnapshotView};
 use pgwake_protocol::{ErrorMessage, Pins, SessionTracker, TrackerLimits, sqlstate};
+use pgwake_routing::wake::SessionClient;
 use pgwake_routing::{Endpoint, WakeClaim, WakeCoordinator};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
@@ -93,6 +94,8 @@ pub struct SessionStart {
     pub revivable: Option<Revivable>,
     /// How its backend connection is handed back for reuse, when it may be.
     pub returnable: Option<Returnable>,
+    /// Who its client is, named beside the session while it keeps its tenant awake.
+    pub client: SessionClient,
 }
 
 /// What a parked client did.
@@ -143,11 +146,13 @@ async fn drive(gw: &Sessions, client: &mut Stream, start: Box<SessionStart>) -> 
         cancel,
         revivable,
         returnable,
+        client: peer,
     } = *start;
     let mut mover = revival.zip(revivable).map(|(rv, who)| {
         Box::new(Mover {
             rv,
             who,
+            peer,
             mobility: Mobility::new(Policy {
                 snapshot_after: rv.config.snapshot_after,
                 end_pinned: rv.config.pinned == PinnedPolicy::Terminate,
@@ -192,6 +197,8 @@ async fn drive(gw: &Sessions, client: &mut Stream, start: Box<SessionStart>) -> 
 struct Mover<'g> {
     rv: &'g Revival,
     who: Revivable,
+    /// Who the client is, reported with the session's pins.
+    peer: SessionClient,
     mobility: Mobility,
 }
 
@@ -268,6 +275,7 @@ impl<'g> Live<'g> {
         let settings = gw.relay;
         let claim = &self.current.claim;
         let mut on_activity = || claim.set_idle(false);
+        let mut on_transaction = |open| claim.set_in_transaction(open);
         let watch = SessionWatch {
             tracker: &mut self.tracker,
             quiet_after: plan.quiet_after,
@@ -280,6 +288,7 @@ impl<'g> Live<'g> {
             } else {
                 None
             },
+            on_transaction: Some(&mut on_transaction),
             preload: std::mem::take(&mut self.preload),
             keep_backend: self.returnable.is_some(),
         };
@@ -371,6 +380,8 @@ impl<'g> Live<'g> {
                     let (gw, tracker) = (self.gw, &self.tracker);
                     let taken = snapshot(gw, m.rv, client, &mut self.current, tracker, &m.who);
                     let snap = taken.await.map_err(Err)?;
+                    let claim = &self.current.claim;
+                    claim.set_pins(snap.pins, &m.peer, since_traffic);
                     for s in &snap.statements {
                         if let Some(told) = s.described.told() {
                             self.tracker.record_told_shape(&s.name, told);

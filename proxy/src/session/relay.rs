@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use pgwake_protocol::frontend::TERMINATE;
 use pgwake_protocol::stale::{Advance, Splice};
-use pgwake_protocol::{ErrorMessage, FrameError, FrameScanner, SessionTracker, sqlstate};
+use pgwake_protocol::{ErrorMessage, FrameError, FrameScanner, SessionTracker, TxStatus, sqlstate};
 use prometheus::IntCounter;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::watch;
@@ -385,6 +385,9 @@ pub struct SessionWatch<'a> {
     pub hold_backend_end: bool,
     /// Called once, when the client first sends bytes in this run.
     pub on_client_activity: Option<&'a mut (dyn FnMut() + Send)>,
+    /// Called with whether the session is inside a transaction block, at the start of the
+    /// run and whenever that changes.
+    pub on_transaction: Option<&'a mut (dyn FnMut(bool) + Send)>,
     /// Client bytes read before this run (while parked), relayed first.
     pub preload: Vec<u8>,
     /// When the client leaves at a message boundary, withhold its Terminate, close only the
@@ -403,6 +406,7 @@ impl<'a> SessionWatch<'a> {
             migrate: None,
             hold_backend_end: false,
             on_client_activity: None,
+            on_transaction: None,
             preload: Vec::new(),
             keep_backend: false,
         }
@@ -447,28 +451,18 @@ pub async fn relay(
         migrate,
         hold_backend_end,
         mut on_client_activity,
+        mut on_transaction,
         preload,
         keep_backend,
     } = watch;
+    let mut in_transaction = None;
     let (mut c2b, mut b2c) = match pumps(settings, counters, keep_backend, &preload, tracker) {
         Ok(p) => p,
         Err(e) => return RelayEnd::ClientFrame(e),
     };
-    let mut shutdown = Shutdown {
-        terminated: Box::pin(ending.terminate.cancelled()),
-        idle_ends: Box::pin(ending.when_idle.cancelled()),
-        boundary_wait: None,
-        client_cut: false,
-    };
-    let mut handback = Handback {
-        park: Box::pin(changed(park)),
-        migrate: Box::pin(changed(migrate)),
-        park_asked: false,
-        migrate_asked: false,
-        quiet_for: quiet_after.unwrap_or(Duration::MAX),
-        quiet: quiet_after.map(|d| Box::pin(tokio::time::sleep(quiet_first.unwrap_or(d)))),
-        quiet_armed: quiet_first.is_some(),
-    };
+    let mut shutdown = Shutdown::new(ending);
+    let quiet = (quiet_after, quiet_first);
+    let mut handback = Handback::new(changed(park), changed(migrate), quiet);
 
     let end = std::future::poll_fn(|cx| {
         if let Poll::Ready(end) = shutdown.poll(cx, &mut b2c) {
@@ -511,6 +505,12 @@ pub async fn relay(
             hold,
         ) {
             return Poll::Ready(backend_end(r, &b2c, shutdown.started()));
+        }
+        if let Some(report) = on_transaction.as_mut() {
+            let now = tracker.status() != TxStatus::Idle;
+            if in_transaction.replace(now) != Some(now) {
+                report(now);
+            }
         }
         if shutdown.started() {
             return Poll::Pending;
@@ -594,6 +594,18 @@ struct Shutdown<T> {
     client_cut: bool,
 }
 
+impl<'a> Shutdown<tokio_util::sync::WaitForCancellationFuture<'a>> {
+    /// The shutdown as `ending` says it comes, not begun.
+    fn new(ending: Ending<'a>) -> Self {
+        Shutdown {
+            terminated: Box::pin(ending.terminate.cancelled()),
+            idle_ends: Box::pin(ending.when_idle.cancelled()),
+            boundary_wait: None,
+            client_cut: false,
+        }
+    }
+}
+
 impl<T: Future<Output = ()>> Shutdown<T> {
     /// Whether the shutdown reached this run.
     fn started(&self) -> bool {
@@ -640,6 +652,9 @@ impl<T: Future<Output = ()>> Shutdown<T> {
     }
 }
 
+/// A watch's `quiet_after` and `quiet_first`.
+type QuietTimes = (Option<Duration>, Option<Duration>);
+
 /// What hands a session back to its caller while both directions wait: a park or migrate
 /// request, or the session being quiet for long enough; each only at a safe point.
 struct Handback<P, M> {
@@ -653,6 +668,20 @@ struct Handback<P, M> {
 }
 
 impl<P: Future<Output = ()>, M: Future<Output = ()>> Handback<P, M> {
+    /// Hands back on `park` or `migrate` (their requests' futures), or after the watch's
+    /// `(quiet_after, quiet_first)`.
+    fn new(park: P, migrate: M, (quiet_after, quiet_first): QuietTimes) -> Self {
+        Handback {
+            park: Box::pin(park),
+            migrate: Box::pin(migrate),
+            park_asked: false,
+            migrate_asked: false,
+            quiet_for: quiet_after.unwrap_or(Duration::MAX),
+            quiet: quiet_after.map(|d| Box::pin(tokio::time::sleep(quiet_first.unwrap_or(d)))),
+            quiet_armed: quiet_first.is_some(),
+        }
+    }
+
     /// Ready with how the run ends when the session is `at_rest` and the caller wants it back;
     /// `moved` says bytes moved in this poll (the quiet period starts again).
     fn poll(&mut self, cx: &mut Context<'_>, at_rest: bool, moved: bool) -> Poll<RelayEnd> {

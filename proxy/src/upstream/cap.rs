@@ -16,6 +16,8 @@ pub type BackendSlot = Option<OwnedSemaphorePermit>;
 
 /// One tenant's cap.
 pub(super) struct Cap {
+    /// The tenant's `max_backend_connections`.
+    pub(super) max: usize,
     /// Slots left.
     pub(super) slots: Arc<Semaphore>,
     /// Sessions waiting now.
@@ -53,6 +55,7 @@ impl Caps {
             .into_iter()
             .map(|(tenant, max)| {
                 let cap = Cap {
+                    max,
                     slots: Arc::new(Semaphore::new(max)),
                     waiting: AtomicUsize::new(0),
                     kept: Notify::new(),

@@ -16,10 +16,11 @@ use std::time::Duration;
 
 use pgwake_protocol::auth::authentication_ok;
 use pgwake_protocol::backend::backend_key_data;
+use pgwake_routing::wake::{PinnedSession, PinnedSessions};
 use pgwake_routing::{Endpoint, TenantId};
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
-use tracing::debug;
+use tracing::{debug, warn};
 
 pub use cap::BackendSlot;
 pub use connect::BackendLink;
@@ -100,6 +101,9 @@ pub struct Connector {
     reuse: Option<Arc<Reuse>>,
     http_pool: Arc<Pool<PoolKey, BackendConn>>,
     caps: Caps,
+    /// Sessions pinned to their backend connections, named when they hold a capped tenant's
+    /// places and a wait for one runs out.
+    pinned: Arc<PinnedSessions>,
 }
 
 /// A client session's login: who, where, and with what.
@@ -154,9 +158,16 @@ pub enum Slot {
 }
 
 impl Connector {
-    /// A connector registering cancel keys in `cancels`.
-    pub fn new(s: ConnectorSettings, cancels: Arc<CancelMap>, metrics: Arc<Metrics>) -> Self {
+    /// A connector registering cancel keys in `cancels`; `pinned` says which sessions cannot
+    /// give their backend connections up.
+    pub fn new(
+        s: ConnectorSettings,
+        cancels: Arc<CancelMap>,
+        metrics: Arc<Metrics>,
+        pinned: Arc<PinnedSessions>,
+    ) -> Self {
         Connector {
+            pinned,
             reuse: Reuse::new(&s.reuse),
             http_pool: Pool::new(s.http_pool),
             caps: Caps::new(s.caps, s.max_backend_waiters, s.backend_wait_timeout),
@@ -418,10 +429,31 @@ impl Connector {
                 _ = kept => {}
                 _ = tokio::time::sleep_until(deadline) => {
                     self.metrics.backend_wait(true, "timeout");
-                    let waited = self.caps.wait;
-                    return Err(SessionError::BackendWait(tenant.clone(), waited));
+                    return Err(self.wait_ran_out(tenant, cap.max));
                 }
             }
+        }
+    }
+
+    /// Why no backend connection of `tenant` (capped at `max`) came within the wait: pinned
+    /// sessions hold places no one else can have until their pins are released, so they are
+    /// named when there are any.
+    fn wait_ran_out(&self, tenant: &TenantId, max: usize) -> SessionError {
+        let waited = self.caps.wait;
+        let pinned = self.pinned.of(tenant);
+        match PinnedSession::describe_all(&pinned) {
+            Some(sessions) => {
+                let held = pinned.len().min(max);
+                warn!(tenant = %tenant, held, max, sessions, "pinned sessions hold the tenant's backend connections");
+                SessionError::BackendsPinned {
+                    tenant: tenant.clone(),
+                    waited,
+                    held,
+                    max,
+                    sessions,
+                }
+            }
+            None => SessionError::BackendWait(tenant.clone(), waited),
         }
     }
 

@@ -11,10 +11,11 @@ use tokio::time::{Instant, sleep, timeout_at};
 use tracing::{info, warn};
 
 use super::ahead::{Ahead, Clock, Histories, PredictionCounts, load_histories};
+use super::pinned::PinnedSessions;
 use super::predict::RunHistory;
 use super::shared::Shared;
 use super::slot::{Inner, Slot};
-use super::{Phase, TenantStatus, WakeError, WakeEvent, WakeSettings};
+use super::{AwakeBecause, Phase, TenantStatus, WakeError, WakeEvent, WakeSettings};
 use crate::activity::{Release, SharedActivity};
 use crate::{BackendError, Tenant, TenantDirectory, TenantId};
 
@@ -47,6 +48,8 @@ pub struct WakeCoordinator {
     pub(super) histories: Histories,
     /// Totals of runs and predictions.
     pub(super) predictions: PredictionCounts,
+    /// Every tenant's pinned sessions, as their sessions report them.
+    pub(super) pinned: Arc<PinnedSessions>,
 }
 
 impl WakeCoordinator {
@@ -90,6 +93,7 @@ impl WakeCoordinator {
             sleeper: Arc::new(Notify::new()),
             started: SystemTime::now(),
             looked_at: Mutex::new(HashSet::new()),
+            pinned: Arc::default(),
         })
     }
 
@@ -130,7 +134,8 @@ impl WakeCoordinator {
 
     fn new_slot(&self, tenant: &Arc<Tenant>, since: SystemTime, runs: RunHistory) -> Slot {
         let ahead = Ahead::new(&self.settings.predict, self.clock);
-        Slot::new(tenant.clone(), self.sleeper.clone(), since, ahead, runs)
+        let reports = (self.sleeper.clone(), self.pinned.clone());
+        Slot::new(tenant.clone(), reports, since, ahead, runs)
     }
 
     pub(super) fn read_slots(
@@ -299,11 +304,49 @@ impl WakeCoordinator {
                     awake_s: inner.awake().as_secs_f64(),
                     predict: slot.tenant.predict,
                     runs: slot.run_status(&inner),
+                    awake_because: self.awake_because(&slot, &inner),
                 }
             })
             .collect();
         out.sort_by(|a, b| a.id.cmp(&b.id));
         out
+    }
+
+    /// Every tenant's pinned sessions: what the sessions report, for whoever must say what
+    /// holds a tenant's backend connections.
+    pub fn pinned_sessions(&self) -> Arc<PinnedSessions> {
+        self.pinned.clone()
+    }
+
+    /// What keeps the tenant awake, while it is; the caller holds the slot's lock.
+    pub(super) fn awake_because(&self, slot: &Slot, inner: &Inner) -> Option<AwakeBecause> {
+        if inner.phase != Phase::Awake {
+            return None;
+        }
+        let pinned = self.pinned.of(&slot.tenant.id);
+        let open_transactions = slot.in_transaction.load(Ordering::Acquire);
+        let active_sessions = inner
+            .connections
+            .saturating_sub(inner.idle_connections)
+            .saturating_sub(pinned.len())
+            .saturating_sub(open_transactions);
+        let prewake = inner.forecast.prewake.is_some();
+        let sleeps_in_s = (inner.connections == 0 && inner.waiters == 0 && !prewake).then(|| {
+            let left = slot
+                .idle_timeout_now(inner)
+                .saturating_sub(inner.idle_since.elapsed());
+            left.as_secs_f64()
+        });
+        Some(AwakeBecause {
+            active_sessions,
+            open_transactions,
+            pinned,
+            idle_sessions: inner.idle_connections,
+            waiting: inner.waiters,
+            prewake,
+            other_replica: inner.shared.held_elsewhere,
+            sleeps_in_s,
+        })
     }
 
     /// How many tenants the coordinator serves now.

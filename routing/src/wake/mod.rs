@@ -11,10 +11,12 @@
 //! - `queue`: admission, the accept queue;
 //! - `sleeper`: the idle sleeper, which puts unused tenants to sleep;
 //! - `shared`: the sleep decision replicas share through the Kubernetes API;
+//! - `pinned`: the sessions that cannot leave their backend connections, per tenant;
 //! - [`predict`]: the sans-io run predictor; `ahead`: what the coordinator does with it.
 
 mod ahead;
 mod coordinator;
+mod pinned;
 pub mod predict;
 mod queue;
 mod shared;
@@ -33,6 +35,7 @@ use crate::TenantId;
 
 pub use ahead::PredictionCounts;
 pub use coordinator::WakeCoordinator;
+pub use pinned::{PinnedSession, PinnedSessions, SessionClient};
 pub use predict::{Pattern, PredictPolicy};
 pub use queue::Admission;
 pub use slot::{ParkedMark, WakeClaim};
@@ -162,6 +165,57 @@ pub struct TenantStatus {
     pub predict: PredictPolicy,
     /// Runs, predictions and what came of them.
     pub runs: RunStatus,
+    /// While awake, what keeps it from sleeping.
+    pub awake_because: Option<AwakeBecause>,
+}
+
+/// What keeps an awake tenant from sleeping, as its status shows it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct AwakeBecause {
+    /// Sessions in use: not idle for the idle timeout, not pinned, not in a transaction.
+    pub active_sessions: usize,
+    /// Sessions inside a transaction block (busy or idle in it): they cannot move until it
+    /// ends.
+    pub open_transactions: usize,
+    /// Sessions that cannot leave their backend connection, with why and whose they are.
+    pub pinned: Vec<PinnedSession>,
+    /// Sessions idle for the idle timeout, which park once every other session is idle too.
+    pub idle_sessions: usize,
+    /// Connections waiting for the tenant.
+    pub waiting: usize,
+    /// Woken ahead of a predicted run: not put to sleep until the run's window has passed.
+    pub prewake: bool,
+    /// Another gateway replica uses the tenant (its shared activity record says so).
+    pub other_replica: bool,
+    /// Without sessions: seconds left on the idle clock before it sleeps.
+    pub sleeps_in_s: Option<f64>,
+}
+
+impl AwakeBecause {
+    /// The reasons in words for a log line; `None` when there is nothing but the idle clock.
+    pub fn describe(&self) -> Option<String> {
+        let mut out = Vec::new();
+        if let Some(pinned) = PinnedSession::describe_all(&self.pinned) {
+            out.push(pinned);
+        }
+        let counts = [
+            (self.open_transactions, "in an open transaction"),
+            (self.active_sessions, "active"),
+            (self.waiting, "waiting"),
+        ];
+        for (n, what) in counts {
+            if n > 0 {
+                out.push(format!("{n} session(s) {what}"));
+            }
+        }
+        if self.prewake {
+            out.push("woken ahead of a predicted run".to_owned());
+        }
+        if self.other_replica {
+            out.push("another gateway replica uses it".to_owned());
+        }
+        (!out.is_empty()).then(|| out.join("; "))
+    }
 }
 
 /// A tenant's runs and the predictions made from them, as its status shows them.

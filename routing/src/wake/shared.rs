@@ -81,6 +81,7 @@ impl WakeCoordinator {
                 inner.shared.renewed_at = Some(Instant::now());
                 inner.shared.failed_at = None;
                 inner.shared.next_look = None;
+                inner.shared.held_elsewhere = false;
                 Self::note_sleeps(slot, &mut inner, holding.sleeps);
                 self.take_runs(&mut inner, &holding.runs);
                 Ok(())
@@ -152,6 +153,7 @@ impl WakeCoordinator {
         let id = &slot.tenant.id;
         let result = activity.release(namespace, id, seen).await;
         let mut inner = slot.lock();
+        inner.shared.held_elsewhere = matches!(result, Ok(Release::Held { .. }));
         match &result {
             Ok(Release::Sleep { sleeps }) => {
                 inner.shared.sleeps = Some(*sleeps);
@@ -167,6 +169,9 @@ impl WakeCoordinator {
             Ok(Release::Held { recheck_in }) => {
                 debug!(tenant = %id, recheck_in = ?recheck_in, "another replica uses the tenant: not sleeping");
                 inner.shared.next_look = Some(Instant::now() + (*recheck_in).min(activity.ttl()));
+                if !forced {
+                    self.note_kept_awake(slot, &mut inner, true);
+                }
             }
             Ok(Release::Slept) => {
                 info!(tenant = %id, "another replica put the tenant to sleep");

@@ -3,6 +3,7 @@
 //! databases left awake by an earlier gateway.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use futures_util::stream::{self, StreamExt};
 use tokio::time::sleep;
@@ -11,7 +12,7 @@ use tracing::{debug, info, warn};
 
 use super::Phase;
 use super::coordinator::WakeCoordinator;
-use super::slot::Slot;
+use super::slot::{Inner, Slot};
 use crate::{ComputeState, Tenant};
 
 /// Tenants asked about at once when looking for databases left awake: a gateway that starts
@@ -86,6 +87,8 @@ impl WakeCoordinator {
                         }
                         shared.is_some()
                     } else {
+                        let kept = self.held_by_pins(slot, &inner);
+                        self.note_kept_awake(slot, &mut inner, kept);
                         if inner.connections > 0
                             && inner.connections == inner.idle_connections
                             && inner.waiters == 0
@@ -105,6 +108,44 @@ impl WakeCoordinator {
                 }
             }
         }
+    }
+
+    /// True when the tenant would sleep but for sessions that cannot move: every session that
+    /// is not idle is pinned and has had no traffic for the idle timeout, or sits in a
+    /// transaction block while the pinned ones have.
+    fn held_by_pins(&self, slot: &Slot, inner: &Inner) -> bool {
+        let busy = inner.connections.saturating_sub(inner.idle_connections);
+        if busy == 0 || inner.waiters > 0 {
+            return false;
+        }
+        let quiet = slot.idle_timeout_now(inner);
+        let quiet_pinned = self.pinned.quiet_for(&slot.tenant.id, quiet);
+        quiet_pinned > 0 && quiet_pinned + slot.in_transaction.load(Ordering::Acquire) >= busy
+    }
+
+    /// Logs, once per episode, that the tenant is past its idle timeout but cannot sleep
+    /// (`kept`), with why; the episode ends when that is no longer so. The caller holds the
+    /// slot's lock.
+    pub(super) fn note_kept_awake(&self, slot: &Slot, inner: &mut Inner, kept: bool) {
+        if !kept {
+            inner.kept_awake_logged = false;
+            return;
+        }
+        if std::mem::replace(&mut inner.kept_awake_logged, true) {
+            return;
+        }
+        let Some(because) = self.awake_because(slot, inner) else {
+            return;
+        };
+        info!(
+            tenant = %slot.tenant.id,
+            idle = ?slot.idle_timeout_now(inner),
+            pinned = because.pinned.len(),
+            open_transactions = because.open_transactions,
+            other_replica = because.other_replica,
+            reasons = because.describe().unwrap_or_default(),
+            "past its idle timeout, the tenant cannot sleep"
+        );
     }
 
     /// A database that outlives the gateway (backends with shared activity records) can be left

@@ -1,14 +1,17 @@
 //! One tenant's state, and the claims and marks its connections hold on it.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
+use pgwake_protocol::Pins;
+
 use super::ahead::{Ahead, Forecast};
+use super::pinned::{PinnedSessions, SessionClient};
 use super::predict::{PredictPolicy, RunHistory};
 use super::{Phase, WAKE_HISTORY, WakeRecord};
 use crate::{Endpoint, Tenant};
@@ -38,6 +41,9 @@ pub(super) struct Inner {
     pub(super) shared: SharedState,
     /// Its runs and what was predicted from them.
     pub(super) forecast: Forecast,
+    /// The idle sleeper logged, in this episode, that the tenant is past its idle timeout
+    /// but cannot sleep; cleared when the episode ends.
+    pub(super) kept_awake_logged: bool,
 }
 
 /// What a replica knows of its entry in a tenant's shared activity record
@@ -53,6 +59,9 @@ pub(super) struct SharedState {
     pub(super) sleeps: Option<u64>,
     /// Another replica holds the tenant: the idle sleeper reads the record again only then.
     pub(super) next_look: Option<Instant>,
+    /// The record said, when this replica last tried to release the tenant, that another
+    /// replica uses it.
+    pub(super) held_elsewhere: bool,
 }
 
 impl Inner {
@@ -78,13 +87,20 @@ pub(super) struct Slot {
     pub(super) hold_lock: tokio::sync::Mutex<()>,
     /// The timings predictive wake and sleep use, and the clock they read.
     pub(super) ahead: Ahead,
+    /// Every tenant's pinned sessions; this tenant's sessions write theirs through their
+    /// claims.
+    pub(super) pinned: Arc<PinnedSessions>,
+    /// Sessions inside a transaction block. Apart from the lock: it changes with every
+    /// transaction.
+    pub(super) in_transaction: AtomicUsize,
 }
 
 impl Slot {
-    /// The state of a tenant asleep `since` then, whose recent runs started at `runs`.
+    /// The state of a tenant asleep `since` then, whose recent runs started at `runs`; its
+    /// sessions report their pins to `pinned`.
     pub(super) fn new(
         tenant: Arc<Tenant>,
-        sleeper: Arc<Notify>,
+        (sleeper, pinned): (Arc<Notify>, Arc<PinnedSessions>),
         since: SystemTime,
         ahead: Ahead,
         runs: RunHistory,
@@ -93,6 +109,8 @@ impl Slot {
             sleeper,
             ahead,
             tenant,
+            pinned,
+            in_transaction: AtomicUsize::new(0),
             inner: Mutex::new(Inner {
                 phase: Phase::Asleep,
                 since,
@@ -110,6 +128,7 @@ impl Slot {
                 running_since: None,
                 shared: SharedState::default(),
                 forecast: Forecast::new(runs),
+                kept_awake_logged: false,
             }),
             hold_lock: tokio::sync::Mutex::new(()),
             changed: watch::Sender::new(0),
@@ -132,6 +151,9 @@ impl Slot {
             Phase::Waking | Phase::Awake | Phase::Sleeping => {
                 inner.running_since.get_or_insert_with(Instant::now);
             }
+        }
+        if phase != Phase::Awake {
+            inner.kept_awake_logged = false;
         }
         inner.phase = phase;
         inner.since = SystemTime::now();
@@ -168,14 +190,41 @@ pub struct WakeClaim {
     idle: AtomicBool,
     /// Given up by a session parked because the tenant was idle.
     parked_for_sleep: bool,
+    /// The session's entry among the tenant's pinned sessions (while it has one).
+    id: u64,
+    /// Counted in the tenant's sessions inside a transaction block.
+    in_transaction: AtomicBool,
 }
 
 impl WakeClaim {
     pub(super) fn new(slot: Arc<Slot>) -> WakeClaim {
         WakeClaim {
+            id: slot.pinned.new_id(),
             slot,
             idle: AtomicBool::new(false),
             parked_for_sleep: false,
+            in_transaction: AtomicBool::new(false),
+        }
+    }
+
+    /// Records what pins the session to its backend connection, as a snapshot taken
+    /// `quiet_for` after its last traffic found (none: it can move), so the tenant's status,
+    /// logs and backend cap can say which sessions keep it awake and why. The entry goes when
+    /// the claim does.
+    pub fn set_pins(&self, pins: Pins, client: &SessionClient, quiet_for: Duration) {
+        let tenant = &self.slot.tenant.id;
+        self.slot
+            .pinned
+            .set(tenant, self.id, pins, client, quiet_for);
+    }
+
+    /// Marks the session inside a transaction block or out of one.
+    pub fn set_in_transaction(&self, in_transaction: bool) {
+        if self.in_transaction.swap(in_transaction, Ordering::AcqRel) != in_transaction {
+            match in_transaction {
+                true => self.slot.in_transaction.fetch_add(1, Ordering::AcqRel),
+                false => self.slot.in_transaction.fetch_sub(1, Ordering::AcqRel),
+            };
         }
     }
 
@@ -241,6 +290,8 @@ impl Drop for ParkedMark {
 
 impl Drop for WakeClaim {
     fn drop(&mut self) {
+        self.set_in_transaction(false);
+        self.slot.pinned.remove(&self.slot.tenant.id, self.id);
         let mut inner = self.slot.lock();
         inner.connections = inner.connections.saturating_sub(1);
         if *self.idle.get_mut() {
