@@ -193,3 +193,71 @@ async fn a_session_idle_in_a_transaction_is_counted_as_an_open_transaction() {
     .await
     .unwrap();
 }
+
+/// A session parked on its own comes back to a capped tenant whose places pinned sessions took
+/// meanwhile: its revival waits out backend_wait_timeout and the client is told which sessions
+/// hold the places.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revival_that_finds_every_place_pinned_names_the_pins() {
+    let config = "allow_plaintext = true
+[wake]
+idle_timeout = \"1h\"
+[revival]
+snapshot_after = \"200ms\"
+park_session_after = \"300ms\"
+[limits]
+backend_wait_timeout = \"2s\"
+";
+    let tenants = format!(
+        "{}max_backend_connections = 2\n",
+        Gateway::local_tenants(&["capped"], "")
+    );
+    let gw = common::blocking(move || Gateway::launch(config, &tenants, &[]))
+        .await
+        .unwrap();
+    let parked = common::connect_plain(&conninfo(&gw, "parked-one")).await;
+    parked.query_one("select 1::int4", &[]).await.unwrap();
+    let gw = common::blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while gw.tenant("capped")["parked"] != 1 {
+            assert!(Instant::now() < deadline, "{}", gw.tenant("capped"));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        gw
+    })
+    .await
+    .unwrap();
+    // The parked session's kept connection gives its place up to the second of these.
+    let locker = common::connect_plain(&conninfo(&gw, "lock-holder")).await;
+    locker
+        .query_one("select pg_advisory_lock(7)", &[])
+        .await
+        .unwrap();
+    let temps = common::connect_plain(&conninfo(&gw, "temp-maker")).await;
+    temps
+        .batch_execute("create temp table scratch (x int)")
+        .await
+        .unwrap();
+    let gw = common::blocking(move || {
+        wait_pinned(&gw, 2);
+        gw
+    })
+    .await
+    .unwrap();
+
+    let err = parked
+        .query_one("select 1::int4", &[])
+        .await
+        .expect_err("no place for the revival");
+    let db = err.as_db_error().unwrap_or_else(|| panic!("{err}"));
+    println!("the parked session was told: {}", db.message());
+    assert_eq!(db.code().code(), "08006");
+    for part in [
+        "could not restore this session",
+        "2 of its 2 max_backend_connections are held by sessions pinned to them",
+        "session advisory lock (application \"lock-holder\"",
+    ] {
+        assert!(db.message().contains(part), "{part:?} not in {db:?}");
+    }
+    drop((locker, temps, gw));
+}
