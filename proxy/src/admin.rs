@@ -4,9 +4,11 @@
 //! backend connection at their next safe point), and a status page at `/` that reads the API.
 
 use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -16,10 +18,14 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use subtle::ConstantTimeEq;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+use tracing::{Instrument, debug, debug_span};
 
 use pgwake_routing::{TenantId, WakeCoordinator, WakeError};
 
+use crate::capacity::{ListenerCap, ListenerSlot};
 use crate::metrics::{Metrics, Totals};
 
 /// The status page: one self-contained HTML file (inline CSS and script, nothing fetched from
@@ -79,14 +85,12 @@ impl AdminState {
     fn refusal(&self, req: &Request<Incoming>) -> Option<Response<Full<Bytes>>> {
         let headers = req.headers();
         let probe = matches!(req.uri().path(), "/healthz" | "/readyz");
-        let host = headers
-            .get(hyper::header::HOST)
-            .map(|h| h.to_str().unwrap_or("\u{fffd}"));
-        if !probe && host.is_some_and(|h| !self.answers_to(h)) {
+        if !probe && !self.names_this_listener(req) {
             return Some(json_error(
                 StatusCode::MISDIRECTED_REQUEST,
-                "this Host is not the admin listener's: use its IP address or localhost, or \
-                 list the name in admin.hosts",
+                "this Host is not the admin listener's: send one Host header (and no other \
+                 host in the request line) naming its IP address or localhost, or list the \
+                 name in admin.hosts",
             ));
         }
         if headers.contains_key(hyper::header::ORIGIN) {
@@ -128,17 +132,46 @@ impl AdminState {
 }
 
 impl AdminState {
-    /// Whether a request's `Host` header (name or address, with an optional port) names this
-    /// listener.
+    /// Whether the request names this listener wherever it names a host: at most one `Host`
+    /// header (two could be read differently by a proxy in front), and the request line's host
+    /// when it is an absolute URI (which HTTP/1.1 servers take over the header). A request
+    /// with neither (HTTP/1.0) names nothing a rebound page could have chosen.
+    fn names_this_listener(&self, req: &Request<Incoming>) -> bool {
+        let mut hosts = req.headers().get_all(hyper::header::HOST).iter();
+        let (host, second) = (hosts.next(), hosts.next());
+        let header_ok = host.is_none_or(|h| h.to_str().is_ok_and(|h| self.answers_to(h)));
+        let line_ok = req
+            .uri()
+            .authority()
+            .is_none_or(|a| self.answers_to(a.as_str()));
+        second.is_none() && header_ok && line_ok
+    }
+
+    /// Whether a host (name or address, with an optional numeric port) is exactly one this
+    /// listener answers to.
     fn answers_to(&self, host: &str) -> bool {
+        let port_ok = |port: Option<&str>| {
+            port.is_none_or(|p| (1..=5).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit()))
+        };
         let name = match host.strip_prefix('[') {
-            // An IPv6 literal: "[::1]" or "[::1]:9090".
+            // An IPv6 literal, "[::1]" or "[::1]:9090", and nothing else after the bracket.
             Some(rest) => {
-                return rest
-                    .split_once(']')
-                    .is_some_and(|(ip, _)| ip.parse::<std::net::Ipv6Addr>().is_ok());
+                return rest.split_once(']').is_some_and(|(ip, after)| {
+                    let port = match after {
+                        "" => None,
+                        p => match p.strip_prefix(':') {
+                            Some(p) => Some(p),
+                            None => return false,
+                        },
+                    };
+                    ip.parse::<std::net::Ipv6Addr>().is_ok() && port_ok(port)
+                });
             }
-            None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+            None => match host.rsplit_once(':') {
+                Some((name, port)) if port_ok(Some(port)) => name,
+                Some(_) => return false,
+                None => host,
+            },
         };
         let name = name.trim_end_matches('.').to_ascii_lowercase();
         name.parse::<std::net::Ipv4Addr>().is_ok()
@@ -289,19 +322,198 @@ async fn route(state: &AdminState, req: &Request<Incoming>) -> Response<Full<Byt
     }
 }
 
-/// Serves the admin endpoints until the process exits.
-pub async fn serve(listener: TcpListener, state: Arc<AdminState>) {
+/// What admin connections may cost (`[admin]`): how many at once, and how long each may take
+/// to send a request head or wait between requests.
+#[derive(Clone, Copy, Debug)]
+pub struct AdminLimits {
+    /// Connections at once (`admin.max_connections`).
+    pub max_connections: usize,
+    /// Time to send a whole request head (`admin.header_timeout`).
+    pub header_timeout: Duration,
+    /// Longest wait between requests (`admin.idle_timeout`).
+    pub idle_timeout: Duration,
+}
+
+/// Serves the admin endpoints until the process exits. Connections beyond
+/// `limits.max_connections` end the one waiting longest; each is closed when its request head
+/// takes longer than `limits.header_timeout` or it waits longer than `limits.idle_timeout`
+/// between requests, so neither idle nor trickling clients can take the gateway's file
+/// descriptors from its Postgres clients.
+pub async fn serve(listener: TcpListener, state: Arc<AdminState>, limits: AdminLimits) {
     let never = tokio_util::sync::CancellationToken::new();
-    while let Some((tcp, _)) = crate::front::accept_next(&listener, &never, "admin").await {
-        let state = state.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |req| {
-                let state = state.clone();
-                async move { Ok::<_, Infallible>(route(&state, &req).await) }
-            });
-            let _ = http1::Builder::new()
-                .serve_connection(TokioIo::new(tcp), service)
-                .await;
-        });
+    let cap = ListenerCap::new(limits.max_connections);
+    while let Some((tcp, peer)) = crate::front::accept_next(&listener, &never, "admin").await {
+        let Some(slot) = cap.open() else {
+            debug!(%peer, max = limits.max_connections, "admin listener full of requests in flight; connection refused");
+            continue;
+        };
+        let span = debug_span!("admin", %peer);
+        tokio::spawn(connection(tcp, slot, state.clone(), limits).instrument(span));
+    }
+}
+
+/// Serves one admin connection within its deadlines, or until it must make room.
+async fn connection(
+    tcp: TcpStream,
+    mut slot: ListenerSlot,
+    state: Arc<AdminState>,
+    limits: AdminLimits,
+) {
+    let pace = Arc::new(Pace::new());
+    let requests = pace.clone();
+    let service = service_fn(move |req| {
+        let (state, pace) = (state.clone(), requests.clone());
+        async move {
+            let _busy = pace.busy();
+            Ok::<_, Infallible>(route(&state, &req).await)
+        }
+    });
+    let io = PacedIo {
+        inner: tcp,
+        pace: pace.clone(),
+    };
+    let conn = http1::Builder::new().serve_connection(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    let evicted = slot.eviction();
+    loop {
+        let deadline = pace.deadline(limits);
+        tokio::select! {
+            _ = conn.as_mut() => return,
+            _ = evicted.cancelled() => {
+                debug!("admin connection closed to make room for a newer one");
+                return;
+            }
+            _ = pace.changed.notified() => match pace.in_flight() {
+                true => slot.busy(),
+                false => slot.done(),
+            },
+            _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)),
+                if deadline.is_some() =>
+            {
+                if pace.deadline(limits).is_some_and(|d| d <= tokio::time::Instant::now()) {
+                    debug!(?limits.header_timeout, ?limits.idle_timeout, "admin connection too slow or idle; closing it");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Where one admin connection is between requests: a request in flight has no deadline; a
+/// request head under way must be complete `header_timeout` after its first byte (a new
+/// connection's, after it opened); with neither, the next request must begin within
+/// `idle_timeout`.
+struct Pace {
+    state: std::sync::Mutex<PaceState>,
+    changed: Notify,
+}
+
+struct PaceState {
+    in_flight: usize,
+    /// When the last request ended.
+    quiet_since: tokio::time::Instant,
+    /// When the request head being read began.
+    head_since: Option<tokio::time::Instant>,
+}
+
+impl Pace {
+    fn new() -> Pace {
+        let now = tokio::time::Instant::now();
+        Pace {
+            state: std::sync::Mutex::new(PaceState {
+                in_flight: 0,
+                quiet_since: now,
+                head_since: Some(now),
+            }),
+            changed: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PaceState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn in_flight(&self) -> bool {
+        self.lock().in_flight > 0
+    }
+
+    /// When the connection is too slow or too idle, unless a request is in flight.
+    fn deadline(&self, limits: AdminLimits) -> Option<tokio::time::Instant> {
+        let s = self.lock();
+        match (s.in_flight, s.head_since) {
+            (0, Some(head)) => Some(head + limits.header_timeout),
+            (0, None) => Some(s.quiet_since + limits.idle_timeout),
+            _ => None,
+        }
+    }
+
+    /// Bytes arrived: between requests they begin the next request's head.
+    fn received(&self) {
+        let mut s = self.lock();
+        if s.in_flight == 0 && s.head_since.is_none() {
+            s.head_since = Some(tokio::time::Instant::now());
+            drop(s);
+            self.changed.notify_one();
+        }
+    }
+
+    /// A request is in flight until the guard drops.
+    fn busy(self: &Arc<Self>) -> Busy {
+        self.lock().in_flight += 1;
+        self.changed.notify_one();
+        Busy(self.clone())
+    }
+}
+
+/// A request in flight on its admin connection.
+struct Busy(Arc<Pace>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let mut s = self.0.lock();
+        s.in_flight -= 1;
+        s.quiet_since = tokio::time::Instant::now();
+        s.head_since = None;
+        drop(s);
+        self.0.changed.notify_one();
+    }
+}
+
+/// The admin connection's socket, telling its [`Pace`] when bytes arrive.
+struct PacedIo {
+    inner: TcpStream,
+    pace: Arc<Pace>,
+}
+
+impl AsyncRead for PacedIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let read = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(read, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.pace.received();
+        }
+        read
+    }
+}
+
+impl AsyncWrite for PacedIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }

@@ -6,6 +6,9 @@
 //! than one that has only sent its startup message), the oldest. A flood of stalled logins,
 //! however fast new ones come, then ends its own connections first and delays nobody whose login
 //! takes milliseconds, and every stalled one still ends by `limits.auth_timeout` at the latest.
+//!
+//! Listeners that serve short requests (the admin API) have a [`ListenerCap`] of their own,
+//! counted beside the client caps when those are fitted to the file limit.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,13 +26,14 @@ pub struct CapacitySettings {
     pub max_unauthenticated: usize,
 }
 
-/// File descriptors kept for the listeners, the admin API, backend sockets and logs when caps
-/// are fitted to the file limit.
+/// File descriptors kept for the listening sockets, backend sockets being opened, files and
+/// logs when caps are fitted to the file limit (the admin listener's connections come on top).
 const RESERVED_FILES: u64 = 64;
 
 impl CapacitySettings {
     /// Lowers the caps so that every capped connection, with its backend connection, fits in
-    /// `open_files` file descriptors, keeping a reserve for everything else; connections still
+    /// `open_files` file descriptors, keeping a reserve for everything else and `other_listeners`
+    /// for the connections other listeners may hold at once (their own caps); connections still
     /// logging in then get at most half of the room, so that making room for a new login never
     /// runs into the cap on all connections.
     ///
@@ -37,8 +41,13 @@ impl CapacitySettings {
     /// configuration bounds them (every tenant has `max_backend_connections`): clients then get
     /// what those leave, since parked sessions hold none. Without a bound each client may hold
     /// one, so clients get half.
-    pub fn fitted_to(self, open_files: u64, backend_bound: Option<u64>) -> CapacitySettings {
-        let usable = open_files.saturating_sub(RESERVED_FILES);
+    pub fn fitted_to(
+        self,
+        open_files: u64,
+        backend_bound: Option<u64>,
+        other_listeners: u64,
+    ) -> CapacitySettings {
+        let usable = open_files.saturating_sub(RESERVED_FILES + other_listeners);
         let half = usable / 2;
         let room = backend_bound
             .map_or(half, |b| usable.saturating_sub(b).max(half))
@@ -143,6 +152,118 @@ impl Capacity {
 
     fn lock_tenants(&self) -> MutexGuard<'_, HashMap<TenantId, usize>> {
         self.per_tenant.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The connections one request-serving listener holds: at most `max`. When it is full, the
+/// connection that has waited longest without a request in flight is ended to make room, so
+/// idle or trickling connections cannot lock out a new client (a scraper, a probe) and a
+/// flood ends its own connections first; with every one busy, the new one is refused.
+pub struct ListenerCap {
+    max: usize,
+    open: Mutex<ListenerConnections>,
+}
+
+#[derive(Default)]
+struct ListenerConnections {
+    next: u64,
+    /// Connections with a request in flight.
+    busy: usize,
+    /// The others, longest waiting first; cancelling a token ends that connection.
+    waiting: BTreeMap<u64, CancellationToken>,
+}
+
+impl ListenerCap {
+    /// A cap of `max` connections.
+    pub fn new(max: usize) -> Arc<ListenerCap> {
+        Arc::new(ListenerCap {
+            max,
+            open: Mutex::new(ListenerConnections::default()),
+        })
+    }
+
+    /// Counts a new connection, ending the longest waiting one when the cap is full; `None`
+    /// when every connection has a request in flight.
+    pub fn open(self: &Arc<Self>) -> Option<ListenerSlot> {
+        let mut open = self.lock();
+        if open.busy + open.waiting.len() >= self.max {
+            let (_, longest) = open.waiting.pop_first()?;
+            longest.cancel();
+        }
+        let token = CancellationToken::new();
+        let place = open.next;
+        open.next += 1;
+        open.waiting.insert(place, token.clone());
+        drop(open);
+        Some(ListenerSlot {
+            cap: self.clone(),
+            waiting: Some(place),
+            ended: token,
+        })
+    }
+
+    /// Connections open now.
+    pub fn open_now(&self) -> usize {
+        let open = self.lock();
+        open.busy + open.waiting.len()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ListenerConnections> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// One connection's place under a [`ListenerCap`], for its whole life.
+pub struct ListenerSlot {
+    cap: Arc<ListenerCap>,
+    /// Its place among the waiting connections; `None` while a request is in flight.
+    waiting: Option<u64>,
+    ended: CancellationToken,
+}
+
+impl ListenerSlot {
+    /// The token cancelled when the connection must end to make room.
+    pub fn eviction(&self) -> CancellationToken {
+        self.ended.clone()
+    }
+
+    /// A request is in flight: the connection is not ended to make room until it is done.
+    pub fn busy(&mut self) {
+        let Some(place) = self.waiting.take() else {
+            return;
+        };
+        let mut open = self.cap.lock();
+        // Not listed any more once it was ended to make room.
+        if open.waiting.remove(&place).is_some() {
+            open.busy += 1;
+        } else {
+            self.waiting = Some(place);
+        }
+    }
+
+    /// Its request is done: it waits for the next one, as the newest waiting connection.
+    pub fn done(&mut self) {
+        if self.waiting.is_some() {
+            return;
+        }
+        let mut open = self.cap.lock();
+        open.busy -= 1;
+        let place = open.next;
+        open.next += 1;
+        open.waiting.insert(place, self.ended.clone());
+        self.waiting = Some(place);
+    }
+}
+
+impl Drop for ListenerSlot {
+    fn drop(&mut self) {
+        let mut open = self.cap.lock();
+        match self.waiting {
+            Some(place) => {
+                open.waiting.remove(&place);
+            }
+            None => open.busy -= 1,
+        }
     }
 }
 
@@ -313,16 +434,45 @@ mod tests {
             max_clients: 10_000,
             max_unauthenticated: 1_000,
         };
-        let fitted = s.fitted_to(256, None);
+        let fitted = s.fitted_to(256, None, 0);
         assert_eq!(fitted.max_clients, 96);
         assert_eq!(fitted.max_unauthenticated, 48);
-        assert_eq!(s.fitted_to(1 << 20, None).max_clients, 10_000);
+        assert_eq!(s.fitted_to(1 << 20, None, 0).max_clients, 10_000);
         // Bounded backend connections leave the rest to clients (parked sessions hold none).
-        let bounded = s.fitted_to(20_000, Some(2_000));
+        let bounded = s.fitted_to(20_000, Some(2_000), 0);
         assert_eq!(bounded.max_clients, 10_000);
-        assert_eq!(s.fitted_to(12_064, Some(2_000)).max_clients, 10_000);
-        assert_eq!(s.fitted_to(12_063, Some(2_000)).max_clients, 9_999);
+        assert_eq!(s.fitted_to(12_064, Some(2_000), 0).max_clients, 10_000);
+        assert_eq!(s.fitted_to(12_063, Some(2_000), 0).max_clients, 9_999);
         // A bound above half the room never gives clients less than half.
-        assert_eq!(s.fitted_to(256, Some(10_000)).max_clients, 96);
+        assert_eq!(s.fitted_to(256, Some(10_000), 0).max_clients, 96);
+        // Other listeners' caps come out of the room first.
+        assert_eq!(s.fitted_to(256, None, 64).max_clients, 64);
+    }
+
+    #[test]
+    fn a_full_listener_ends_its_longest_waiting_connection() {
+        let cap = ListenerCap::new(2);
+        let mut scraping = cap.open().unwrap();
+        let idle = cap.open().unwrap();
+        scraping.busy();
+        let newer = cap.open().unwrap();
+        assert!(idle.ended.is_cancelled(), "the waiting one made room");
+        assert!(
+            !scraping.ended.is_cancelled(),
+            "a request in flight is never ended"
+        );
+        drop(idle);
+        assert_eq!(cap.open_now(), 2);
+        scraping.done();
+        // The scraper now waits for its next request, newer than `newer`.
+        let newest = cap.open().unwrap();
+        assert!(newer.ended.is_cancelled() && !scraping.ended.is_cancelled());
+        drop(newer);
+        let (mut a, mut b) = (scraping, newest);
+        a.busy();
+        b.busy();
+        assert!(cap.open().is_none(), "every connection busy: refused");
+        drop(a);
+        assert_eq!(cap.open_now(), 1);
     }
 }

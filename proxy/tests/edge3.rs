@@ -1,13 +1,16 @@
-//! Hostile clients at the edge, round three (privilege boundaries): what a tenant's own
-//! database user can make the gateway do outside its database.
+//! Hostile clients at the edge, round three: what a tenant's own database user can make the
+//! gateway do outside its database (privilege boundaries), and what clients of the WebSocket
+//! and admin listeners can make it hold.
 
 mod common;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::time::Duration;
 
-use common::{Gateway, local_session};
+use common::{Gateway, local_session, read_message, startup_packet};
 use pgwake_testkit::postgres_account;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 /// A local tenant's clients log in as the `[local]` superuser, who can run programs as the
 /// server account (`COPY … TO PROGRAM`). Links that account plants where the root gateway
@@ -89,4 +92,255 @@ async fn a_tenant_superuser_cannot_steer_the_gateways_writes_with_links() {
         "the planted log link was replaced"
     );
     assert!(gw.log().contains("replacing a link or foreign file"));
+}
+
+/// Resident memory of process `pid`, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS in /proc/<pid>/status");
+    kib * 1024
+}
+
+const MIB: u64 = 1024 * 1024;
+
+/// Pings (masked, as a client sends them) with a 125-byte payload, `n` of them in a row.
+fn pings(n: usize) -> Vec<u8> {
+    let mask = [0x5a, 0xa5, 0x3c, 0xc3];
+    let mut one = vec![0x89, 0x80 | 125];
+    one.extend_from_slice(&mask);
+    one.extend((0..125).map(|i| b'p' ^ mask[i % 4]));
+    one.repeat(n)
+}
+
+/// A WebSocket on the HTTP listener `http` from a client that reads only the upgrade's answer,
+/// with a small receive buffer so that what the gateway sends waits on the gateway's side.
+async fn ws_that_never_reads(http: u16) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut s = socket.connect(([127, 0, 0, 1], http).into()).await.unwrap();
+    let head = "GET / HTTP/1.1\r\nHost: edge\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+                Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    while !answer.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        assert_eq!(s.read(&mut byte).await.unwrap(), 1, "upgrade answered");
+        answer.push(byte[0]);
+    }
+    assert!(answer.starts_with(b"HTTP/1.1 101"), "{answer:?}");
+    s
+}
+
+/// F2: tungstenite queued a pong for every ping of a client that never read them, without
+/// bound: one logged-in client took the gateway to 1.8 GB in 40 s, and one that never logged
+/// in piled up until its startup timeout. Now what waits for the client stays within
+/// `http.websocket_write_buffer`, and a client that keeps pinging while it takes nothing for
+/// `http.send_timeout` is closed (the startup timeout is far off here, so only that closes it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_websocket_pongs_are_bounded_and_end_the_connection() {
+    let http = pgwake_testkit::free_port();
+    let extra = format!(
+        "allow_plaintext = true\nhttp = \"127.0.0.1:{http}\"\n[limits]\nstartup_timeout = \"60s\"\n\
+         [http]\nsend_timeout = \"1s\"\nwebsocket_write_buffer = \"64KiB\"\n"
+    );
+    let tenants = Gateway::local_tenants(&["edge"], "");
+    let gw = tokio::task::spawn_blocking(move || Gateway::launch(&extra, &tenants, &[]))
+        .await
+        .unwrap();
+    let before = rss(gw.pid());
+    let mut s = ws_that_never_reads(http).await;
+    // 40 MB of pings at once: unbounded, their pongs would take as much.
+    let burst = pings(2_000);
+    let mut most = before;
+    let mut closed = false;
+    for _ in 0..150 {
+        let sent = tokio::time::timeout(Duration::from_secs(5), s.write_all(&burst)).await;
+        most = most.max(rss(gw.pid()));
+        match sent {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => {
+                closed = true;
+                break;
+            }
+            Err(_) => panic!("the gateway stopped reading pings without closing"),
+        }
+    }
+    // Then a ping now and then, for as long as it stays open.
+    let started = std::time::Instant::now();
+    while !closed && started.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        most = most.max(rss(gw.pid()));
+        closed = s.write_all(&pings(1)).await.is_err();
+    }
+    let grew = most.saturating_sub(before);
+    eprintln!(
+        "unread pongs: gateway grew {} KiB; closed: {closed} ({:?} after the burst)",
+        grew / 1024,
+        started.elapsed()
+    );
+    assert!(grew < 16 * MIB, "the gateway grew {} MiB", grew / MIB);
+    assert!(
+        closed,
+        "a client pinging without reading was still connected"
+    );
+}
+
+/// One admin request with this head (`Connection: close` added), the status answered.
+async fn admin_status(admin: u16, request_line: &str, headers: &str) -> u16 {
+    let mut s = TcpStream::connect(("127.0.0.1", admin)).await.unwrap();
+    let head = format!("{request_line}\r\n{headers}Connection: close\r\n\r\n");
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    text.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// The admin Host check (informational finding of issue 42): `[::1]evil.example` passed as an
+/// IPv6 literal, only the first of two Host headers was read, and an absolute URI's host was
+/// never looked at. Now the request names one host, exactly one the listener answers to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_checks_every_host_a_request_names() {
+    let extra = "allow_plaintext = true\n";
+    let gw = tokio::task::spawn_blocking(move || Gateway::start_local(&["edge"], extra, "", &[]))
+        .await
+        .unwrap();
+    let admin = gw.admin;
+    let get = "GET /v1/tenants HTTP/1.1";
+    for (line, headers) in [
+        (get, "Host: [::1]evil.example\r\n"),
+        (get, "Host: [::1]:9090evil.example\r\n"),
+        (get, "Host: localhost:evil\r\n"),
+        (get, "Host: localhost\r\nHost: evil.example\r\n"),
+        (
+            "GET http://evil.example/v1/tenants HTTP/1.1",
+            "Host: localhost\r\n",
+        ),
+    ] {
+        assert_eq!(
+            admin_status(admin, line, headers).await,
+            421,
+            "{line} {headers:?}"
+        );
+    }
+    for (line, headers) in [
+        (get, "Host: [::1]\r\n"),
+        (get, "Host: [::1]:9090\r\n"),
+        (get, "Host: localhost:9090\r\n"),
+        (
+            "GET http://localhost/v1/tenants HTTP/1.1",
+            "Host: localhost\r\n",
+        ),
+    ] {
+        assert_eq!(
+            admin_status(admin, line, headers).await,
+            200,
+            "{line} {headers:?}"
+        );
+    }
+}
+
+/// Reads until the gateway closes the connection (or resets it).
+async fn until_closed(mut s: TcpStream) {
+    let mut buf = [0u8; 512];
+    while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {}
+}
+
+/// Whether the Postgres listener answers a startup message within 10 s (the password
+/// request the gateway sends for any tenant, known or not).
+async fn postgres_answers(port: u16) -> bool {
+    let answer = async {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+        let startup = startup_packet(&[("user", "x"), ("database", "nobody.postgres")], 196_608);
+        s.write_all(&startup).await.ok()?;
+        read_message(&mut s).await
+    };
+    let answer = tokio::time::timeout(Duration::from_secs(10), answer).await;
+    matches!(answer, Ok(Some(_)))
+}
+
+/// F3: the admin listener had no connection cap and no deadlines: under a file limit of
+/// 1,024, 1,100 idle admin connections failed every Postgres login, and slowloris connections
+/// stayed open. Now it holds at most `admin.max_connections` (counted beside the client caps
+/// when they are fitted to the file limit; the one waiting longest makes room), a request head
+/// must be complete within `admin.header_timeout`, and a connection waits at most
+/// `admin.idle_timeout` between requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_connections_are_capped_and_have_deadlines() {
+    let extra = "allow_plaintext = true\n[admin]\nmax_connections = 16\n\
+                 header_timeout = \"1s\"\nidle_timeout = \"2s\"\n";
+    let tenants = Gateway::local_tenants(&["edge"], "");
+    let gw = tokio::task::spawn_blocking(move || {
+        Gateway::launch_under(&["prlimit", "--nofile=256"], extra, &tenants, &[])
+    })
+    .await
+    .unwrap();
+    let (admin, port) = (gw.admin, gw.port);
+
+    // More idle connections than the gateway has descriptors.
+    let mut idle = Vec::new();
+    for _ in 0..300 {
+        if let Ok(s) = TcpStream::connect(("127.0.0.1", admin)).await {
+            idle.push(s);
+        }
+    }
+    let gw = std::sync::Arc::new(gw);
+    let health = {
+        let gw = gw.clone();
+        tokio::task::spawn_blocking(move || gw.http_get("/healthz").map(|(s, _)| s))
+            .await
+            .unwrap()
+    };
+    let postgres = postgres_answers(port).await;
+    eprintln!("with 300 idle admin connections: /healthz {health:?}, postgres answers: {postgres}");
+    assert_eq!(health, Some(200));
+    assert!(postgres, "the Postgres listener did not answer");
+    let closing = futures_util::future::join_all(idle.into_iter().map(until_closed));
+    tokio::time::timeout(Duration::from_secs(10), closing)
+        .await
+        .expect("idle admin connections were left open");
+
+    // A request head trickled a byte every 100 ms is closed by its deadline.
+    let trickle = async {
+        let mut s = TcpStream::connect(("127.0.0.1", admin)).await.unwrap();
+        let head = b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nX-Filler: ";
+        for byte in head.iter().chain(std::iter::repeat(&b'a')) {
+            if s.write_all(std::slice::from_ref(byte)).await.is_err() {
+                return;
+            }
+            let mut buf = [0u8; 512];
+            let read = tokio::time::timeout(Duration::from_millis(100), s.read(&mut buf)).await;
+            if let Ok(Ok(0) | Err(_)) = read {
+                return;
+            }
+        }
+    };
+    let started = std::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(10), trickle)
+        .await
+        .expect("a trickled admin request head was still open after 10 s");
+    let trickled = started.elapsed();
+
+    // A kept-alive connection is closed once idle past its deadline, not before.
+    let mut kept = TcpStream::connect(("127.0.0.1", admin)).await.unwrap();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = [0u8; 512];
+    assert!(kept.read(&mut answer).await.unwrap() > 0, "an answer");
+    let started = std::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(10), until_closed(kept))
+        .await
+        .expect("an idle kept-alive admin connection was still open after 10 s");
+    let idled = started.elapsed();
+    eprintln!("trickled head closed after {trickled:?}, idle connection after {idled:?}");
+    assert!(trickled < Duration::from_secs(3), "{trickled:?}");
+    assert!(
+        idled >= Duration::from_millis(1500) && idled < Duration::from_secs(4),
+        "{idled:?}"
+    );
 }

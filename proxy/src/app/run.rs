@@ -13,7 +13,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 use super::{Gateway, build};
-use crate::admin::{self, AdminState};
+use crate::admin::{self, AdminLimits, AdminState};
 use crate::capacity::CapacitySettings;
 use crate::config::Config;
 use crate::{front, http};
@@ -68,7 +68,12 @@ pub async fn run(
     let replenisher = start_background_jobs(&gateway, &sleeper_stop);
     watch_certificates(&config, &gateway, &sleeper_stop);
     if let Some(admin_listener) = bind_some("listen.admin", config.listen.admin).await? {
-        tokio::spawn(admin::serve(admin_listener, admin_state.clone()));
+        let limits = AdminLimits {
+            max_connections: config.admin.max_connections,
+            header_timeout: config.admin.header_timeout,
+            idle_timeout: config.admin.idle_timeout,
+        };
+        tokio::spawn(admin::serve(admin_listener, admin_state.clone(), limits));
     }
     info!(
         postgres = %config.listen.postgres,
@@ -270,7 +275,12 @@ pub(super) fn capacity_settings(config: &crate::config::Config) -> CapacitySetti
     else {
         return configured;
     };
-    let fitted = configured.fitted_to(soft, backend_bound(config));
+    // The admin listener's connections are capped on their own, beside the clients'.
+    let admin = match config.listen.admin {
+        Some(_) => config.admin.max_connections as u64,
+        None => 0,
+    };
+    let fitted = configured.fitted_to(soft, backend_bound(config), admin);
     // The default caps are more than an ordinary file limit (1024) can hold, so lowering them is
     // what every start on an ordinary machine does, not news; a cap someone chose and the
     // process cannot hold is.

@@ -5,7 +5,13 @@ use std::time::Duration;
 use bytesize::ByteSize;
 use serde::Deserialize;
 
-use super::{ConfigError, nonzero, positive};
+use super::{ConfigError, invalid, nonzero, positive};
+
+/// Smallest `http.websocket_write_buffer`: half of it is the largest frame sent, and the
+/// relay's buffer should fit in a few.
+const MIN_WEBSOCKET_WRITE_BUFFER: u64 = 4 << 10;
+/// Largest `http.websocket_write_buffer`: beyond it the bound no longer bounds.
+const MAX_WEBSOCKET_WRITE_BUFFER: u64 = 64 << 20;
 
 /// `[http]`: limits of `POST /sql` and its pool of backend connections.
 #[derive(Clone, Debug, Deserialize)]
@@ -25,6 +31,10 @@ pub struct HttpConfig {
     /// that stops reading has its connection closed (and the response's file freed).
     #[serde(with = "super::duration")]
     pub send_timeout: Duration,
+    /// Most bytes a WebSocket connection keeps waiting for its client (outgoing frames and
+    /// the answers to its pings); pings beyond it get one answer, for the latest. A client that
+    /// keeps pinging while it takes nothing for `send_timeout` is closed.
+    pub websocket_write_buffer: ByteSize,
     /// Time a `/sql` request may take once its backend connection is ready.
     #[serde(with = "super::duration")]
     pub query_timeout: Duration,
@@ -60,6 +70,7 @@ impl Default for HttpConfig {
             response_memory: ByteSize::mib(1),
             max_spill_total: ByteSize::gib(1),
             send_timeout: Duration::from_secs(30),
+            websocket_write_buffer: ByteSize::kib(256),
             query_timeout: Duration::from_secs(300),
             pool_max_per_key: 20,
             pool_max_total: 500,
@@ -82,6 +93,14 @@ impl HttpConfig {
         let times = [self.header_timeout, self.body_timeout, self.send_timeout];
         let times_why = "http.header_timeout, http.body_timeout and http.send_timeout must be \
                          greater than zero";
-        nonzero("http.header_timeout", &times, times_why)
+        nonzero("http.header_timeout", &times, times_why)?;
+        let ws = self.websocket_write_buffer.as_u64();
+        if !(MIN_WEBSOCKET_WRITE_BUFFER..=MAX_WEBSOCKET_WRITE_BUFFER).contains(&ws) {
+            return Err(invalid(
+                "http.websocket_write_buffer",
+                format!("must be between 4KiB and 64MiB, not {ws} B"),
+            ));
+        }
+        Ok(())
     }
 }

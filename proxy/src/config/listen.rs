@@ -15,8 +15,8 @@ use super::{ConfigError, invalid};
 /// socket addresses (232 bytes) must fit.
 const MIN_PROXY_HEADER: u64 = 256;
 
-/// `[admin]`: who may use the admin API's tenant endpoints.
-#[derive(Debug, Default, Deserialize)]
+/// `[admin]`: who may use the admin API's tenant endpoints, and what its connections may cost.
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
     /// A file holding a bearer token that `/v1/…` requests must present (`Authorization:
@@ -26,6 +26,50 @@ pub struct AdminConfig {
     /// Service's DNS name that Prometheus scrapes): a request naming any other host is refused,
     /// so a web page whose name was rebound to this address cannot read the API.
     pub hosts: Vec<String>,
+    /// Connections the admin listener holds at once; when full, the one waiting longest
+    /// without a request in flight is closed to make room. Counted in the file descriptors
+    /// kept aside when the client caps are fitted to the file limit.
+    pub max_connections: usize,
+    /// Time a client has to send a whole request head, from the connection's start or from
+    /// the first byte of its next request.
+    #[serde(with = "super::duration")]
+    pub header_timeout: Duration,
+    /// Longest a connection may wait, between requests, for the next one to begin.
+    #[serde(with = "super::duration")]
+    pub idle_timeout: Duration,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            token_file: None,
+            hosts: Vec::new(),
+            max_connections: 64,
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+impl AdminConfig {
+    /// Checks the connection cap and the deadlines.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_connections == 0 {
+            return Err(invalid(
+                "admin.max_connections",
+                "must be at least 1 (every probe and scrape needs a connection)",
+            ));
+        }
+        for (key, v) in [
+            ("admin.header_timeout", self.header_timeout),
+            ("admin.idle_timeout", self.idle_timeout),
+        ] {
+            if v.is_zero() {
+                return Err(invalid(key, "must be greater than zero (e.g. \"10s\")"));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `[listen]`: where the gateway accepts connections (a missing `Option` reads as `None`).

@@ -236,6 +236,7 @@ impl Config {
             ));
         }
         self.listen.validate()?;
+        self.admin.validate()?;
         if let Some(tls) = &self.tls {
             tls.validate()?;
         }

@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use futures_util::{Sink, Stream as _};
@@ -21,7 +22,7 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role};
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info_span};
 
@@ -98,10 +99,12 @@ pub fn upgrade(
                     return;
                 }
             };
+            let bound = state.config.websocket_write_buffer.as_u64() as usize;
+            let io = CountedWrites::new(TokioIo::new(upgraded));
             let ws =
-                WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;
+                WebSocketStream::from_raw_socket(io, Role::Server, Some(ws_config(bound))).await;
             let client = Stream::Tunnel {
-                io: Box::new(WsBytes::new(ws)),
+                io: Box::new(WsBytes::new(ws, bound, state.config.send_timeout)),
                 tls,
                 server_name: name,
             };
@@ -137,21 +140,118 @@ pub fn upgrade(
         .expect("valid response")
 }
 
+/// The frame codec's settings for at most `bound` bytes waiting for the client: every frame
+/// goes to the socket at once (the relay batches already), and what the socket does not take
+/// waits within `bound`. Pongs that find no room are not queued: tungstenite keeps one,
+/// answering the latest ping, as RFC 6455 allows.
+fn ws_config(bound: usize) -> WebSocketConfig {
+    WebSocketConfig::default()
+        .write_buffer_size(0)
+        .max_write_buffer_size(bound)
+}
+
+/// A socket that counts the bytes it took, so that a stalled client can be told from a slow one.
+struct CountedWrites<S> {
+    inner: S,
+    written: u64,
+}
+
+impl<S> CountedWrites<S> {
+    fn new(inner: S) -> Self {
+        CountedWrites { inner, written: 0 }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for CountedWrites<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for CountedWrites<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let n = ready!(Pin::new(&mut this.inner).poll_write(cx, buf))?;
+        this.written += n as u64;
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
 /// A WebSocket as a byte stream: binary frames in and out, text frames refused, a close frame
-/// read as end of stream.
+/// read as end of stream. What waits for the client stays within the write bound; a client
+/// that keeps pinging while it has taken nothing for `send_timeout` is closed, as `/sql` closes
+/// one that stops reading its response.
 struct WsBytes<S> {
-    ws: WebSocketStream<S>,
+    ws: WebSocketStream<CountedWrites<S>>,
     pending: Bytes,
     /// A text frame arrived: the close frame says why.
     refused_text: bool,
+    /// Largest binary frame sent: with pongs waiting, it still fits the write bound.
+    max_frame: usize,
+    send_timeout: Duration,
+    /// Since when the client has taken nothing, and the byte count then.
+    stalled: Option<(Instant, u64)>,
 }
 
 impl<S> WsBytes<S> {
-    fn new(ws: WebSocketStream<S>) -> Self {
+    fn new(ws: WebSocketStream<CountedWrites<S>>, bound: usize, send_timeout: Duration) -> Self {
         WsBytes {
             ws,
             pending: Bytes::new(),
             refused_text: false,
+            max_frame: bound / 2,
+            send_timeout,
+            stalled: None,
+        }
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> WsBytes<S> {
+    /// Sends what waits (frames, pongs); notes when the client stopped taking bytes.
+    fn poll_flushed(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let flushed = Pin::new(&mut self.ws).poll_flush(cx).map_err(ws_error);
+        let written = self.ws.get_ref().written;
+        match flushed {
+            Poll::Pending => match self.stalled {
+                Some((_, at)) if at == written => {}
+                _ => self.stalled = Some((Instant::now(), written)),
+            },
+            Poll::Ready(_) => self.stalled = None,
+        }
+        flushed
+    }
+
+    /// A ping arrived: its pong is sent when the client takes it. Fails when the client has
+    /// taken nothing for `send_timeout`: it pings without reading, and its pongs would wait.
+    fn answered_ping(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        if let Poll::Ready(Err(e)) = self.poll_flushed(cx) {
+            return Err(e);
+        }
+        match self.stalled {
+            Some((since, _)) if since.elapsed() >= self.send_timeout => {
+                debug!(send_timeout = ?self.send_timeout, "the client pings but stopped reading; closing");
+                Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the client sends pings but stopped reading the answers",
+                ))
+            }
+            _ => Ok(()),
         }
     }
 }
@@ -186,7 +286,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for WsBytes<S> {
                 }
                 // A close frame (answered by tungstenite) or the end of the connection.
                 Some(Ok(Message::Close(_))) | None => return Poll::Ready(Ok(())),
-                // Pings are answered by tungstenite itself.
+                // Tungstenite queued the pong.
+                Some(Ok(Message::Ping(_))) => this.answered_ping(cx)?,
                 Some(Ok(_)) => {}
                 Some(Err(e)) => return Poll::Ready(Err(ws_error(e))),
             }
@@ -201,17 +302,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for WsBytes<S> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        ready!(Pin::new(&mut this.ws).poll_ready(cx)).map_err(ws_error)?;
+        // Nothing waits once flushed (pongs included), so the frame fits the write bound.
+        ready!(this.poll_flushed(cx))?;
+        let n = buf.len().min(this.max_frame);
         Pin::new(&mut this.ws)
-            .start_send(Message::Binary(Bytes::copy_from_slice(buf)))
+            .start_send(Message::Binary(Bytes::copy_from_slice(&buf[..n])))
             .map_err(ws_error)?;
-        Poll::Ready(Ok(buf.len()))
+        Poll::Ready(Ok(n))
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().ws)
-            .poll_flush(cx)
-            .map_err(ws_error)
+        self.get_mut().poll_flushed(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
