@@ -285,7 +285,7 @@ mod tests {
             let mut body: Vec<u8> = (0..len)
                 .map(|i| (state.rotate_left(i as u32 * 8) & 0xff) as u8)
                 .collect();
-            if body.len() >= 4 && state % 2 == 0 {
+            if body.len() >= 4 && state.is_multiple_of(2) {
                 body[..4].copy_from_slice(&[
                     0,
                     0,

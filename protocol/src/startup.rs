@@ -271,7 +271,7 @@ mod tests {
             let mut p: Vec<u8> = (0..len)
                 .map(|i| (state.rotate_left(i as u32 * 8) & 0xff) as u8)
                 .collect();
-            if p.len() >= 8 && state % 3 == 0 {
+            if p.len() >= 8 && state.is_multiple_of(3) {
                 p[4..8].copy_from_slice(&PROTOCOL_3_0.to_be_bytes());
             }
             let _ = parse_initial(&p);

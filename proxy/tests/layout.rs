@@ -331,3 +331,36 @@ fn the_readme_test_command_is_the_one_ci_runs() {
         "one failing test file must not hide the others: {readme_command}"
     );
 }
+
+/// The Rust version the README's install text asks for is the one the workspace declares, so a
+/// raised `rust-version` cannot leave the README promising an older compiler.
+#[test]
+fn the_readme_names_the_workspace_rust_version_and_the_install_command() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let readme = std::fs::read_to_string(repo.join("README.md")).unwrap();
+    let manifest = std::fs::read_to_string(repo.join("Cargo.toml")).unwrap();
+    let declared = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("rust-version = \""))
+        .and_then(|rest| rest.strip_suffix('"'))
+        .expect("rust-version in the workspace Cargo.toml");
+    assert_eq!(
+        env!("CARGO_PKG_RUST_VERSION"),
+        declared,
+        "the gateway inherits the workspace's rust-version"
+    );
+    let install = readme
+        .split("**Installing.**")
+        .nth(1)
+        .and_then(|rest| rest.split("\n\n").next())
+        .expect("an Installing paragraph in README.md")
+        .replace('\n', " ");
+    assert!(
+        install.contains(&format!("Rust {declared} or newer")),
+        "README.md's Installing paragraph names Rust {declared}: {install}"
+    );
+    assert!(
+        install.contains("`cargo install --locked --path proxy`"),
+        "{install}"
+    );
+}

@@ -736,10 +736,10 @@ mod tests {
         for _ in 0..runs {
             let gap = (-uniform().ln() * 20.0 * MIN as f64) as u64 + 1;
             let next = t + gap;
-            if let (Some(p), Some(pred)) = (h.pattern(), h.next_run(t + 1)) {
-                if pred.abs_diff(next) > p.jitter() {
-                    wasted += 1;
-                }
+            if let (Some(p), Some(pred)) = (h.pattern(), h.next_run(t + 1))
+                && pred.abs_diff(next) > p.jitter()
+            {
+                wasted += 1;
             }
             h.record_run(next);
             t = next;
