@@ -29,36 +29,70 @@ use crate::stream::Stream;
 use crate::wire::{RawMessage, read_message};
 
 /// One query reads everything a revival needs and the pins the protocol cannot show: each row
-/// is (kind, name, value, extra), all text. Temporary objects of every kind count, not only
+/// is (kind, name, value, extra), all text. Every relation, function and type is named with
+/// its schema, so nothing on the session's `search_path` (a view `shadow.pg_locks` before
+/// `pg_catalog`) stands in for the catalog's. Temporary objects of every kind count, not only
 /// relations. The unnamed portal this query runs in shows in `pg_cursors`; a client's own
 /// cursor that outlives its transaction has a name.
 const SNAPSHOT_SQL: &str = "\
-SELECT 's', name, current_setting(name), NULL FROM pg_settings \
+SELECT 's', name, pg_catalog.current_setting(name), NULL FROM pg_catalog.pg_settings \
  WHERE source IN ('session', 'database', 'user', 'database user') AND name NOT IN \
  ('transaction_isolation', 'transaction_read_only', 'transaction_deferrable') \
-UNION ALL SELECT 'a', 'session_authorization', current_setting('session_authorization'), NULL \
-UNION ALL SELECT 'r', 'role', current_setting('role'), NULL \
-UNION ALL SELECT 'p', name, statement, parameter_types::oid[]::text || from_sql::text \
- FROM pg_prepared_statements WHERE name <> '\u{7f}pgwake snapshot' \
-UNION ALL SELECT 'x', 'temp', (pg_my_temp_schema() <> 0 AND ( \
- EXISTS (SELECT FROM pg_class WHERE relnamespace = pg_my_temp_schema()) \
- OR EXISTS (SELECT FROM pg_proc WHERE pronamespace = pg_my_temp_schema()) \
- OR EXISTS (SELECT FROM pg_type WHERE typnamespace = pg_my_temp_schema()) \
- OR EXISTS (SELECT FROM pg_operator WHERE oprnamespace = pg_my_temp_schema()) \
- OR EXISTS (SELECT FROM pg_collation WHERE collnamespace = pg_my_temp_schema()) \
- OR EXISTS (SELECT FROM pg_conversion WHERE connamespace = pg_my_temp_schema()) \
- OR EXISTS (SELECT FROM pg_opclass WHERE opcnamespace = pg_my_temp_schema()) \
- OR EXISTS (SELECT FROM pg_opfamily WHERE opfnamespace = pg_my_temp_schema()) \
- OR EXISTS (SELECT FROM pg_ts_config WHERE cfgnamespace = pg_my_temp_schema()) \
- OR EXISTS (SELECT FROM pg_ts_dict WHERE dictnamespace = pg_my_temp_schema()) \
- OR EXISTS (SELECT FROM pg_ts_parser WHERE prsnamespace = pg_my_temp_schema()) \
- OR EXISTS (SELECT FROM pg_ts_template WHERE tmplnamespace = pg_my_temp_schema()) \
- OR EXISTS (SELECT FROM pg_statistic_ext WHERE stxnamespace = pg_my_temp_schema())))::text, NULL \
-UNION ALL SELECT 't', 'temp_schema', (pg_my_temp_schema() <> 0)::text, NULL \
-UNION ALL SELECT 'x', 'advisory', (EXISTS (SELECT FROM pg_locks \
- WHERE locktype = 'advisory' AND pid = pg_backend_pid()))::text, NULL \
-UNION ALL SELECT 'x', 'listen', (EXISTS (SELECT FROM pg_listening_channels()))::text, NULL \
-UNION ALL SELECT 'x', 'cursor', (EXISTS (SELECT FROM pg_cursors WHERE name <> ''))::text, NULL";
+UNION ALL SELECT 'a', 'session_authorization', pg_catalog.current_setting('session_authorization'), NULL \
+UNION ALL SELECT 'r', 'role', pg_catalog.current_setting('role'), NULL \
+UNION ALL SELECT 'p', name, statement, parameter_types::pg_catalog.oid[]::pg_catalog.text || from_sql::pg_catalog.text \
+ FROM pg_catalog.pg_prepared_statements WHERE name <> '\u{7f}pgwake snapshot' \
+UNION ALL SELECT 'x', 'temp', (pg_catalog.pg_my_temp_schema() <> 0 AND ( \
+ EXISTS (SELECT FROM pg_catalog.pg_class WHERE relnamespace = pg_catalog.pg_my_temp_schema()) \
+ OR EXISTS (SELECT FROM pg_catalog.pg_proc WHERE pronamespace = pg_catalog.pg_my_temp_schema()) \
+ OR EXISTS (SELECT FROM pg_catalog.pg_type WHERE typnamespace = pg_catalog.pg_my_temp_schema()) \
+ OR EXISTS (SELECT FROM pg_catalog.pg_operator WHERE oprnamespace = pg_catalog.pg_my_temp_schema()) \
+ OR EXISTS (SELECT FROM pg_catalog.pg_collation WHERE collnamespace = pg_catalog.pg_my_temp_schema()) \
+ OR EXISTS (SELECT FROM pg_catalog.pg_conversion WHERE connamespace = pg_catalog.pg_my_temp_schema()) \
+ OR EXISTS (SELECT FROM pg_catalog.pg_opclass WHERE opcnamespace = pg_catalog.pg_my_temp_schema()) \
+ OR EXISTS (SELECT FROM pg_catalog.pg_opfamily WHERE opfnamespace = pg_catalog.pg_my_temp_schema()) \
+ OR EXISTS (SELECT FROM pg_catalog.pg_ts_config WHERE cfgnamespace = pg_catalog.pg_my_temp_schema()) \
+ OR EXISTS (SELECT FROM pg_catalog.pg_ts_dict WHERE dictnamespace = pg_catalog.pg_my_temp_schema()) \
+ OR EXISTS (SELECT FROM pg_catalog.pg_ts_parser WHERE prsnamespace = pg_catalog.pg_my_temp_schema()) \
+ OR EXISTS (SELECT FROM pg_catalog.pg_ts_template WHERE tmplnamespace = pg_catalog.pg_my_temp_schema()) \
+ OR EXISTS (SELECT FROM pg_catalog.pg_statistic_ext WHERE stxnamespace = pg_catalog.pg_my_temp_schema())))::pg_catalog.text, NULL \
+UNION ALL SELECT 't', 'temp_schema', (pg_catalog.pg_my_temp_schema() <> 0)::pg_catalog.text, NULL \
+UNION ALL SELECT 'x', 'advisory', (EXISTS (SELECT FROM pg_catalog.pg_locks \
+ WHERE locktype = 'advisory' AND pid = pg_catalog.pg_backend_pid()))::pg_catalog.text, NULL \
+UNION ALL SELECT 'x', 'listen', (EXISTS (SELECT FROM pg_catalog.pg_listening_channels()))::pg_catalog.text, NULL \
+UNION ALL SELECT 'x', 'cursor', (EXISTS (SELECT FROM pg_catalog.pg_cursors WHERE name <> ''))::pg_catalog.text, NULL \
+UNION ALL SELECT 'e', 'client_encoding', pg_catalog.current_setting('client_encoding'), NULL";
+
+/// Wraps the snapshot's rows (kind, name, value, extra) so that names and values travel as
+/// UTF-8 bytes, spelt in hex digits, whatever the session's `client_encoding`: read as text in
+/// a LATIN1 session they would come back changed (`ßchema` as `ï¿½chema`).
+fn as_utf8_bytes(rows_sql: &str) -> String {
+    format!(
+        "SELECT k, pg_catalog.encode(pg_catalog.convert_to(n, 'UTF8'), 'hex'), \
+         pg_catalog.encode(pg_catalog.convert_to(v, 'UTF8'), 'hex'), e \
+         FROM ({rows_sql}) AS u(k, n, v, e)"
+    )
+}
+
+/// The text that hex digits spell, taken as the UTF-8 it was converted to.
+fn from_hex_utf8(digits: &[u8]) -> String {
+    let bytes: Vec<u8> = digits
+        .chunks_exact(2)
+        .filter_map(|pair| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok())
+        .collect();
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// Text as a bytea literal in hex (`\x…`): plain ASCII, so it reaches the server unchanged
+/// whatever the connection's `client_encoding`.
+fn hex_bytes(text: &str) -> String {
+    let mut hex = String::with_capacity(2 + text.len() * 2);
+    hex.push_str("\\x");
+    for b in text.bytes() {
+        hex.push_str(&format!("{b:02x}"));
+    }
+    hex
+}
 
 /// Whether the session holds sequence state, asked without an error in the server's log: a
 /// block raises a notice the snapshot reads (with the notice level set for this block alone,
@@ -134,14 +168,16 @@ const SEQUENCE_STATE_NOTICE: &str = "pgwake: sequence state";
 /// that calls `set_config('app.tenant', …)` or runs `SET app.tenant`). Only the names that
 /// exist in the session are recorded. `{names}` is replaced by the quoted tracked names.
 const CUSTOM_SETTINGS_SQL: &str = r"
-UNION ALL SELECT 's', n, current_setting(n, true), NULL FROM (
- SELECT lower(m[1]) AS n FROM pg_proc AS p CROSS JOIN LATERAL regexp_matches(p.prosrc,
+UNION ALL SELECT 's', n, pg_catalog.current_setting(n, true), NULL FROM (
+ SELECT pg_catalog.lower(m[1]) AS n FROM pg_catalog.pg_proc AS p
+ CROSS JOIN LATERAL pg_catalog.regexp_matches(p.prosrc,
  E'(?:set_config\\s*\\(\\s*''|\\mset\\s+(?:session\\s+|local\\s+)?)([a-z_][a-z0-9_$]*(?:\\.[a-z_][a-z0-9_$]*)+)',
  'gi') AS m
- WHERE p.pronamespace <> 'pg_catalog'::regnamespace
- AND p.pronamespace <> 'information_schema'::regnamespace
- UNION SELECT unnest(ARRAY[{names}]::text[])) AS c
- WHERE current_setting(n, true) IS NOT NULL AND n NOT IN (SELECT name FROM pg_settings)";
+ WHERE p.pronamespace <> 'pg_catalog'::pg_catalog.regnamespace
+ AND p.pronamespace <> 'information_schema'::pg_catalog.regnamespace
+ UNION SELECT pg_catalog.unnest(ARRAY[{names}]::pg_catalog.text[])) AS c
+ WHERE pg_catalog.current_setting(n, true) IS NOT NULL
+ AND n NOT IN (SELECT name FROM pg_catalog.pg_settings)";
 
 /// How a prepared statement's result looked to the client when the session was recorded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -221,6 +257,9 @@ pub struct Snapshot {
     /// The unnamed statement, when the client made it with a text short enough to keep and it
     /// still exists: a client may bind it in a later batch.
     pub unnamed: Option<UnnamedStatement>,
+    /// The session's `client_encoding` (whether set by its startup or later), in which the
+    /// client's statement texts are restored.
+    pub client_encoding: String,
     /// The session has a temporary schema (it made a temporary object once, since dropped):
     /// `pg_my_temp_schema()` and `current_schemas(true)` show it.
     pub temp_schema: bool,
@@ -362,9 +401,10 @@ pub async fn take_snapshot(
         .map(|n| format!("'{n}'"))
         .collect();
     sql.push_str(&CUSTOM_SETTINGS_SQL.replace("{names}", &tracked.join(",")));
+    let sql = as_utf8_bytes(&sql);
     let sequence_sql = limits.sequences.sql();
     let mut out =
-        Vec::with_capacity(sql.len() + sequence_sql.as_ref().map_or(0, String::len) + 128);
+        Vec::with_capacity(sql.len() + sequence_sql.as_ref().map_or(0, String::len) + 512);
     ask(&mut out, &sql);
     if let Some(sequence_sql) = &sequence_sql {
         ask(&mut out, sequence_sql);
@@ -397,7 +437,8 @@ pub async fn take_snapshot(
                         .map(|b| String::from_utf8_lossy(b).into_owned())
                         .unwrap_or_default()
                 };
-                snap.absorb(&text(0), text(1), text(2), &text(3), login_user, limits);
+                let bytes = |i: usize| row[i].map(from_hex_utf8).unwrap_or_default();
+                snap.absorb(&text(0), bytes(1), bytes(2), &text(3), login_user, limits);
             }
             b'N' if sequence_check
                 && frontend::error_fields(msg.body()).message == SEQUENCE_STATE_NOTICE =>
@@ -547,6 +588,7 @@ impl Snapshot {
             "a" if value != login_user => self.session_authorization = Some(value),
             "r" if value != "none" => self.role = Some(value),
             "t" => self.temp_schema = value == "true",
+            "e" => self.client_encoding = value,
             "p" => {
                 // `{23,25}true`: the type array, then from_sql.
                 let (types, from_sql) = match extra.rfind('}') {
@@ -638,17 +680,40 @@ pub struct Restored {
     pub unnamed: bool,
 }
 
+/// The type OID of `bytea`.
+const BYTEA: u32 = 17;
+
 /// The pipelined requests that restore `snap`, and what each Sync's answer is for.
 fn restore_requests(snap: &Snapshot) -> (Vec<u8>, Vec<Step<'_>>) {
     let mut out = Vec::with_capacity(256 + snap.size * 2);
     let mut steps = Vec::new();
+    // Names and values travel as UTF-8 bytes, whatever the connection's client_encoding, and
+    // the function is the catalog's whatever search_path the settings restored so far hold.
     let assign = |out: &mut Vec<u8>, name: &str, value: &str| {
-        frontend::parse(out, "", "SELECT set_config($1, $2, false)", &[25, 25]);
-        frontend::bind_text(out, "", &[name, value]);
+        frontend::parse(
+            out,
+            "",
+            "SELECT pg_catalog.set_config(pg_catalog.convert_from($1, 'UTF8'), \
+             pg_catalog.convert_from($2, 'UTF8'), false)",
+            &[BYTEA, BYTEA],
+        );
+        frontend::bind_text(out, "", &[&hex_bytes(name), &hex_bytes(value)]);
         frontend::execute(out);
         frontend::sync(out);
     };
+    // Statement texts are the UTF-8 the snapshot read: parsed while the connection reads
+    // UTF-8, unless every text is ASCII, which every client encoding reads alike.
+    let switch_encoding = !snap.client_encoding.is_empty()
+        && !snap.client_encoding.eq_ignore_ascii_case("UTF8")
+        && snap.statements.iter().any(|s| !s.text.is_ascii());
+    if switch_encoding {
+        assign(&mut out, "client_encoding", "UTF8");
+        steps.push(Step::Setting("client_encoding"));
+    }
     for (name, value) in &snap.settings {
+        if switch_encoding && name == "client_encoding" {
+            continue;
+        }
         assign(&mut out, name, value);
         steps.push(Step::Setting(name));
     }
@@ -682,6 +747,11 @@ fn restore_requests(snap: &Snapshot) -> (Vec<u8>, Vec<Step<'_>>) {
         }
         frontend::sync(&mut out);
         steps.push(Step::Statement(s));
+    }
+    if switch_encoding {
+        // Before the unnamed statement, whose text the tracker kept as the client sent it.
+        assign(&mut out, "client_encoding", &snap.client_encoding);
+        steps.push(Step::Setting("client_encoding"));
     }
     // Last, as the steps above make unnamed statements of their own.
     match &snap.unnamed {
@@ -815,6 +885,15 @@ fn judge(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn text_travels_as_utf8_hex_both_ways() {
+        let text = "\"ßchema\", public; naïve café";
+        let hex = hex_bytes(text);
+        assert!(hex.is_ascii() && hex.starts_with("\\x"));
+        assert_eq!(from_hex_utf8(&hex.as_bytes()[2..]), text);
+        assert_eq!(from_hex_utf8(b""), "");
+    }
 
     #[test]
     fn snapshot_rows() {

@@ -21,6 +21,20 @@ pub fn all() -> Vec<Scenario> {
                 side("SELECT pg_try_advisory_lock(42)"),
             ],
         ),
+        sc_setup(
+            "advisory_lock_under_a_shadowing_search_path",
+            "CREATE SCHEMA shadow; \
+             CREATE VIEW shadow.pg_locks AS SELECT * FROM pg_catalog.pg_locks WHERE false; \
+             CREATE VIEW shadow.pg_settings AS SELECT * FROM pg_catalog.pg_settings WHERE false",
+            vec![
+                q("SET search_path = shadow, pg_catalog"),
+                q("SELECT pg_advisory_lock(77)"),
+                side("SELECT pg_try_advisory_lock(77)"),
+                q("SHOW search_path"),
+                side("SELECT pg_try_advisory_lock(77)"),
+                q("SELECT pg_advisory_unlock(77)"),
+            ],
+        ),
         sc(
             "advisory_lock_shared",
             vec![

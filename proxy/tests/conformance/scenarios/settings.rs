@@ -538,6 +538,29 @@ pub fn all() -> Vec<Scenario> {
                 q("SELECT count(*) FROM t"),
             ],
         ),
+        // Outside ASCII under a client encoding that is not UTF-8: the session's state is
+        // carried as the server holds it, not as the client's bytes read as UTF-8.
+        sc(
+            "latin1_client_keeps_non_ascii_state",
+            vec![
+                q("CREATE SCHEMA \"ßchema\"; CREATE TABLE \"ßchema\".enc_t (v text); \
+                   INSERT INTO \"ßchema\".enc_t VALUES ('ß inside'); \
+                   CREATE TABLE public.enc_t (v text); INSERT INTO public.enc_t VALUES ('public')"),
+                q("SET search_path = \"ßchema\", public"),
+                q("SET app.note = 'naïve café'"),
+                prep("enc_s", "SELECT v, 'é' AS e FROM enc_t", &[]),
+                q("PREPARE enc_p AS SELECT 'ü'::text AS u, count(*) FROM enc_t"),
+                q("SET client_encoding = 'LATIN1'"),
+                q("SELECT v FROM enc_t"),
+                q("SHOW search_path"),
+                q("SELECT current_setting('app.note')"),
+                exec("enc_s", &[]),
+                q("EXECUTE enc_p"),
+                q("SHOW client_encoding"),
+                q("RESET client_encoding"),
+                exec("enc_s", &[]),
+            ],
+        ),
         sc(
             "database_default_changed_while_idle",
             vec![
