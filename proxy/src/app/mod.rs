@@ -103,6 +103,31 @@ impl Gateway {
     }
 }
 
+/// The map of the gateway's cancel keys and, when this replica advertises an address to its
+/// peers, the forwarding of cancels whose keys name another replica.
+fn cancel_keys(
+    config: &Config,
+    kube: &backends::KubeBackends,
+    metrics: &Arc<Metrics>,
+    terminate: &CancellationToken,
+) -> Result<(Arc<CancelMap>, Option<Arc<PeerCancels>>), BuildError> {
+    let advertise = config
+        .listen
+        .peer
+        .and_then(|listen| config.peer.advertised(listen));
+    let cancels = Arc::new(match advertise {
+        Some(addr) => CancelMap::tagged(ReplicaTag::of(addr)),
+        None => CancelMap::default(),
+    });
+    let peers = match advertise {
+        Some(addr) => Some(Arc::new(peer_cancels(
+            config, addr, kube, &cancels, metrics, terminate,
+        )?)),
+        None => None,
+    };
+    Ok((cancels, peers))
+}
+
 /// Builds the gateway; fails on unusable certificates, a local backend that cannot run here, or
 /// an unreachable Kubernetes configuration. Sessions end when `terminate` fires, and as soon as
 /// they are at rest once `end_idle` does.
@@ -149,20 +174,7 @@ pub async fn build(
         &terminate,
     );
     let router = router(config, directory, profiles);
-    let advertise = config
-        .listen
-        .peer
-        .and_then(|listen| config.peer.advertised(listen));
-    let cancels = Arc::new(match advertise {
-        Some(addr) => CancelMap::tagged(ReplicaTag::of(addr)),
-        None => CancelMap::default(),
-    });
-    let peers = match advertise {
-        Some(addr) => Some(Arc::new(peer_cancels(
-            config, addr, &kube, &cancels, &metrics, &terminate,
-        )?)),
-        None => None,
-    };
+    let (cancels, peers) = cancel_keys(config, &kube, &metrics, &terminate)?;
     let connector = connector(config, &cancels, &metrics, &coordinator)?;
     let sessions = sessions(
         config,
