@@ -303,7 +303,7 @@ pub(super) fn capacity_settings(config: &crate::config::Config) -> CapacitySetti
             open_files = soft,
             max_client_connections = fitted.max_clients,
             max_unauthenticated_connections = fitted.max_unauthenticated,
-            "default connection caps fitted to the file limit"
+            "the file limit holds fewer connections than the default caps: caps lowered"
         );
     }
     fitted
