@@ -28,3 +28,5 @@ pub const INTERNAL_ERROR: &str = "XX000";
 pub const CRASH_SHUTDOWN: &str = "57P02";
 /// `57P05` idle_session_timeout: an idle session was ended.
 pub const IDLE_SESSION_TIMEOUT: &str = "57P05";
+/// `25P03` idle_in_transaction_session_timeout: a session idle inside a transaction was ended.
+pub const IDLE_IN_TRANSACTION_SESSION_TIMEOUT: &str = "25P03";

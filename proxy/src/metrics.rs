@@ -31,6 +31,7 @@ pub const ERROR_KINDS: &[&str] = &[
     "gateway_full",
     "http_response_spill",
     "http_response_too_large",
+    "idle_in_transaction",
     "internal",
     "login_evicted",
     "login_refused",

@@ -344,3 +344,48 @@ async fn admin_connections_are_capped_and_have_deadlines() {
         "{idled:?}"
     );
 }
+
+/// F4: `limits.idle_in_transaction_timeout` is the gateway's promise to a capped tenant, so a
+/// client that switches off Postgres's own timeout for its session (`SET`, `SET LOCAL`,
+/// `set_config`) is still ended, with the FATAL `25P03` Postgres would send.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_cannot_lift_the_idle_in_transaction_limit() {
+    let pg = tokio::task::spawn_blocking(common::backend).await.unwrap();
+    let extra = "allow_plaintext = true\n[limits]\nidle_in_transaction_timeout = \"1s\"\n";
+    let gw = Gateway::start(&pg, extra, &[]);
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user={} password={} dbname=alpha.postgres sslmode=disable",
+        gw.port, pg.options.user, pg.options.password
+    );
+    let (client, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let ended = tokio::spawn(conn);
+    client
+        .batch_execute(
+            "SET idle_in_transaction_session_timeout = 0; BEGIN; \
+             SELECT set_config('idle_in_transaction_session_timeout', '0', true)",
+        )
+        .await
+        .unwrap();
+    // Busy inside the transaction for longer than the limit: not idle, not ended.
+    client.batch_execute("SELECT pg_sleep(1.5)").await.unwrap();
+    let started = std::time::Instant::now();
+    let end = tokio::time::timeout(Duration::from_secs(10), ended)
+        .await
+        .expect("the gateway ends the session idle in its transaction")
+        .unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    let err = end.expect_err("ended with an error");
+    assert_eq!(err.code().map(|c| c.code()), Some("25P03"), "{err}");
+    assert!(client.is_closed());
+    // The same without a transaction open: an idle session is left alone.
+    let (client, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let ended = tokio::spawn(conn);
+    client.batch_execute("SELECT 1").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(!ended.is_finished());
+    client.batch_execute("SELECT 1").await.unwrap();
+}

@@ -274,6 +274,8 @@ fn sessions(
         relay: RelaySettings {
             buffer: config.limits.relay_buffer.as_u64() as usize,
             max_message: config.limits.max_message.as_u64() as u32,
+            idle_in_transaction: Some(config.limits.idle_in_transaction_timeout)
+                .filter(|t| !t.is_zero()),
         },
         snapshot_timeout: config.limits.login_timeout,
         terminate: terminate.clone(),

@@ -44,6 +44,8 @@ pub enum RelayEnd {
     BackendFrame(FrameError),
     /// The gateway ended the session while shutting down.
     Terminated,
+    /// The gateway ended the session: idle inside a transaction past its limit.
+    IdleInTransaction,
     /// The session sat at a safe point with nothing moving for the watch's `quiet_after`.
     Quiet,
     /// A park request arrived and the session is at a safe point.
@@ -77,6 +79,7 @@ impl RelayEnd {
             RelayEnd::ClientFrame(_) => Some("client_protocol"),
             RelayEnd::BackendFrame(_) => Some("backend_protocol"),
             RelayEnd::Terminated => Some("shutdown"),
+            RelayEnd::IdleInTransaction => Some("idle_in_transaction"),
         }
     }
 }
@@ -363,6 +366,10 @@ pub struct RelaySettings {
     pub buffer: usize,
     /// Largest message body accepted in either direction.
     pub max_message: u32,
+    /// How long a session may stay idle inside a transaction before the gateway ends it
+    /// (`limits.idle_in_transaction_timeout`), whatever the session set its own
+    /// `idle_in_transaction_session_timeout` to; `None`: no limit.
+    pub idle_in_transaction: Option<Duration>,
 }
 
 /// What the relay watches besides the two streams, and when it hands the session back.
@@ -461,6 +468,7 @@ pub async fn relay(
         Err(e) => return RelayEnd::ClientFrame(e),
     };
     let mut shutdown = Shutdown::new(ending);
+    let mut transaction_limit = TransactionLimit::new(settings.idle_in_transaction);
     let quiet = (quiet_after, quiet_first);
     let mut handback = Handback::new(changed(park), changed(migrate), quiet);
 
@@ -504,7 +512,7 @@ pub async fn relay(
             &mut BackendTap(tracker),
             hold,
         ) {
-            return Poll::Ready(backend_end(r, &b2c, shutdown.started()));
+            return Poll::Ready(backend_end(r, &b2c, shutdown.why()));
         }
         if let Some(report) = on_transaction.as_mut() {
             let now = tracker.status() != TxStatus::Idle;
@@ -521,12 +529,25 @@ pub async fn relay(
             && b2c.drained()
             && !c2b.need_flush
             && !b2c.need_flush;
+        let idle_in_transaction = tracker.status() != TxStatus::Idle
+            && !tracker.in_flight()
+            && !tracker.in_copy()
+            && c2b.drained()
+            && b2c.drained()
+            && !c2b.need_flush
+            && !b2c.need_flush;
+        let moved = c2b.moved || b2c.moved;
+        if transaction_limit.expired(cx, idle_in_transaction, moved) {
+            shutdown.end_idle_transaction(&mut b2c);
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
         if shutdown.end_if_idle(cx, at_rest, &mut b2c) {
             // The FATAL goes out on the next turn, from the backend's direction.
             cx.waker().wake_by_ref();
             return Poll::Pending;
         }
-        handback.poll(cx, at_rest, c2b.moved || b2c.moved)
+        handback.poll(cx, at_rest, moved)
     })
     .await;
     finish(end, client, backend, &c2b, keep_backend).await
@@ -568,10 +589,12 @@ fn client_end(r: Result<(), PumpError>) -> RelayEnd {
     }
 }
 
-/// How the backend-to-client direction ended (`terminating`: the gateway is shutting down).
-fn backend_end(r: Result<(), PumpError>, b2c: &Pump, terminating: bool) -> RelayEnd {
+/// How the backend-to-client direction ended (`ending`: why the gateway is ending the session,
+/// if it is).
+fn backend_end(r: Result<(), PumpError>, b2c: &Pump, ending: Option<Why>) -> RelayEnd {
     match r {
-        Ok(()) if terminating => RelayEnd::Terminated,
+        Ok(()) if ending == Some(Why::Shutdown) => RelayEnd::Terminated,
+        Ok(()) if ending == Some(Why::IdleInTransaction) => RelayEnd::IdleInTransaction,
         Ok(()) => RelayEnd::BackendClosed,
         Err(PumpError::Read(e)) => RelayEnd::BackendIo(e),
         Err(PumpError::Write(e)) => RelayEnd::ClientIo(e),
@@ -592,6 +615,50 @@ struct Shutdown<T> {
     /// The client's bytes are no longer read: the session was ended at rest, and a query sent
     /// after that decision must not run without its client hearing the result.
     client_cut: bool,
+    /// What ends the session once it has begun.
+    why: Why,
+}
+
+/// Why the gateway ends a session in the middle of its relay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Why {
+    /// The gateway is shutting down.
+    Shutdown,
+    /// It stayed idle inside a transaction past `limits.idle_in_transaction_timeout`.
+    IdleInTransaction,
+}
+
+/// The gateway's own idle-in-transaction limit: Postgres's setting of the same meaning is set
+/// at every login, but a client can lift it for its session (`SET`, `SET LOCAL`,
+/// `set_config`) and hold a capped tenant's connection for ever.
+struct TransactionLimit {
+    limit: Option<Duration>,
+    /// Runs while the session is idle inside a transaction.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl TransactionLimit {
+    fn new(limit: Option<Duration>) -> Self {
+        TransactionLimit { limit, timer: None }
+    }
+
+    /// True once the session has been `idle_in_transaction` for the whole limit; `moved`
+    /// says bytes moved in this poll (the wait starts again).
+    fn expired(&mut self, cx: &mut Context<'_>, idle_in_transaction: bool, moved: bool) -> bool {
+        let Some(limit) = self.limit else {
+            return false;
+        };
+        if !idle_in_transaction || moved {
+            self.timer = None;
+        }
+        if !idle_in_transaction {
+            return false;
+        }
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        timer.as_mut().poll(cx).is_ready()
+    }
 }
 
 impl<'a> Shutdown<tokio_util::sync::WaitForCancellationFuture<'a>> {
@@ -602,6 +669,7 @@ impl<'a> Shutdown<tokio_util::sync::WaitForCancellationFuture<'a>> {
             idle_ends: Box::pin(ending.when_idle.cancelled()),
             boundary_wait: None,
             client_cut: false,
+            why: Why::Shutdown,
         }
     }
 }
@@ -612,17 +680,36 @@ impl<T: Future<Output = ()>> Shutdown<T> {
         self.boundary_wait.is_some()
     }
 
+    /// Why the session is being ended, once it is.
+    fn why(&self) -> Option<Why> {
+        self.started().then_some(self.why)
+    }
+
     /// Queues the FATAL for the client and starts the wait for a boundary.
     fn begin(&mut self, b2c: &mut Pump) {
-        b2c.inject = Some(
-            ErrorMessage::fatal(
+        let (code, message) = match self.why {
+            Why::Shutdown => (
                 sqlstate::ADMIN_SHUTDOWN,
                 "terminating connection because the gateway is shutting down",
-            )
-            .to_bytes()
-            .to_vec(),
-        );
+            ),
+            Why::IdleInTransaction => (
+                sqlstate::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
+                "terminating connection due to idle-in-transaction timeout",
+            ),
+        };
+        b2c.inject = Some(ErrorMessage::fatal(code, message).to_bytes().to_vec());
         self.boundary_wait = Some(Box::pin(tokio::time::sleep(TERMINATE_BOUNDARY_WAIT)));
+    }
+
+    /// Ends a session idle inside its transaction for longer than the gateway allows, as
+    /// Postgres's own timeout would: FATAL `25P03`, and its client is no longer read.
+    fn end_idle_transaction(&mut self, b2c: &mut Pump) {
+        if self.started() {
+            return;
+        }
+        self.why = Why::IdleInTransaction;
+        self.client_cut = true;
+        self.begin(b2c);
     }
 
     /// Begins the shutdown of a session `at_rest` once idle sessions are to end; true when it
@@ -646,7 +733,10 @@ impl<T: Future<Output = ()>> Shutdown<T> {
             .as_mut()
             .map(|wait| wait.as_mut().poll(cx))
         {
-            Some(Poll::Ready(())) => Poll::Ready(RelayEnd::Terminated),
+            Some(Poll::Ready(())) => Poll::Ready(match self.why {
+                Why::Shutdown => RelayEnd::Terminated,
+                Why::IdleInTransaction => RelayEnd::IdleInTransaction,
+            }),
             _ => Poll::Pending,
         }
     }
