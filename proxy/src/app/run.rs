@@ -93,7 +93,8 @@ pub async fn run(
     // Served until the sessions are gone (not just until accepting stops): draining sessions'
     // clients may still cancel through another replica.
     if let (Some(l), Some(peers)) = (peer_listener, &gateway.pipeline().peers) {
-        tokio::spawn(peers.clone().serve(l, gateway.front.terminate.clone()));
+        let max = config.peer.max_connections;
+        tokio::spawn(peers.clone().serve(l, max, gateway.front.terminate.clone()));
     }
     let shards = Arc::new(
         front::Shards::start(config.listen.session_threads)
@@ -275,12 +276,16 @@ pub(super) fn capacity_settings(config: &crate::config::Config) -> CapacitySetti
     else {
         return configured;
     };
-    // The admin listener's connections are capped on their own, beside the clients'.
+    // The admin and peer listeners' connections are capped on their own, beside the clients'.
     let admin = match config.listen.admin {
         Some(_) => config.admin.max_connections as u64,
         None => 0,
     };
-    let fitted = configured.fitted_to(soft, backend_bound(config), admin);
+    let peer = match config.listen.peer {
+        Some(_) => config.peer.max_connections as u64,
+        None => 0,
+    };
+    let fitted = configured.fitted_to(soft, backend_bound(config), admin + peer);
     // The default caps are more than an ordinary file limit (1024) can hold, so lowering them is
     // what every start on an ordinary machine does, not news; a cap someone chose and the
     // process cannot hold is.

@@ -46,6 +46,9 @@ pub struct PeerConfig {
     /// Time to connect to a peer and get its answer, and for a peer to send its request.
     #[serde(with = "super::duration")]
     pub request_timeout: Duration,
+    /// Connections `listen.peer` holds at once; when full, the oldest is closed to make room.
+    /// Kept aside from the file limit before the client caps are fitted to it.
+    pub max_connections: usize,
 }
 
 impl Default for PeerConfig {
@@ -63,6 +66,7 @@ impl Default for PeerConfig {
             limiter_capacity: 10_000,
             max_clock_skew: Duration::from_secs(30),
             request_timeout: Duration::from_secs(2),
+            max_connections: 256,
         }
     }
 }
@@ -104,10 +108,15 @@ impl PeerConfig {
                 "forward_rate and serve_rate must be greater than zero",
             ));
         }
-        if self.forward_burst == 0 || self.serve_burst == 0 || self.limiter_capacity == 0 {
+        if self.forward_burst == 0
+            || self.serve_burst == 0
+            || self.limiter_capacity == 0
+            || self.max_connections == 0
+        {
             return Err(invalid(
                 "peer.forward_burst",
-                "forward_burst, serve_burst and limiter_capacity must be at least 1",
+                "forward_burst, serve_burst, limiter_capacity and max_connections must be at \
+                 least 1",
             ));
         }
         if self.max_clock_skew.is_zero() || self.request_timeout.is_zero() {

@@ -29,6 +29,7 @@ pub use endpoints::PeerEndpoints;
 pub use limiter::{RateLimiter, RateSettings};
 
 use crate::cancel::{CancelMap, ReplicaTag};
+use crate::capacity::ListenerCap;
 use crate::metrics::Metrics;
 
 /// How a replica forwards and answers cancels, from `[peer]`.
@@ -139,8 +140,17 @@ impl PeerCancels {
     }
 
     /// Answers forwarded cancels on `listener` until `stop` fires, from this replica's keys only.
-    pub async fn serve(self: Arc<Self>, listener: TcpListener, stop: CancellationToken) {
+    /// It holds at most `max_connections` at once: the oldest is closed to make room, so a
+    /// flood of connections ends its own before it can take the gateway's file descriptors
+    /// (each lasts `request_timeout` at most anyway).
+    pub async fn serve(
+        self: Arc<Self>,
+        listener: TcpListener,
+        max_connections: usize,
+        stop: CancellationToken,
+    ) {
         info!(addr = ?listener.local_addr().ok(), tag = ?self.tag, "peer listener serving");
+        let cap = ListenerCap::new(max_connections);
         loop {
             let (stream, peer) = tokio::select! {
                 _ = stop.cancelled() => return,
@@ -153,8 +163,20 @@ impl PeerCancels {
                     }
                 },
             };
+            // Never `None`: no connection is marked busy, so the oldest always makes room.
+            let Some(slot) = cap.open() else {
+                continue;
+            };
             let this = self.clone();
-            tokio::spawn(async move { this.answer(stream, peer).await });
+            tokio::spawn(async move {
+                let evicted = slot.eviction();
+                tokio::select! {
+                    _ = this.answer(stream, peer) => {}
+                    _ = evicted.cancelled() => {
+                        debug!(%peer, max_connections, "peer connection closed to make room");
+                    }
+                }
+            });
         }
     }
 
