@@ -51,6 +51,8 @@ pub enum SessionError {
         forbidden: bool,
         /// The user whose failed password the client was told of, when hidden.
         hidden_as: Option<String>,
+        /// When revealed: a configured tenant a typo away from the one named, to suggest.
+        nearest: Option<String>,
     },
     /// The client's password was wrong, or the user unknown (the same answer for both).
     #[error("password authentication failed for user {0:?}")]
@@ -342,6 +344,22 @@ impl SessionError {
                 format!("conflicting tenant names: {}", self.inner_text()),
             )
             .with_hint("name the tenant one way, or the same way everywhere"),
+            // Revealed and not forbidden: the tenant named is told back, and the one a typo
+            // away suggested (the answer stays the same as for a forbidden one otherwise).
+            SessionError::UnknownTenant {
+                tenant,
+                forbidden: false,
+                hidden_as: None,
+                nearest,
+            } => ErrorMessage::fatal(
+                SQLSERVER_REJECTED_ESTABLISHMENT_OF_SQLCONNECTION,
+                "unknown or forbidden tenant",
+            )
+            .with_detail(format!("no tenant \"{tenant}\" is configured"))
+            .with_hint(match nearest {
+                Some(near) => format!("did you mean \"{near}\"?"),
+                None => TENANT_HINT.to_owned(),
+            }),
             SessionError::Route(ResolveError::NotNamed) | SessionError::UnknownTenant { .. } => {
                 ErrorMessage::fatal(
                     SQLSERVER_REJECTED_ESTABLISHMENT_OF_SQLCONNECTION,

@@ -102,8 +102,22 @@ fn conflicting_and_unknown_tenants_get_08004() {
     );
     let err = stderr(&out);
     assert!(err.contains("unknown or forbidden tenant"), "{err}");
+    assert!(err.contains("no tenant \"nosuch\" is configured"), "{err}");
     assert!(
-        err.contains("HINT") || err.contains("options=endpoint"),
+        err.contains("HINT") && err.contains("options=endpoint"),
+        "{err}"
+    );
+    // A typo is named back with the tenant meant (in reveal mode only: by default it reads as a
+    // wrong password, auth.rs's a_mistyped_tenant_reads_as_a_wrong_password_to_the_client_only).
+    let out = gw.psql(
+        &pg,
+        &format!("host=127.0.0.1 sslmode=require user={user} dbname=alpah.postgres"),
+        "select 1",
+    );
+    let err = stderr(&out);
+    assert!(
+        err.contains("no tenant \"alpah\" is configured")
+            && err.contains("HINT:  did you mean \"alpha\"?"),
         "{err}"
     );
 

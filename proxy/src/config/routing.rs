@@ -13,7 +13,8 @@ pub enum UnknownTenant {
     /// tenant names cannot be listed by probing.
     #[default]
     PasswordFailed,
-    /// FATAL `08004` "unknown or forbidden tenant", with a hint on how to name one.
+    /// FATAL `08004` "unknown or forbidden tenant"; a tenant that does not exist is named back,
+    /// with a configured one a typo away as the hint, else a hint on how to name one.
     Reveal,
 }
 

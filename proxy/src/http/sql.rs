@@ -416,18 +416,11 @@ async fn admit(
     let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
     let user = get("user").unwrap_or_default();
     let Some((tenant, profile)) = gw.router.admit(&resolved.tenant, peer) else {
-        let unknown = gw.router.unknown_tenant;
-        let forbidden = gw.router.directory.get(&resolved.tenant).is_some();
+        let refusal = gw.router.refusal(&resolved.tenant);
         let password = &target.password;
         let refused = gw
             .auth
-            .refuse_unknown_password(
-                unknown,
-                peer,
-                (&resolved.tenant, forbidden),
-                &user,
-                password,
-            )
+            .refuse_unknown_password(&refusal, peer, &resolved.tenant, &user, password)
             .await;
         return Err(refused.into());
     };

@@ -84,9 +84,9 @@ async fn authenticate_named(
 ) -> Result<Checked, SessionError> {
     tracing::Span::current().record("tenant", id.as_str());
     let Some((tenant, profile)) = router.admit(id, peer) else {
-        let (unknown, forbidden) = (router.unknown_tenant, router.directory.get(id).is_some());
+        let refusal = router.refusal(id);
         return Err(auth
-            .refuse_unknown_tenant(unknown, client, peer, (id, forbidden), user, slot)
+            .refuse_unknown_tenant(&refusal, client, peer, id, user, slot)
             .await);
     };
     slot.claim_tenant(&tenant.id, profile.max_clients)
@@ -127,9 +127,9 @@ async fn route_by_password(
     };
     tracing::Span::current().record("tenant", id.as_str());
     let Some((tenant, profile)) = router.admit(&id, peer) else {
-        let (unknown, forbidden) = (router.unknown_tenant, router.directory.get(&id).is_some());
+        let refusal = router.refusal(&id);
         return Err(auth
-            .refuse_unknown_password(unknown, peer, (&id, forbidden), user, password)
+            .refuse_unknown_password(&refusal, peer, &id, user, password)
             .await);
     };
     slot.claim_tenant(&tenant.id, profile.max_clients)

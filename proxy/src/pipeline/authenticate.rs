@@ -9,6 +9,7 @@ use std::time::Duration;
 use pgwake_routing::TenantId;
 use tokio::io::AsyncWriteExt;
 
+use super::route::TenantRefusal;
 use crate::auth::client::authenticate_client;
 use crate::auth::password::PasswordChecker;
 use crate::auth::throttle::{Reservation, Throttle};
@@ -189,23 +190,24 @@ impl Authenticator {
         result
     }
 
-    /// The answer to a client naming a tenant that does not exist or is `forbidden` to it: by
+    /// The answer to a client naming a tenant that does not exist or is forbidden to it: by
     /// default the very exchange and answer of a wrong password (`routing.unknown_tenant`).
     pub async fn refuse_unknown_tenant(
         &self,
-        unknown: UnknownTenant,
+        refusal: &TenantRefusal,
         client: &mut Stream,
         peer: SocketAddr,
-        (tenant, forbidden): (&TenantId, bool),
+        tenant: &TenantId,
         user: Option<&str>,
         slot: &mut ClientSlot,
     ) -> SessionError {
         let refused = |hidden_as: Option<&str>| SessionError::UnknownTenant {
             tenant: tenant.to_string(),
-            forbidden,
+            forbidden: refusal.forbidden,
             hidden_as: hidden_as.map(str::to_owned),
+            nearest: refusal.nearest.as_ref().map(TenantId::to_string),
         };
-        if unknown == UnknownTenant::Reveal {
+        if refusal.answer == UnknownTenant::Reveal {
             return refused(None);
         }
         let Some(user) = user else {
@@ -226,14 +228,14 @@ impl Authenticator {
     /// of a wrong one.
     pub async fn refuse_unknown_password(
         &self,
-        unknown: UnknownTenant,
+        refusal: &TenantRefusal,
         peer: SocketAddr,
-        (tenant, forbidden): (&TenantId, bool),
+        tenant: &TenantId,
         user: &str,
         password: &str,
     ) -> SessionError {
         let mut hidden_as = None;
-        if unknown == UnknownTenant::PasswordFailed {
+        if refusal.answer == UnknownTenant::PasswordFailed {
             match self
                 .check_password(peer, tenant, &NoUsers, user, password)
                 .await
@@ -245,8 +247,9 @@ impl Authenticator {
         }
         SessionError::UnknownTenant {
             tenant: tenant.to_string(),
-            forbidden,
+            forbidden: refusal.forbidden,
             hidden_as,
+            nearest: refusal.nearest.as_ref().map(TenantId::to_string),
         }
     }
 
