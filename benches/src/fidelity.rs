@@ -4,8 +4,9 @@
 //! zoo's ORMs (see [`crate::zoo`]) run the six steps of their flow at the same times instead. The
 //! hour is run time-scaled (every duration of the workload and of the gateway's idle handling
 //! divided by the same factor); the tenant's state is sampled every 5 ms, and the time it was not
-//! asleep is scaled back with starts and shutdowns at their real length. With `--baseline`,
-//! every application runs against a second pgwake binary too, right after, in the same run.
+//! asleep is scaled back with starts, shutdowns and the zoo's steps at their real length. With
+//! `--baseline`, every application runs against a second pgwake binary too, right after, in the
+//! same run.
 //!
 //! The ideal is what a perfect gateway costs: each wake runs the database for the idle timeout
 //! plus the wake itself. The anchor is a gateway that keeps a tenant awake while any connection
@@ -178,6 +179,9 @@ pub struct Row {
     pub transitions: Duration,
     /// Of which waking.
     pub waking: Duration,
+    /// Of which awake while a zoo step ran: the application's own work, which takes as long
+    /// in a real hour as in a scaled one (real length at any scale, like the transitions).
+    pub steps: Duration,
     /// Time scale.
     pub scale: u32,
     /// Connections the application's pool held open.
@@ -197,10 +201,12 @@ pub struct Row {
 }
 
 impl Row {
-    /// Awake seconds per real hour: the scaled part times the scale, starts and shutdowns once.
+    /// Awake seconds per real hour: the scaled part times the scale, starts, shutdowns and the
+    /// zoo's steps once.
     pub fn per_hour_s(&self) -> f64 {
-        let scaled = self.awake.saturating_sub(self.transitions).as_secs_f64();
-        scaled * f64::from(self.scale) + self.transitions.as_secs_f64()
+        let real = self.transitions + self.steps;
+        let scaled = self.awake.saturating_sub(real).as_secs_f64();
+        scaled * f64::from(self.scale) + real.as_secs_f64()
     }
 
     /// The ideal: every wake runs the database for the idle timeout plus the wake itself (one
@@ -285,8 +291,21 @@ struct Sampled {
     awake: Duration,
     transitions: Duration,
     waking: Duration,
+    /// Awake while the application said it was busy.
+    steps: Duration,
     /// Sessions parked at each sleep.
     parked: Vec<f64>,
+}
+
+/// What the application is doing, as its driver tells [`sample`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tick {
+    /// Waiting (or keeping its own time).
+    Idle,
+    /// Running a step of the zoo's flow.
+    Busy,
+    /// Finished its hour.
+    Done,
 }
 
 /// Samples the tenant's state every 5 ms from `last` on, calling `drive` between samples until
@@ -295,11 +314,13 @@ fn sample(
     gw: &LocalGateway,
     mut last: (Instant, String),
     limit: Instant,
-    mut drive: impl FnMut(Instant) -> Result<bool>,
+    mut drive: impl FnMut(Instant) -> Result<Tick>,
 ) -> Result<Sampled> {
     let mut s = Sampled::default();
+    let mut was = Tick::Idle;
     loop {
-        if drive(Instant::now())? {
+        let tick = drive(Instant::now())?;
+        if tick == Tick::Done {
             return Ok(s);
         }
         if Instant::now() > limit {
@@ -319,7 +340,12 @@ fn sample(
                 s.awake += span;
                 s.transitions += span;
             }
-            _ => s.awake += span,
+            _ => {
+                s.awake += span;
+                if was == Tick::Busy {
+                    s.steps += span;
+                }
+            }
         }
         if last.1 != "waking" && state == "waking" {
             s.wakes += 1;
@@ -328,6 +354,7 @@ fn sample(
             s.parked.push(gw.metric(SESSIONS_PARKED)?);
         }
         last = (now, state);
+        was = tick;
         sleep(Duration::from_millis(5));
     }
 }
@@ -377,6 +404,7 @@ fn run_app(binary: &Path, app: App, scale: u32) -> Result<Row> {
         awake: sampled.awake,
         transitions: sampled.transitions,
         waking: sampled.waking,
+        steps: sampled.steps,
         scale,
         pool,
         parked_share,
@@ -405,12 +433,12 @@ fn run_driver(gw: &LocalGateway, app: App, scale: u32, limit: Duration) -> Resul
     let sampled = sample(gw, start, Instant::now() + limit, |_| {
         while let Some(l) = lines.try_next()? {
             match l.as_str() {
-                "done" => return Ok(true),
+                "done" => return Ok(Tick::Done),
                 l if l.starts_with("query ") => answered += 1,
                 l => bail!("the application printed {l:?}"),
             }
         }
-        Ok(false)
+        Ok(Tick::Idle)
     })?;
     if answered != QUERIES {
         bail!("{answered} of {QUERIES} queries answered");
@@ -454,17 +482,22 @@ fn run_zoo(
     let end = start + HOUR / scale;
     let sampled = sample(gw, (start, state), start + limit, |now| {
         if !app.poll()? {
-            return Ok(false);
+            return Ok(Tick::Busy);
         }
         let next = app.steps_done();
         if next < QUERIES {
             if now >= start + every / 2 + every * next {
                 app.begin_step()?;
+                return Ok(Tick::Busy);
             }
-            return Ok(false);
+            return Ok(Tick::Idle);
         }
-        Ok(now >= end)
+        Ok(if now >= end { Tick::Done } else { Tick::Idle })
     })?;
+    notes.push(format!(
+        "its steps ran {:.1} s while the tenant was awake, counted at real length",
+        sampled.steps.as_secs_f64()
+    ));
     let pool = app.pool;
     let through = app.finish()?;
     Ok((pool, sampled, zoo::differences(&direct, &through), notes))
@@ -494,7 +527,8 @@ pub fn render(
          update / delete flow (a transaction each) at the same times. Idle timeout {} min, \
          `snapshot_after` {} s, sleeper interval {} s, `[revival]` otherwise the defaults; one \
          hour run at 1/{scale} ({} s). The tenant's state sampled every 5 ms; time not asleep \
-         scaled back, waking and sleeping counted at real length. Ideal: wakes × (idle timeout + \
+         scaled back, waking, sleeping and the zoo's steps (the application's own work, as long in a \
+         real hour) counted at real length. Ideal: wakes × (idle timeout + \
          wake time). Anchor: a gateway that keeps the tenant awake while a connection is open \
          (the whole hour). Parked: the share of the pool's connections parked when the tenant \
          was found asleep, the mean over the sleeps (and the least where lower). Direct vs \
