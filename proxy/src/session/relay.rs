@@ -523,26 +523,14 @@ pub async fn relay(
         if shutdown.started() {
             return Poll::Pending;
         }
-        // Both directions would block: see whether the caller wants the session back.
-        let at_rest = tracker.at_rest()
-            && c2b.drained()
-            && b2c.drained()
-            && !c2b.need_flush
-            && !b2c.need_flush;
-        let idle_in_transaction = tracker.status() != TxStatus::Idle
-            && !tracker.in_flight()
-            && !tracker.in_copy()
-            && c2b.drained()
-            && b2c.drained()
-            && !c2b.need_flush
-            && !b2c.need_flush;
+        // Both directions would block: see whether the session ends or goes back.
+        let still = stillness(tracker, &c2b, &b2c);
+        let at_rest = still == Stillness::AtRest;
         let moved = c2b.moved || b2c.moved;
-        if transaction_limit.expired(cx, idle_in_transaction, moved) {
+        if transaction_limit.expired(cx, still == Stillness::IdleInTransaction, moved) {
             shutdown.end_idle_transaction(&mut b2c);
-            cx.waker().wake_by_ref();
-            return Poll::Pending;
         }
-        if shutdown.end_if_idle(cx, at_rest, &mut b2c) {
+        if shutdown.started() || shutdown.end_if_idle(cx, at_rest, &mut b2c) {
             // The FATAL goes out on the next turn, from the backend's direction.
             cx.waker().wake_by_ref();
             return Poll::Pending;
@@ -551,6 +539,30 @@ pub async fn relay(
     })
     .await;
     finish(end, client, backend, &c2b, keep_backend).await
+}
+
+/// Where a session stands while both directions wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stillness {
+    /// Bytes wait to be written, or a request is being answered.
+    Busy,
+    /// At a safe point: no transaction open, nothing in flight.
+    AtRest,
+    /// Inside a transaction, with nothing in flight: the client's turn.
+    IdleInTransaction,
+}
+
+fn stillness(tracker: &SessionTracker, c2b: &Pump, b2c: &Pump) -> Stillness {
+    let drained = c2b.drained() && b2c.drained() && !c2b.need_flush && !b2c.need_flush;
+    if !drained {
+        Stillness::Busy
+    } else if tracker.at_rest() {
+        Stillness::AtRest
+    } else if tracker.status() != TxStatus::Idle && !tracker.in_flight() && !tracker.in_copy() {
+        Stillness::IdleInTransaction
+    } else {
+        Stillness::Busy
+    }
 }
 
 /// The two directions of a relay run, the client's with any bytes read while it was parked.
