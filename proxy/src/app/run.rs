@@ -35,6 +35,25 @@ pub struct StopRequest {
     pub now: CancellationToken,
 }
 
+/// Takes the local backend's data folder for this process (refusing while another gateway
+/// serves it) and stops the postmasters an earlier run left in it.
+async fn claim_local_data(gateway: &Gateway) -> anyhow::Result<()> {
+    let Some(local) = &gateway.local else {
+        return Ok(());
+    };
+    local.claim().map_err(|e| match e {
+        ClaimError::InUse { pid, .. } => anyhow::anyhow!(
+            "{e}: stop it first{}, or set local.data_dir to another folder",
+            pid.map(|p| format!(" (kill {p})")).unwrap_or_default()
+        ),
+        ClaimError::Io(_) => anyhow::anyhow!("local.data_dir: {e}"),
+    })?;
+    for t in gateway.pipeline().router.directory.all() {
+        local.stop_stale(&t.id).await;
+    }
+    Ok(())
+}
+
 /// Serves until `stop_request.drain` fires, then drains: stop accepting, `/readyz` 503,
 /// connections not yet relaying (held for a wake, waiting for a backend connection, logging in)
 /// end at once with FATAL 57P01, relaying sessions get `shutdown_grace` (idle ones none with
@@ -51,18 +70,7 @@ pub async fn run(
     // Bound before the admin listener, so /readyz never answers for a gateway that then fails.
     let peer_listener = bind_some("listen.peer", config.listen.peer).await?;
     let http_listener = bind_some("listen.http", config.listen.http).await?;
-    if let Some(local) = &gateway.local {
-        local.claim().map_err(|e| match e {
-            ClaimError::InUse { pid, .. } => anyhow::anyhow!(
-                "{e}: stop it first{}, or set local.data_dir to another folder",
-                pid.map(|p| format!(" (kill {p})")).unwrap_or_default()
-            ),
-            ClaimError::Io(_) => anyhow::anyhow!("local.data_dir: {e}"),
-        })?;
-        for t in gateway.pipeline().router.directory.all() {
-            local.stop_stale(&t.id).await;
-        }
-    }
+    claim_local_data(&gateway).await?;
     let admin_state = admin_state(&config, &gateway)?;
     let sleeper_stop = CancellationToken::new();
     let replenisher = start_background_jobs(&gateway, &sleeper_stop);
