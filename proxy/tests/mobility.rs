@@ -544,3 +544,39 @@ async fn asyncpg_and_pgx_meet_reshaped_tables_after_a_move_as_they_do_directly()
         assert_eq!(got, want, "{driver}");
     }
 }
+
+/// A session's own `idle_session_timeout` ends it as Postgres would (FATAL `57P05`), also while
+/// it is parked and its backend, whose timer it was, is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_session_timeout_ends_a_parked_session() {
+    let gw = gateway(None).await;
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user=pgwake password={LOCAL_PASSWORD} dbname=m.postgres \
+         sslmode=disable connect_timeout=60",
+        gw.port
+    );
+    let (c, conn) = tokio_postgres::connect(&conninfo, NoTls).await.unwrap();
+    let ended = tokio::spawn(conn);
+    let before = parks(&gw);
+    c.batch_execute("set idle_session_timeout = '1500ms'")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    assert!(parked_since(&gw, before).await, "the session parks");
+    let end = tokio::time::timeout(Duration::from_secs(10), ended).await;
+    let end = end
+        .unwrap_or_else(|_| panic!("the idle session is ended: {}", gw.log()))
+        .unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(1400));
+    let err = end.expect_err("ended with an error");
+    assert_eq!(err.code(), Some(&SqlState::IDLE_SESSION_TIMEOUT), "{err}");
+    // A session that keeps talking within its timeout is not ended.
+    let c = connect(&gw).await;
+    c.batch_execute("set idle_session_timeout = '1500ms'")
+        .await
+        .unwrap();
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        c.batch_execute("select 1").await.unwrap();
+    }
+}

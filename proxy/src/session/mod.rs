@@ -106,6 +106,8 @@ enum Parked {
     Closed,
     /// The gateway is shutting down.
     Terminated,
+    /// It stayed idle for its `idle_session_timeout`.
+    IdleTimeout,
 }
 
 impl Sessions {
@@ -473,7 +475,13 @@ impl<'g> Live<'g> {
                     settings = snapshot.settings.len(),
                     "session parked"
                 );
-                self.preload = wait_for_message(gw, client).await?;
+                // Postgres would end the session once idle this long; parked, its backend's
+                // timer is gone, so the gateway keeps it.
+                let last = self.tracker.last_activity().unwrap_or(self.logged_in);
+                let idle_deadline = snapshot
+                    .idle_session_timeout()
+                    .map(|limit| tokio::time::Instant::from_std(last + limit));
+                self.preload = wait_for_message(gw, client, idle_deadline).await?;
             }
             drop(mark.take());
             let started = Instant::now();
@@ -576,15 +584,27 @@ fn snapshot_view(snap: Option<&Snapshot>, tracker: &SessionTracker) -> SnapshotV
     }
 }
 
-/// Waits, parked, for the client's next bytes, which are returned; `Err` when the client left
-/// or the gateway shuts down.
-async fn wait_for_message(gw: &Sessions, client: &mut Stream) -> Result<Vec<u8>, Ended> {
+/// Waits, parked, for the client's next bytes, which are returned; `Err` when the client left,
+/// the gateway shuts down, or `idle_deadline` (the session's `idle_session_timeout`) passed.
+async fn wait_for_message(
+    gw: &Sessions,
+    client: &mut Stream,
+    idle_deadline: Option<tokio::time::Instant>,
+) -> Result<Vec<u8>, Ended> {
     gw.metrics.sessions_parked.inc();
-    let parked = wait_parked(client, gw).await;
+    let parked = wait_parked(client, gw, idle_deadline).await;
     gw.metrics.sessions_parked.dec();
     match parked {
         Parked::Message(bytes) => Ok(bytes),
         Parked::Closed => Err(Ok(RelayEnd::ClientClosed)),
+        Parked::IdleTimeout => {
+            let msg = ErrorMessage::fatal(
+                sqlstate::IDLE_SESSION_TIMEOUT,
+                "terminating connection due to idle-session timeout",
+            );
+            Box::pin(end_with(client, None, Some(msg))).await;
+            Err(Ok(RelayEnd::ClientClosed))
+        }
         Parked::Terminated => {
             let msg = ErrorMessage::fatal(
                 sqlstate::ADMIN_SHUTDOWN,
@@ -789,9 +809,20 @@ async fn backend_going_away(
 
 /// Waits for a parked client's next bytes. Only the first byte is awaited (a parked session
 /// holds no read buffer); the rest of the message stays in the socket for the revived relay.
-async fn wait_parked(client: &mut Stream, gw: &Sessions) -> Parked {
+async fn wait_parked(
+    client: &mut Stream,
+    gw: &Sessions,
+    idle_deadline: Option<tokio::time::Instant>,
+) -> Parked {
     let mut first = 0u8;
+    let idle_ends = async {
+        match idle_deadline {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
+        () = idle_ends => Parked::IdleTimeout,
         r = client.read(std::slice::from_mut(&mut first)) => match r {
             Ok(0) | Err(_) => Parked::Closed,
             Ok(_) if first == b'X' => Parked::Closed,

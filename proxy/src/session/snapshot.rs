@@ -322,6 +322,16 @@ impl Snapshot {
         }
     }
 
+    /// The session's `idle_session_timeout`, when it set one: Postgres ends the session once
+    /// it has been idle that long, which a parked session's backend can no longer do.
+    pub fn idle_session_timeout(&self) -> Option<Duration> {
+        let (_, value) = self
+            .settings
+            .iter()
+            .find(|(name, _)| name == "idle_session_timeout")?;
+        postgres_duration(value).filter(|d| !d.is_zero())
+    }
+
     /// True when the session may leave its backend connection.
     pub fn movable(&self) -> bool {
         self.pins.is_empty() && !self.too_large
@@ -331,6 +341,25 @@ impl Snapshot {
     pub fn valid_for(&self, tracker: &SessionTracker) -> bool {
         self.at_message == tracker.client_messages()
     }
+}
+
+/// A duration as `current_setting` shows a setting in milliseconds (`0`, `500ms`, `5s`,
+/// `10min`, `2h`, `1d`).
+fn postgres_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let n: u64 = text[..digits].parse().ok()?;
+    let ms = match text[digits..].trim() {
+        "" | "ms" => n,
+        "s" => n.checked_mul(1000)?,
+        "min" => n.checked_mul(60_000)?,
+        "h" => n.checked_mul(3_600_000)?,
+        "d" => n.checked_mul(86_400_000)?,
+        _ => return None,
+    };
+    Some(Duration::from_millis(ms))
 }
 
 /// Why a snapshot or restore failed.
@@ -885,6 +914,33 @@ fn judge(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_read_as_postgres_shows_them() {
+        for (text, ms) in [
+            ("0", 0),
+            ("250ms", 250),
+            ("5s", 5000),
+            ("10min", 600_000),
+            ("2h", 7_200_000),
+            ("1d", 86_400_000),
+            ("1500", 1500),
+        ] {
+            assert_eq!(
+                postgres_duration(text),
+                Some(Duration::from_millis(ms)),
+                "{text}"
+            );
+        }
+        assert_eq!(postgres_duration("5 fortnights"), None);
+        let mut snap = Snapshot::default();
+        assert_eq!(snap.idle_session_timeout(), None);
+        snap.settings
+            .push(("idle_session_timeout".into(), "0".into()));
+        assert_eq!(snap.idle_session_timeout(), None);
+        snap.settings[0].1 = "3s".into();
+        assert_eq!(snap.idle_session_timeout(), Some(Duration::from_secs(3)));
+    }
 
     #[test]
     fn text_travels_as_utf8_hex_both_ways() {
