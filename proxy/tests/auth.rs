@@ -184,7 +184,8 @@ async fn failures_are_throttled_and_success_clears_them() {
     let pg = tokio::task::spawn_blocking(backend).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let extra = format!(
-        "{PLAINTEXT}\n[auth]\nthrottle_free_failures = 2\nthrottle_base = \"1s\"\nthrottle_max = \"1s\""
+        "{PLAINTEXT}\n[auth]\nthrottle_free_failures = 2\nthrottle_base = \"1s\"\nthrottle_max = \"1s\"\n\
+         [limits]\nauth_timeout = \"500ms\""
     );
     let gw = Gateway::launch(&extra, &static_users(dir.path(), &pg), &[]);
     // Exactly the free failures are evaluated.
@@ -194,7 +195,8 @@ async fn failures_are_throttled_and_success_clears_them() {
             .unwrap_err();
         assert_eq!(err.code().map(|c| c.code()), Some("28P01"), "{err:?}");
     }
-    // Throttled: refused before any password exchange, even with the right password.
+    // Throttled for longer than the login's deadline (a shorter wait would be sat out):
+    // refused before any password exchange, even with the right password.
     let err = try_login(&gw, "alpha.postgres", "app", "app-password")
         .await
         .unwrap_err();

@@ -389,3 +389,168 @@ async fn a_client_cannot_lift_the_idle_in_transaction_limit() {
     assert!(!ended.is_finished());
     client.batch_execute("SELECT 1").await.unwrap();
 }
+
+/// A TCP connection to the gateway's `port` from the loopback address `source` (as in edge2).
+async fn connect_from(source: &str, port: u16) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind(std::net::SocketAddr::new(source.parse().unwrap(), 0))
+        .unwrap();
+    socket
+        .connect(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+        .await
+        .unwrap()
+}
+
+/// A whole plaintext SCRAM login as `pgwake` on `<tenant>.postgres` from `source`: "" once the
+/// gateway said AuthenticationOk, else the SQLSTATE of its refusal (as in edge2).
+async fn scram_login(source: &str, port: u16, tenant: &str, password: &str) -> String {
+    use pgwake_protocol::scram::{Nonce, ScramClient, ScramKeys};
+    let mut s = connect_from(source, port).await;
+    let database = format!("{tenant}.postgres");
+    let startup = startup_packet(&[("user", "pgwake"), ("database", &database)], 196_608);
+    s.write_all(&startup).await.unwrap();
+    match read_message(&mut s).await {
+        Some((b'R', _)) => {}
+        Some((b'E', body)) => return common::sqlstate(&body),
+        other => panic!("unexpected answer to the startup: {other:?}"),
+    }
+    let client = ScramClient::new(Nonce::from_random(rand::random()));
+    let first =
+        pgwake_protocol::auth::sasl_initial_response("SCRAM-SHA-256", &client.client_first());
+    s.write_all(&first).await.unwrap();
+    let (_, body) = read_message(&mut s).await.expect("SASLContinue");
+    let challenge = client.handle_server_first(&body[4..]).unwrap();
+    let keys = ScramKeys::from_password(password, challenge.salt(), challenge.iterations());
+    let (_, client_final) = challenge.client_final(&keys).unwrap();
+    s.write_all(&pgwake_protocol::auth::sasl_response(&client_final))
+        .await
+        .unwrap();
+    loop {
+        match read_message(&mut s).await {
+            Some((b'E', body)) => return common::sqlstate(&body),
+            Some((b'R', body)) if body[..4] == 0u32.to_be_bytes() => return String::new(),
+            Some(_) => {}
+            None => return "closed".into(),
+        }
+    }
+}
+
+/// The SQLSTATE a wrong `/sql` password for `pgwake` on `tenant` from `source` is answered with.
+async fn wrong_sql_password(source: &str, http: u16, tenant: &str) -> String {
+    let body = br#"{"query":"select 1","params":[]}"#;
+    let mut s = connect_from(source, http).await;
+    let head = format!(
+        "POST /sql HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+         Content-Type: application/json\r\n\
+         Neon-Connection-String: postgresql://pgwake:wrong@{tenant}.{}:5432/postgres\r\n\
+         Content-Length: {}\r\n\r\n",
+        common::SNI_SUFFIX,
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(body).await.unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw);
+    ["28P01", "28000"]
+        .into_iter()
+        .find(|code| text.contains(code))
+        .unwrap_or("other")
+        .to_owned()
+}
+
+/// Plaintext local tenant `edge`, an HTTP listener, and `[auth]` settings `auth`.
+async fn throttle_gateway(auth: &str) -> (Gateway, u16) {
+    let http = pgwake_testkit::free_port();
+    let extra = format!("allow_plaintext = true\nhttp = \"127.0.0.1:{http}\"\n[auth]\n{auth}\n");
+    let tenants = Gateway::local_tenants(&["edge"], "");
+    let gw = tokio::task::spawn_blocking(move || Gateway::launch(&extra, &tenants, &[]))
+        .await
+        .unwrap();
+    (gw, http)
+}
+
+/// F7: a client with a stale password used to lock every login from its address out (the
+/// right password refused with 28000 while the wait lasted). Now attempts from the throttled
+/// address wait their turn, one per wait, within the login's deadline: the stale client's
+/// guesses are still evaluated only one per doubling wait, and the right password gets in late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_password_on_the_address_delays_the_right_one_but_never_refuses_it() {
+    let (gw, _) = throttle_gateway(
+        "throttle_free_failures = 3\nthrottle_base = \"1s\"\nthrottle_max = \"8s\"",
+    )
+    .await;
+    let (port, me) = (gw.port, "127.0.0.41");
+    for _ in 0..3 {
+        assert_eq!(scram_login(me, port, "edge", "wrong").await, "28P01");
+    }
+    let started = std::time::Instant::now();
+    let (stale, honest, again) = tokio::join!(
+        scram_login(me, port, "edge", "wrong"),
+        scram_login(me, port, "edge", common::LOCAL_PASSWORD),
+        scram_login(me, port, "edge", common::LOCAL_PASSWORD),
+    );
+    let took = started.elapsed();
+    eprintln!("stale {stale:?}, right {honest:?} and {again:?} after {took:?}");
+    assert_eq!(
+        (honest.as_str(), again.as_str()),
+        ("", ""),
+        "the right password gets in"
+    );
+    assert_eq!(stale, "28P01", "the stale password is evaluated, late");
+    // None went before the wait the three failures set.
+    assert!(took >= Duration::from_millis(900), "{took:?}");
+}
+
+/// F5: every made-up tenant name used to start a fresh (address, tenant) count, so wrong
+/// `/sql` passwords across names were all hashed. The source's failures across tenants are
+/// counted too: past `throttle_source_free_failures` its guesses wait like any others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn made_up_tenant_names_do_not_buy_fresh_guesses() {
+    let (gw, http) = throttle_gateway(
+        "throttle_free_failures = 3\nthrottle_base = \"30s\"\nthrottle_source_free_failures = 5",
+    )
+    .await;
+    let mut answers = Vec::new();
+    for i in 0..12 {
+        answers.push(wrong_sql_password("127.0.0.42", http, &format!("nosuch{i}")).await);
+    }
+    eprintln!("{answers:?}");
+    assert_eq!(
+        answers[..5],
+        ["28P01"; 5],
+        "the free failures are evaluated"
+    );
+    assert_eq!(
+        answers[5..],
+        ["28000"; 7],
+        "then the source waits, on any tenant"
+    );
+    drop(gw);
+}
+
+/// F9: with a small `throttle_capacity`, made-up tenant names used to flush an attacker's
+/// blocked (address, tenant) record out of the cache and so reset its backoff. The source's
+/// own count is keyed by the source alone: names sprayed from it cannot evict it, and once it
+/// blocks, the spray adds no entries to evict the others with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn made_up_tenant_names_cannot_flush_a_backoff() {
+    let (gw, http) = throttle_gateway(
+        "throttle_free_failures = 3\nthrottle_base = \"30s\"\nthrottle_capacity = 20",
+    )
+    .await;
+    let (port, me) = (gw.port, "127.0.0.43");
+    for _ in 0..3 {
+        assert_eq!(scram_login(me, port, "edge", "wrong").await, "28P01");
+    }
+    assert_eq!(scram_login(me, port, "edge", "wrong").await, "28000");
+    for i in 0..300 {
+        wrong_sql_password(me, http, &format!("flush{i}")).await;
+    }
+    assert_eq!(
+        scram_login(me, port, "edge", "wrong").await,
+        "28000",
+        "the backoff survived the spray"
+    );
+}

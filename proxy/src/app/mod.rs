@@ -296,6 +296,7 @@ fn authenticator(
         free_failures: a.throttle_free_failures,
         base: a.throttle_base,
         max: a.throttle_max,
+        source_free_failures: a.throttle_source_free_failures,
         capacity: a.throttle_capacity,
     };
     let mut throttle = Throttle::new(settings.clone());

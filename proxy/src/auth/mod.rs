@@ -146,6 +146,8 @@ pub struct ThrottleSettings {
     pub base: Duration,
     /// Longest wait.
     pub max: Duration,
+    /// Failed attempts evaluated per source across all tenants before its attempts wait.
+    pub source_free_failures: u32,
     /// Most entries of each count remembered; the least recently used are forgotten first.
     pub capacity: u64,
 }

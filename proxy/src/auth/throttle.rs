@@ -1,13 +1,13 @@
-//! Failed-authentication throttle. It bounds guessing two ways without ever refusing the right
+//! Failed-authentication throttle. It bounds guessing three ways without ever refusing the right
 //! password from a source that did not fail:
 //!
 //! - per source (the client's IPv4 address, or its IPv6 /64, which one host usually holds
-//!   whole) and tenant: a source that used up its free failures is refused for every user of
-//!   the tenant, with a wait that doubles with each further failure;
+//!   whole) and tenant: a source that used up its free failures waits for every user of the
+//!   tenant, with a wait that doubles with each further failure;
 //! - per (tenant, user): once the user's failures from all sources together use up the free
 //!   failures, the account is *under attack* for a doubling wait. Sources that failed against
-//!   it are then refused at once, and a source with no failure on record gets exactly one
-//!   evaluated attempt at a time: a wrong one refuses it, a right one proves it (a source
+//!   it then wait as above, and a source with no failure on record gets exactly one
+//!   evaluated attempt at a time: a wrong one makes it wait, a right one proves it (a source
 //!   that logged in as the user lately is never held back by the account's count). So
 //!   guessing from many sources costs one source per guess, while the user logging in from
 //!   anywhere that did not fail is let in.
@@ -22,6 +22,21 @@
 //! one user does not clear guesses made for another. An unproven source's attempts on an
 //! account under attack wait for its attempt in flight (within the login's deadline) rather
 //! than being refused, so a client opening several connections at once is not turned away.
+//!
+//! - per source across tenants: made-up tenant names do not buy fresh free failures. Once a
+//!   source's failures on all tenants together use up `source_free_failures`, its attempts on
+//!   every tenant wait, doubling as above. This count is keyed by the source alone, so names
+//!   sprayed from one source add no entries to it and cannot evict it: evicting the source's
+//!   (source, tenant) records to reset a backoff leaves the source's own count in place.
+//!
+//! A blocked attempt is delayed rather than refused: it waits out the current wait and is then
+//! evaluated, if the wait ends before the attempt's deadline (the login's); only an attempt
+//! whose wait outlasts its deadline is refused. Each evaluated attempt is reserved (and so
+//! extends the wait) before the next waiter can go, so a blocked source's attempts are
+//! evaluated one at a time and guessing stays as slow as refusing made it, while an honest
+//! client sharing the address with a failing one gets in late instead of being turned away.
+//! Its success takes its own reservation back, shortening the wait to what the remaining
+//! failures call for.
 //!
 //! With a [`SharedThrottle`] attached, the fleet's counts (kept on Kubernetes Leases) block
 //! attempts too, by the same rules; this replica's own counts work as without it.
@@ -100,6 +115,8 @@ pub struct Throttle {
 
 struct Counts {
     by_address: Cache<Address, Record>,
+    /// Failures per source across tenants, so made-up tenant names are not free.
+    by_source: Cache<IpAddr, Record>,
     by_account: Cache<Account, Record>,
     /// Each attempter's share of both counts, taken back by its success.
     by_attempter: Cache<Attempter, Attempts>,
@@ -147,6 +164,7 @@ impl Throttle {
         }
         let counts = Counts {
             by_address: cache(capacity, idle),
+            by_source: cache(capacity, idle),
             by_account: cache(capacity, idle),
             by_attempter: cache(capacity, idle),
             proven: cache(capacity, idle),
@@ -187,6 +205,7 @@ impl Throttle {
         let counts = self.lock();
         let now = Instant::now();
         let address = counts.by_address.get(&(source, tenant.clone()));
+        let across = counts.by_source.get(&source);
         let attempter = (source, tenant.clone(), user.to_owned());
         let failed = counts
             .by_attempter
@@ -196,7 +215,7 @@ impl Throttle {
             .by_account
             .get(&(tenant.clone(), user.to_owned()))
             .filter(|_| failed && !counts.proven.contains_key(&attempter));
-        let local = [address, account]
+        let local = [address, across, account]
             .into_iter()
             .flatten()
             .filter_map(|r| r.wait(now))
@@ -205,14 +224,16 @@ impl Throttle {
         local.max(self.shared_wait(source, tenant, user))
     }
 
-    /// Reserves an attempt whose proof just arrived: counts it as a failure now, or refuses it
-    /// (with the wait left) when the counts block it. An unproven source's attempt on an
-    /// account under attack first waits for the source's attempt in flight, if any.
+    /// Reserves an attempt whose proof just arrived: counts it as a failure now, or, when the
+    /// counts block it, waits the block out and tries again, refusing it (with the wait left)
+    /// only when the wait would outlast `deadline`. An unproven source's attempt on an account
+    /// under attack first waits for the source's attempt in flight, if any.
     pub async fn reserve(
         &self,
         ip: IpAddr,
         tenant: &TenantId,
         user: &str,
+        deadline: Instant,
     ) -> Result<Reservation<'_>, Duration> {
         let source = source_of(ip);
         loop {
@@ -227,7 +248,15 @@ impl Throttle {
                         attempter: (source, tenant.clone(), user.to_owned()),
                     });
                 }
-                Decision::Refuse(wait) => return Err(wait),
+                Decision::Refuse(wait) => {
+                    if Instant::now() + wait > deadline {
+                        return Err(wait);
+                    }
+                    // Whoever wakes first and is reserved extends the wait for the others, so
+                    // the waiters are evaluated one per wait.
+                    tracing::debug!(%source, %tenant, wait_ms = wait.as_millis() as u64, "login attempt delayed by the throttle");
+                    tokio::time::sleep(wait).await;
+                }
                 Decision::Wait => settled.await,
             }
         }
@@ -242,8 +271,10 @@ impl Throttle {
         let attempter = (source, tenant.clone(), user.to_owned());
         let a = counts.by_address.get(&address).unwrap_or_default();
         let b = counts.by_account.get(&account).unwrap_or_default();
+        let c = counts.by_source.get(&source).unwrap_or_default();
         let mut mine = counts.by_attempter.get(&attempter).unwrap_or_default();
-        if let Some(wait) = a.wait(now).max(self.shared_wait(source, tenant, user)) {
+        let blocked = a.wait(now).max(c.wait(now));
+        if let Some(wait) = blocked.max(self.shared_wait(source, tenant, user)) {
             return Decision::Refuse(wait);
         }
         if let Some(wait) = b.wait(now)
@@ -256,8 +287,15 @@ impl Throttle {
                 return Decision::Wait;
             }
         }
-        counts.by_address.insert(address, self.failed(a, now));
-        counts.by_account.insert(account, self.failed(b, now));
+        let (free, source_free) = (
+            self.settings.free_failures,
+            self.settings.source_free_failures,
+        );
+        counts.by_address.insert(address, self.failed(a, now, free));
+        counts.by_account.insert(account, self.failed(b, now, free));
+        counts
+            .by_source
+            .insert(source, self.failed(c, now, source_free));
         mine.in_flight += 1;
         counts.by_attempter.insert(attempter, mine);
         Decision::Go
@@ -311,43 +349,56 @@ impl Throttle {
             counts.by_attempter.insert(attempter.clone(), mine);
         }
         counts.proven.insert(attempter, ());
-        let settle = |r: Record| -> Option<Record> {
+        let now = Instant::now();
+        let free = self.settings.free_failures;
+        let settle = |r: Record, free: u32| -> Option<Record> {
             let failures = r.failures.saturating_sub(back);
+            // The wait the remaining failures call for, never longer than the one in force: a
+            // success does not leave behind the doubling its own reservation added.
+            let remaining = self.blocked_until(failures, now, free);
             (failures > 0).then(|| Record {
                 failures,
-                blocked_until: r
-                    .blocked_until
-                    .filter(|_| failures >= self.settings.free_failures),
+                blocked_until: r.blocked_until.zip(remaining).map(|(a, b)| a.min(b)),
             })
         };
+        if let Some(r) = counts.by_source.get(&source) {
+            match settle(r, self.settings.source_free_failures) {
+                Some(r) => counts.by_source.insert(source, r),
+                None => counts.by_source.invalidate(&source),
+            }
+        }
         let address = (source, tenant.clone());
         if let Some(r) = counts.by_address.get(&address) {
-            match settle(r) {
+            match settle(r, free) {
                 Some(r) => counts.by_address.insert(address, r),
                 None => counts.by_address.invalidate(&address),
             }
         }
         let account = (tenant.clone(), user.to_owned());
         if let Some(r) = counts.by_account.get(&account) {
-            match settle(r) {
+            match settle(r, free) {
                 Some(r) => counts.by_account.insert(account, r),
                 None => counts.by_account.invalidate(&account),
             }
         }
     }
 
-    /// The record after one more failure: blocked once the free failures are used up.
-    fn failed(&self, r: Record, now: Instant) -> Record {
-        let s = &self.settings;
+    /// The record after one more failure: blocked once the `free` failures are used up.
+    fn failed(&self, r: Record, now: Instant, free: u32) -> Record {
         let failures = r.failures + 1;
-        let blocked_until = (failures >= s.free_failures).then(|| {
-            let doublings = (failures - s.free_failures).min(20);
-            now + (s.base * 2u32.pow(doublings)).min(s.max)
-        });
         Record {
             failures,
-            blocked_until,
+            blocked_until: self.blocked_until(failures, now, free),
         }
+    }
+
+    /// Until when `failures` block from `now`, with `free` failures before the first wait.
+    fn blocked_until(&self, failures: u32, now: Instant, free: u32) -> Option<Instant> {
+        let s = &self.settings;
+        (failures >= free).then(|| {
+            let doublings = (failures - free).min(20);
+            now + (s.base * 2u32.pow(doublings)).min(s.max)
+        })
     }
 }
 
@@ -360,6 +411,7 @@ mod tests {
             free_failures,
             base: Duration::from_secs(1),
             max: Duration::from_secs(3),
+            source_free_failures: 1000,
             capacity: 100,
         })
     }
@@ -370,12 +422,14 @@ mod tests {
 
     /// One attempt that fails (reserved, then dropped): whether it was evaluated.
     async fn guess(t: &Throttle, from: &str, tenant: &TenantId, user: &str) -> bool {
-        t.reserve(ip(from), tenant, user).await.is_ok()
+        t.reserve(ip(from), tenant, user, Instant::now())
+            .await
+            .is_ok()
     }
 
     /// One attempt with the right password: whether it was let in.
     async fn login(t: &Throttle, from: &str, tenant: &TenantId, user: &str) -> bool {
-        match t.reserve(ip(from), tenant, user).await {
+        match t.reserve(ip(from), tenant, user, Instant::now()).await {
             Ok(r) => {
                 r.success();
                 true
@@ -391,7 +445,11 @@ mod tests {
         for _ in 0..3 {
             assert!(guess(&t, "10.0.0.1", &a, "u").await);
         }
-        let first = t.reserve(ip("10.0.0.1"), &a, "u").await.err().unwrap();
+        let first = t
+            .reserve(ip("10.0.0.1"), &a, "u", Instant::now())
+            .await
+            .err()
+            .unwrap();
         assert!(first <= Duration::from_secs(1) && first > Duration::from_millis(900));
         assert!(
             t.blocked_for(ip("10.0.0.1"), &a, "other").is_some(),
@@ -411,7 +469,10 @@ mod tests {
         let a = TenantId::parse("a").unwrap();
         let mut held = Vec::new();
         for _ in 0..60 {
-            if let Ok(r) = t.reserve(ip("10.0.0.1"), &a, "victim").await {
+            if let Ok(r) = t
+                .reserve(ip("10.0.0.1"), &a, "victim", Instant::now())
+                .await
+            {
                 held.push(r);
             }
         }
@@ -487,8 +548,12 @@ mod tests {
         for i in 1..=3 {
             assert!(guess(&t, &format!("10.0.1.{i}"), &a, "pgwake").await);
         }
-        let first = t.reserve(ip("10.0.2.2"), &a, "pgwake").await.ok().unwrap();
-        let second = t.reserve(ip("10.0.2.2"), &a, "pgwake");
+        let first = t
+            .reserve(ip("10.0.2.2"), &a, "pgwake", Instant::now())
+            .await
+            .ok()
+            .unwrap();
+        let second = t.reserve(ip("10.0.2.2"), &a, "pgwake", Instant::now());
         tokio::pin!(second);
         assert!(
             futures_util::FutureExt::now_or_never(second.as_mut()).is_none(),

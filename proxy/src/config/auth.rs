@@ -11,7 +11,7 @@ use super::{ConfigError, invalid};
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
     /// Failed attempts evaluated per (client IP, tenant) and per (tenant, user) before further
-    /// attempts are refused unread.
+    /// attempts wait (and are refused only when the wait outlasts the login's deadline).
     pub throttle_free_failures: u32,
     /// Wait after the last free failure; doubles with each further evaluated failure.
     #[serde(with = "super::duration")]
@@ -19,6 +19,9 @@ pub struct AuthConfig {
     /// Longest throttle wait.
     #[serde(with = "super::duration")]
     pub throttle_max: Duration,
+    /// Failed attempts evaluated per client IP across all tenants before its further attempts
+    /// wait, so made-up tenant names buy no fresh free failures.
+    pub throttle_source_free_failures: u32,
     /// Entries the throttle remembers of each count ((client IP, tenant), (tenant, user)).
     pub throttle_capacity: u64,
     /// Also count failures across replicas, on Kubernetes Leases every replica watches (needs
@@ -47,6 +50,7 @@ impl Default for AuthConfig {
             throttle_free_failures: 3,
             throttle_base: Duration::from_secs(1),
             throttle_max: Duration::from_secs(300),
+            throttle_source_free_failures: 20,
             throttle_capacity: 100_000,
             throttle_shared: false,
             throttle_namespace: None,
@@ -64,6 +68,12 @@ impl AuthConfig {
             return Err(invalid(
                 "auth.throttle_shared_timeout",
                 "must be greater than zero when throttle_shared is on",
+            ));
+        }
+        if self.throttle_source_free_failures == 0 {
+            return Err(invalid(
+                "auth.throttle_source_free_failures",
+                "must be at least 1",
             ));
         }
         Ok(())

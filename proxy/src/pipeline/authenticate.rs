@@ -53,10 +53,7 @@ impl Authenticator {
         user: &str,
         slot: &mut ClientSlot,
     ) -> Result<LoginMaterial, SessionError> {
-        if let Some(wait) = self.throttle.blocked_for(peer.ip(), tenant, user) {
-            self.metrics.auth_attempt("throttled");
-            return Err(SessionError::Throttled(wait));
-        }
+        let deadline = self.refuse_throttled(peer, tenant, user)?;
         if client.is_tunnel() {
             let password = self.ask_cleartext_password(client).await?;
             slot.progressed();
@@ -73,7 +70,10 @@ impl Authenticator {
         let channel_binding = client.channel_binding().map(<[u8]>::to_vec);
         let mut reservation = None;
         let reserve = async || {
-            let r = self.throttle.reserve(peer.ip(), tenant, user).await;
+            let r = self
+                .throttle
+                .reserve(peer.ip(), tenant, user, deadline)
+                .await;
             reservation = Some(r.map_err(SessionError::Throttled)?);
             Ok(())
         };
@@ -91,6 +91,24 @@ impl Authenticator {
         self.share_outcome(peer, tenant, source, user, &result)
             .await;
         result
+    }
+
+    /// The deadline of an attempt starting now, or its refusal when the throttle's wait already
+    /// outlasts it (a shorter wait is sat out when the attempt is reserved, so a client sharing
+    /// its address with one that fails gets in late rather than not at all).
+    fn refuse_throttled(
+        &self,
+        peer: SocketAddr,
+        tenant: &TenantId,
+        user: &str,
+    ) -> Result<std::time::Instant, SessionError> {
+        match self.throttle.blocked_for(peer.ip(), tenant, user) {
+            Some(wait) if wait > self.timeout => {
+                self.metrics.auth_attempt("throttled");
+                Err(SessionError::Throttled(wait))
+            }
+            _ => Ok(std::time::Instant::now() + self.timeout),
+        }
     }
 
     /// The key of `tenant`'s mock salts. A salt that depended on the user name alone would be
@@ -144,10 +162,7 @@ impl Authenticator {
         user: &str,
         password: &str,
     ) -> Result<LoginMaterial, SessionError> {
-        if let Some(wait) = self.throttle.blocked_for(peer.ip(), tenant, user) {
-            self.metrics.auth_attempt("throttled");
-            return Err(SessionError::Throttled(wait));
-        }
+        let deadline = self.refuse_throttled(peer, tenant, user)?;
         let credential = source.lookup(user).await.map_err(|e| {
             self.metrics.auth_attempt("error");
             SessionError::AuthUnavailable(e.to_string())
@@ -167,7 +182,8 @@ impl Authenticator {
                 .await;
             return result;
         }
-        let (reservation, result) = match self.throttle.reserve(peer.ip(), tenant, user).await {
+        let reserved = self.throttle.reserve(peer.ip(), tenant, user, deadline);
+        let (reservation, result) = match reserved.await {
             Err(wait) => (None, Err(SessionError::Throttled(wait))),
             Ok(r) => {
                 let material = match credential {
