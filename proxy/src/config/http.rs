@@ -12,6 +12,9 @@ use super::{ConfigError, invalid, nonzero, positive};
 const MIN_WEBSOCKET_WRITE_BUFFER: u64 = 4 << 10;
 /// Largest `http.websocket_write_buffer`: beyond it the bound no longer bounds.
 const MAX_WEBSOCKET_WRITE_BUFFER: u64 = 64 << 20;
+/// Without `http.max_spill_per_tenant`, a tenant may hold this fraction of the spill total:
+/// room for several busy tenants at once while one of them stalls its readers.
+const DEFAULT_SPILL_SHARES: u64 = 4;
 
 /// `[http]`: limits of `POST /sql` and its pool of backend connections.
 #[derive(Clone, Debug, Deserialize)]
@@ -27,6 +30,10 @@ pub struct HttpConfig {
     /// What all spilled responses may hold on disk at once, until each is sent; a response
     /// that finds no room is answered 507.
     pub max_spill_total: ByteSize,
+    /// What one tenant's spilled responses may hold of `max_spill_total` at once, so that one
+    /// tenant's slow readers cannot take all of it from the others; past it that tenant's
+    /// response is answered 507. Unset: a quarter of `max_spill_total`.
+    pub max_spill_per_tenant: Option<ByteSize>,
     /// Longest a response may go without any of its body being taken by the client; a client
     /// that stops reading has its connection closed (and the response's file freed).
     #[serde(with = "super::duration")]
@@ -69,6 +76,7 @@ impl Default for HttpConfig {
             max_response_size: ByteSize::mib(10),
             response_memory: ByteSize::mib(1),
             max_spill_total: ByteSize::gib(1),
+            max_spill_per_tenant: None,
             send_timeout: Duration::from_secs(30),
             websocket_write_buffer: ByteSize::kib(256),
             query_timeout: Duration::from_secs(300),
@@ -85,6 +93,14 @@ impl Default for HttpConfig {
 }
 
 impl HttpConfig {
+    /// `max_spill_per_tenant`, or its default share of `max_spill_total`.
+    pub fn spill_per_tenant(&self) -> u64 {
+        self.max_spill_per_tenant
+            .map_or(self.max_spill_total.as_u64() / DEFAULT_SPILL_SHARES, |b| {
+                b.as_u64()
+            })
+    }
+
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         let bounds = [self.pool_max_per_key, self.pool_max_total];
         let bounds_why =
@@ -99,6 +115,16 @@ impl HttpConfig {
             return Err(invalid(
                 "http.websocket_write_buffer",
                 format!("must be between 4KiB and 64MiB, not {ws} B"),
+            ));
+        }
+        let per_tenant = self.spill_per_tenant();
+        if per_tenant > self.max_spill_total.as_u64() {
+            return Err(invalid(
+                "http.max_spill_per_tenant",
+                format!(
+                    "must not exceed http.max_spill_total ({} B), not {per_tenant} B",
+                    self.max_spill_total.as_u64()
+                ),
             ));
         }
         Ok(())

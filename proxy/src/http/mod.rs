@@ -50,7 +50,8 @@ pub struct HttpState {
     pub tls: Option<Arc<ServerCertificates>>,
     /// Accept connections without TLS.
     pub allow_plaintext: bool,
-    /// The room spilled `/sql` responses share on disk (`http.max_spill_total`).
+    /// The room spilled `/sql` responses share on disk (`http.max_spill_total`), and each
+    /// tenant's share of it (`http.max_spill_per_tenant`).
     pub spill_budget: Arc<spill::SpillBudget>,
 }
 
@@ -65,7 +66,10 @@ impl HttpState {
     ) -> HttpState {
         HttpState {
             front,
-            spill_budget: spill::SpillBudget::new(config.max_spill_total.as_u64()),
+            spill_budget: spill::SpillBudget::new(
+                config.max_spill_total.as_u64(),
+                config.spill_per_tenant(),
+            ),
             config,
             tls,
             allow_plaintext,

@@ -253,7 +253,8 @@ async fn execute(
         gw.connector.connect_timeout(),
     );
     let memory = state.config.response_memory.as_u64() as usize;
-    let mut out = SpillBuffer::new(memory, state.spill_budget.clone());
+    let budget = state.spill_budget.clone();
+    let mut out = SpillBuffer::new(memory, budget, login.tenant.clone());
     let run = run_statements(
         &mut conn,
         &statements,
@@ -531,7 +532,7 @@ async fn answer(
 }
 
 /// The 507 for a response that found no room on disk: the temporary folder is full, or spilled
-/// responses hold `http.max_spill_total` already.
+/// responses hold `http.max_spill_total` already, or this tenant's `http.max_spill_per_tenant`.
 fn no_room(metrics: &Metrics, e: &std::io::Error) -> Refusal {
     info!(error = %e, "sql over http: no room for a large response");
     metrics.error("http_response_spill");
