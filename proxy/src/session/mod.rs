@@ -469,19 +469,8 @@ impl<'g> Live<'g> {
         let mut parked = how.parks();
         loop {
             if parked && self.preload.is_empty() {
-                info!(
-                    reason = how.label(),
-                    statements = snapshot.statements.len(),
-                    settings = snapshot.settings.len(),
-                    "session parked"
-                );
-                // Postgres would end the session once idle this long; parked, its backend's
-                // timer is gone, so the gateway keeps it.
                 let last = self.tracker.last_activity().unwrap_or(self.logged_in);
-                let idle_deadline = snapshot
-                    .idle_session_timeout()
-                    .map(|limit| tokio::time::Instant::from_std(last + limit));
-                self.preload = wait_for_message(gw, client, idle_deadline).await?;
+                self.preload = wait_while_parked(gw, client, snapshot, how, last).await?;
             }
             drop(mark.take());
             let started = Instant::now();
@@ -582,6 +571,29 @@ fn snapshot_view(snap: Option<&Snapshot>, tracker: &SessionTracker) -> SnapshotV
         valid: snap.is_some_and(|s| s.valid_for(tracker)),
         movable: snap.is_some_and(Snapshot::movable),
     }
+}
+
+/// Waits, parked with `snapshot`, for the client's next bytes (see [`wait_for_message`]); the
+/// session's own `idle_session_timeout` counts from `last_activity`, as on its backend.
+async fn wait_while_parked(
+    gw: &Sessions,
+    client: &mut Stream,
+    snapshot: &Snapshot,
+    how: Move,
+    last_activity: std::time::Instant,
+) -> Result<Vec<u8>, Ended> {
+    info!(
+        reason = how.label(),
+        statements = snapshot.statements.len(),
+        settings = snapshot.settings.len(),
+        "session parked"
+    );
+    // Postgres would end the session once idle this long; parked, its backend's timer is
+    // gone, so the gateway keeps it.
+    let idle_deadline = snapshot
+        .idle_session_timeout()
+        .map(|limit| tokio::time::Instant::from_std(last_activity + limit));
+    wait_for_message(gw, client, idle_deadline).await
 }
 
 /// Waits, parked, for the client's next bytes, which are returned; `Err` when the client left,
