@@ -8,57 +8,11 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{Gateway, LOCAL_PASSWORD, read_message, sqlstate, startup_packet};
+use common::{
+    Gateway, LOCAL_PASSWORD, connect_from, read_message, scram_login, sqlstate, startup_packet,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
-
-/// A TCP connection to the gateway's `port` from the loopback address `source`.
-async fn connect_from(source: &str, port: u16) -> TcpStream {
-    let socket = TcpSocket::new_v4().unwrap();
-    socket
-        .bind(SocketAddr::new(source.parse().unwrap(), 0))
-        .unwrap();
-    socket
-        .connect(SocketAddr::from(([127, 0, 0, 1], port)))
-        .await
-        .unwrap()
-}
-
-/// A whole plaintext SCRAM login as `user` on `<tenant>.postgres` from `source`: "" once the
-/// gateway said AuthenticationOk, else the SQLSTATE of its refusal.
-async fn scram_login(source: &str, port: u16, tenant: &str, user: &str, password: &str) -> String {
-    use pgwake_protocol::scram::{Nonce, ScramClient, ScramKeys};
-    let mut s = connect_from(source, port).await;
-    let database = format!("{tenant}.postgres");
-    let startup = startup_packet(&[("user", user), ("database", &database)], 196_608);
-    s.write_all(&startup).await.unwrap();
-    match read_message(&mut s).await {
-        Some((b'R', _)) => {}
-        Some((b'E', body)) => return sqlstate(&body),
-        other => panic!("unexpected answer to the startup: {other:?}"),
-    }
-    let client = ScramClient::new(Nonce::from_random(rand::random()));
-    let first =
-        pgwake_protocol::auth::sasl_initial_response("SCRAM-SHA-256", &client.client_first());
-    s.write_all(&first).await.unwrap();
-    let (tag, body) = read_message(&mut s).await.expect("SASLContinue");
-    assert_eq!((tag, &body[..4]), (b'R', &11u32.to_be_bytes()[..]));
-    let challenge = client.handle_server_first(&body[4..]).unwrap();
-    let keys = ScramKeys::from_password(password, challenge.salt(), challenge.iterations());
-    let (_, client_final) = challenge.client_final(&keys).unwrap();
-    s.write_all(&pgwake_protocol::auth::sasl_response(&client_final))
-        .await
-        .unwrap();
-    loop {
-        match read_message(&mut s).await {
-            Some((b'E', body)) => return sqlstate(&body),
-            // AuthenticationOk: the password was accepted (the wake and the rest follow).
-            Some((b'R', body)) if body[..4] == 0u32.to_be_bytes() => return String::new(),
-            Some(_) => {}
-            None => return "closed".into(),
-        }
-    }
-}
 
 /// `POST /sql` of `select 1` as `user` on `tenant` from `source`: (status, body).
 async fn post_sql_from(
@@ -518,13 +472,16 @@ async fn stop_reading(http: u16, sql: &str) -> (TcpStream, String) {
 /// Item 7: spilled `/sql` responses had no total bound and no send deadline, so clients that
 /// stopped reading held a temporary file (and descriptors) each for as long as they liked.
 /// Now spilled responses share `http.max_spill_total` (past it: 507) and a response nothing
-/// of which went out for `http.send_timeout` ends its connection, freeing its file.
+/// of which went out for `http.send_timeout` ends its connection, freeing its file. One tenant
+/// here, whose share (`http.max_spill_per_tenant`) is the whole total, so the total is what
+/// bounds it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spilled_results_have_a_total_bound_and_a_send_deadline() {
     let http = pgwake_testkit::free_port();
     let extra = format!(
         "allow_plaintext = true\nhttp = \"127.0.0.1:{http}\"\n\
-         [http]\nresponse_memory = \"64KiB\"\nmax_spill_total = \"12MiB\"\nsend_timeout = \"2s\"\n"
+         [http]\nresponse_memory = \"64KiB\"\nmax_spill_total = \"12MiB\"\n\
+         max_spill_per_tenant = \"12MiB\"\nsend_timeout = \"2s\"\n"
     );
     let gw = tokio::task::spawn_blocking(move || Gateway::start_local(&["edge"], &extra, "", &[]))
         .await

@@ -7,7 +7,7 @@ mod common;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::time::Duration;
 
-use common::{Gateway, local_session, read_message, startup_packet};
+use common::{Gateway, connect_from, local_session, read_message, scram_login, startup_packet};
 use pgwake_testkit::postgres_account;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -449,52 +449,6 @@ async fn one_tenant_cannot_take_all_the_spill_room() {
     drop(gw);
 }
 
-/// A TCP connection to the gateway's `port` from the loopback address `source` (as in edge2).
-async fn connect_from(source: &str, port: u16) -> TcpStream {
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket
-        .bind(std::net::SocketAddr::new(source.parse().unwrap(), 0))
-        .unwrap();
-    socket
-        .connect(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
-        .await
-        .unwrap()
-}
-
-/// A whole plaintext SCRAM login as `pgwake` on `<tenant>.postgres` from `source`: "" once the
-/// gateway said AuthenticationOk, else the SQLSTATE of its refusal (as in edge2).
-async fn scram_login(source: &str, port: u16, tenant: &str, password: &str) -> String {
-    use pgwake_protocol::scram::{Nonce, ScramClient, ScramKeys};
-    let mut s = connect_from(source, port).await;
-    let database = format!("{tenant}.postgres");
-    let startup = startup_packet(&[("user", "pgwake"), ("database", &database)], 196_608);
-    s.write_all(&startup).await.unwrap();
-    match read_message(&mut s).await {
-        Some((b'R', _)) => {}
-        Some((b'E', body)) => return common::sqlstate(&body),
-        other => panic!("unexpected answer to the startup: {other:?}"),
-    }
-    let client = ScramClient::new(Nonce::from_random(rand::random()));
-    let first =
-        pgwake_protocol::auth::sasl_initial_response("SCRAM-SHA-256", &client.client_first());
-    s.write_all(&first).await.unwrap();
-    let (_, body) = read_message(&mut s).await.expect("SASLContinue");
-    let challenge = client.handle_server_first(&body[4..]).unwrap();
-    let keys = ScramKeys::from_password(password, challenge.salt(), challenge.iterations());
-    let (_, client_final) = challenge.client_final(&keys).unwrap();
-    s.write_all(&pgwake_protocol::auth::sasl_response(&client_final))
-        .await
-        .unwrap();
-    loop {
-        match read_message(&mut s).await {
-            Some((b'E', body)) => return common::sqlstate(&body),
-            Some((b'R', body)) if body[..4] == 0u32.to_be_bytes() => return String::new(),
-            Some(_) => {}
-            None => return "closed".into(),
-        }
-    }
-}
-
 /// The SQLSTATE a wrong `/sql` password for `pgwake` on `tenant` from `source` is answered with.
 async fn wrong_sql_password(source: &str, http: u16, tenant: &str) -> String {
     let body = br#"{"query":"select 1","params":[]}"#;
@@ -542,13 +496,16 @@ async fn a_stale_password_on_the_address_delays_the_right_one_but_never_refuses_
     .await;
     let (port, me) = (gw.port, "127.0.0.41");
     for _ in 0..3 {
-        assert_eq!(scram_login(me, port, "edge", "wrong").await, "28P01");
+        assert_eq!(
+            scram_login(me, port, "edge", "pgwake", "wrong").await,
+            "28P01"
+        );
     }
     let started = std::time::Instant::now();
     let (stale, honest, again) = tokio::join!(
-        scram_login(me, port, "edge", "wrong"),
-        scram_login(me, port, "edge", common::LOCAL_PASSWORD),
-        scram_login(me, port, "edge", common::LOCAL_PASSWORD),
+        scram_login(me, port, "edge", "pgwake", "wrong"),
+        scram_login(me, port, "edge", "pgwake", common::LOCAL_PASSWORD),
+        scram_login(me, port, "edge", "pgwake", common::LOCAL_PASSWORD),
     );
     let took = started.elapsed();
     eprintln!("stale {stale:?}, right {honest:?} and {again:?} after {took:?}");
@@ -601,14 +558,20 @@ async fn made_up_tenant_names_cannot_flush_a_backoff() {
     .await;
     let (port, me) = (gw.port, "127.0.0.43");
     for _ in 0..3 {
-        assert_eq!(scram_login(me, port, "edge", "wrong").await, "28P01");
+        assert_eq!(
+            scram_login(me, port, "edge", "pgwake", "wrong").await,
+            "28P01"
+        );
     }
-    assert_eq!(scram_login(me, port, "edge", "wrong").await, "28000");
+    assert_eq!(
+        scram_login(me, port, "edge", "pgwake", "wrong").await,
+        "28000"
+    );
     for i in 0..300 {
         wrong_sql_password(me, http, &format!("flush{i}")).await;
     }
     assert_eq!(
-        scram_login(me, port, "edge", "wrong").await,
+        scram_login(me, port, "edge", "pgwake", "wrong").await,
         "28000",
         "the backoff survived the spray"
     );

@@ -74,17 +74,19 @@ impl Held {
         let mut used = budget.lock();
         let tenant = used.tenants.get(&self.tenant).copied().unwrap_or(0);
         let full = |what: String| std::io::Error::new(std::io::ErrorKind::StorageFull, what);
+        // The whole budget first: when both are out of room, the gateway's limit is the one
+        // that says why.
+        if used.total.saturating_add(n) > budget.limit {
+            return Err(full(format!(
+                "spilled responses hold {} bytes already (http.max_spill_total)",
+                budget.limit
+            )));
+        }
         if tenant.saturating_add(n) > budget.per_tenant {
             return Err(full(format!(
                 "this tenant's spilled responses hold {} bytes already \
                  (http.max_spill_per_tenant)",
                 budget.per_tenant
-            )));
-        }
-        if used.total.saturating_add(n) > budget.limit {
-            return Err(full(format!(
-                "spilled responses hold {} bytes already (http.max_spill_total)",
-                budget.limit
             )));
         }
         used.total += n;

@@ -685,3 +685,62 @@ pub fn sqlstate(body: &[u8]) -> String {
         .map(|c| String::from_utf8_lossy(c).into_owned())
         .unwrap_or_default()
 }
+
+/// A TCP connection to the gateway's `port` from the loopback address `source`.
+pub async fn connect_from(source: &str, port: u16) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind(std::net::SocketAddr::new(source.parse().unwrap(), 0))
+        .unwrap();
+    socket
+        .connect(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+        .await
+        .unwrap()
+}
+
+/// A whole plaintext SCRAM login as `user` on `<tenant>.postgres` from `source`: "" once the
+/// gateway said AuthenticationOk, else the SQLSTATE of its refusal.
+pub async fn scram_login(
+    source: &str,
+    port: u16,
+    tenant: &str,
+    user: &str,
+    password: &str,
+) -> String {
+    use pgwake_protocol::scram::{Nonce, ScramClient, ScramKeys};
+    let mut s = connect_from(source, port).await;
+    let database = format!("{tenant}.postgres");
+    let startup = startup_packet(&[("user", user), ("database", &database)], 196_608);
+    tokio::io::AsyncWriteExt::write_all(&mut s, &startup)
+        .await
+        .unwrap();
+    match read_message(&mut s).await {
+        Some((b'R', _)) => {}
+        Some((b'E', body)) => return sqlstate(&body),
+        other => panic!("unexpected answer to the startup: {other:?}"),
+    }
+    let client = ScramClient::new(Nonce::from_random(rand::random()));
+    let first =
+        pgwake_protocol::auth::sasl_initial_response("SCRAM-SHA-256", &client.client_first());
+    tokio::io::AsyncWriteExt::write_all(&mut s, &first)
+        .await
+        .unwrap();
+    let (tag, body) = read_message(&mut s).await.expect("SASLContinue");
+    assert_eq!((tag, &body[..4]), (b'R', &11u32.to_be_bytes()[..]));
+    let challenge = client.handle_server_first(&body[4..]).unwrap();
+    let keys = ScramKeys::from_password(password, challenge.salt(), challenge.iterations());
+    let (_, client_final) = challenge.client_final(&keys).unwrap();
+    let response = pgwake_protocol::auth::sasl_response(&client_final);
+    tokio::io::AsyncWriteExt::write_all(&mut s, &response)
+        .await
+        .unwrap();
+    loop {
+        match read_message(&mut s).await {
+            Some((b'E', body)) => return sqlstate(&body),
+            // AuthenticationOk: the password was accepted (the wake and the rest follow).
+            Some((b'R', body)) if body[..4] == 0u32.to_be_bytes() => return String::new(),
+            Some(_) => {}
+            None => return "closed".into(),
+        }
+    }
+}
