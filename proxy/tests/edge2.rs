@@ -605,13 +605,8 @@ async fn silent_connections_that_sent_crlf_cost_no_cpu() {
 
 /// A GET of `path` on the admin listener naming `host`: the status.
 async fn admin_get(admin: u16, path: &str, host: &str) -> u16 {
-    let mut s = TcpStream::connect(("127.0.0.1", admin)).await.unwrap();
-    let head = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
-    s.write_all(head.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.unwrap();
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    text.split_whitespace().nth(1).unwrap().parse().unwrap()
+    let request_line = format!("GET {path} HTTP/1.1");
+    common::admin_status(admin, &request_line, &format!("Host: {host}\r\n")).await
 }
 
 /// Item 9, DNS rebinding: a page whose name was rebound to the admin listener's address sends

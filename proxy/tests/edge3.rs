@@ -7,7 +7,9 @@ mod common;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::time::Duration;
 
-use common::{Gateway, connect_from, local_session, read_message, scram_login, startup_packet};
+use common::{
+    Gateway, admin_status, connect_from, local_session, read_message, scram_login, startup_packet,
+};
 use pgwake_testkit::postgres_account;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -187,17 +189,6 @@ async fn unread_websocket_pongs_are_bounded_and_end_the_connection() {
         closed,
         "a client pinging without reading was still connected"
     );
-}
-
-/// One admin request with this head (`Connection: close` added), the status answered.
-async fn admin_status(admin: u16, request_line: &str, headers: &str) -> u16 {
-    let mut s = TcpStream::connect(("127.0.0.1", admin)).await.unwrap();
-    let head = format!("{request_line}\r\n{headers}Connection: close\r\n\r\n");
-    s.write_all(head.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.unwrap();
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    text.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
 /// The admin Host check (informational finding of issue 42): `[::1]evil.example` passed as an

@@ -744,3 +744,17 @@ pub async fn scram_login(
         }
     }
 }
+
+/// One admin request with this head (`Connection: close` added), the status answered.
+pub async fn admin_status(admin: u16, request_line: &str, headers: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", admin))
+        .await
+        .unwrap();
+    let head = format!("{request_line}\r\n{headers}Connection: close\r\n\r\n");
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    text.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
