@@ -5,14 +5,13 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::{
     Gateway, LOCAL_PASSWORD, connect_from, read_message, scram_login, sqlstate, startup_packet,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::TcpStream;
 
 /// `POST /sql` of `select 1` as `user` on `tenant` from `source`: (status, body).
 async fn post_sql_from(
@@ -444,31 +443,6 @@ fn spilled_files(pid: u32) -> usize {
         .unwrap_or(0)
 }
 
-/// A client that sends a `POST /sql` of `sql`, reads the status line of the answer and then
-/// stops reading, with a small receive buffer so the body stays on the gateway's side.
-async fn stop_reading(http: u16, sql: &str) -> (TcpStream, String) {
-    let socket = TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let mut s = socket
-        .connect(SocketAddr::from(([127, 0, 0, 1], http)))
-        .await
-        .unwrap();
-    let body = serde_json::to_vec(&serde_json::json!({ "query": sql, "params": [] })).unwrap();
-    let head = format!(
-        "POST /sql HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
-         Content-Type: application/json\r\n\
-         Neon-Connection-String: postgresql://pgwake:{LOCAL_PASSWORD}@edge.{}:5432/postgres\r\n\
-         Content-Length: {}\r\n\r\n",
-        common::SNI_SUFFIX,
-        body.len()
-    );
-    s.write_all(head.as_bytes()).await.unwrap();
-    s.write_all(&body).await.unwrap();
-    let mut first = vec![0u8; 512];
-    let n = s.read(&mut first).await.unwrap();
-    (s, String::from_utf8_lossy(&first[..n]).into_owned())
-}
-
 /// Item 7: spilled `/sql` responses had no total bound and no send deadline, so clients that
 /// stopped reading held a temporary file (and descriptors) each for as long as they liked.
 /// Now spilled responses share `http.max_spill_total` (past it: 507) and a response nothing
@@ -489,7 +463,7 @@ async fn spilled_results_have_a_total_bound_and_a_send_deadline() {
     let pid = gw.pid();
     // About 8.5 MB of JSON: spilled, and more than the sockets hold.
     let large = "select g, repeat('y', 90) from generate_series(1, 80000) g";
-    let (held, head) = stop_reading(http, large).await;
+    let (held, head) = common::sql_then_stop_reading(http, "edge", large).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert_eq!(
         spilled_files(pid),
@@ -498,7 +472,7 @@ async fn spilled_results_have_a_total_bound_and_a_send_deadline() {
     );
 
     // A second one finds no room left.
-    let (_second, head) = stop_reading(http, large).await;
+    let (_second, head) = common::sql_then_stop_reading(http, "edge", large).await;
     assert!(head.starts_with("HTTP/1.1 507"), "{head}");
     assert!(head.contains("http.max_spill_total"), "{head}");
 
@@ -513,7 +487,7 @@ async fn spilled_results_have_a_total_bound_and_a_send_deadline() {
     }
     drop(held);
     // Room again for the next.
-    let (_third, head) = stop_reading(http, large).await;
+    let (_third, head) = common::sql_then_stop_reading(http, "edge", large).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
 }
 

@@ -381,27 +381,6 @@ async fn a_client_cannot_lift_the_idle_in_transaction_limit() {
     client.batch_execute("SELECT 1").await.unwrap();
 }
 
-/// A client that sends `POST /sql` of `sql` to `tenant` (a local one, as `pgwake`), reads the
-/// first bytes of the answer and then stops reading, with a small receive buffer so that a
-/// large body stays on the gateway's side.
-async fn sql_then_stop_reading(http: u16, tenant: &str, sql: &str) -> (TcpStream, String) {
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let mut s = socket
-        .connect(std::net::SocketAddr::from(([127, 0, 0, 1], http)))
-        .await
-        .unwrap();
-    let body = serde_json::to_vec(&serde_json::json!({ "query": sql, "params": [] })).unwrap();
-    let who = ("pgwake", common::LOCAL_PASSWORD, tenant);
-    s.write_all(common::sql_request_head(who, body.len()).as_bytes())
-        .await
-        .unwrap();
-    s.write_all(&body).await.unwrap();
-    let mut first = vec![0u8; 512];
-    let n = s.read(&mut first).await.unwrap();
-    (s, String::from_utf8_lossy(&first[..n]).into_owned())
-}
-
 /// F6: spilled `/sql` responses shared `http.max_spill_total` first come, first served, so one
 /// tenant's clients that stopped reading held all of it and every other tenant's large answer
 /// got 507. Now each tenant may hold `http.max_spill_per_tenant` of it: past that share its
@@ -422,18 +401,18 @@ async fn one_tenant_cannot_take_all_the_spill_room() {
     // About 8.5 MB of JSON each: spilled, and more than the sockets hold.
     let large = "select g, repeat('y', 90) from generate_series(1, 80000) g";
     let mut held = Vec::new();
-    let (s, head) = sql_then_stop_reading(http, "edge", large).await;
+    let (s, head) = common::sql_then_stop_reading(http, "edge", large).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     held.push(s);
     // The total would have room for a second, and did before; the tenant's share does not.
     for _ in 0..2 {
-        let (s, head) = sql_then_stop_reading(http, "edge", large).await;
+        let (s, head) = common::sql_then_stop_reading(http, "edge", large).await;
         assert!(head.starts_with("HTTP/1.1 507"), "{head}");
         assert!(head.contains("http.max_spill_per_tenant"), "{head}");
         held.push(s);
     }
     // Another tenant keeps its room while the first one's readers stall.
-    let (s, head) = sql_then_stop_reading(http, "other", large).await;
+    let (s, head) = common::sql_then_stop_reading(http, "other", large).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     held.push(s);
     drop(held);

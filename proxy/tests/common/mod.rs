@@ -758,3 +758,29 @@ pub async fn admin_status(admin: u16, request_line: &str, headers: &str) -> u16 
     let text = String::from_utf8_lossy(&raw).into_owned();
     text.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
+
+/// A client that sends `POST /sql` of `sql` to `tenant` (a local one, as `pgwake`), reads the
+/// first bytes of the answer and then stops reading, with a small receive buffer so that a
+/// large body stays on the gateway's side.
+pub async fn sql_then_stop_reading(
+    http: u16,
+    tenant: &str,
+    sql: &str,
+) -> (tokio::net::TcpStream, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut s = socket
+        .connect(std::net::SocketAddr::from(([127, 0, 0, 1], http)))
+        .await
+        .unwrap();
+    let body = serde_json::to_vec(&serde_json::json!({ "query": sql, "params": [] })).unwrap();
+    let who = ("pgwake", LOCAL_PASSWORD, tenant);
+    s.write_all(sql_request_head(who, body.len()).as_bytes())
+        .await
+        .unwrap();
+    s.write_all(&body).await.unwrap();
+    let mut first = vec![0u8; 512];
+    let n = s.read(&mut first).await.unwrap();
+    (s, String::from_utf8_lossy(&first[..n]).into_owned())
+}
