@@ -88,8 +88,10 @@ fn from_hex_utf8(digits: &[u8]) -> String {
 fn hex_bytes(text: &str) -> String {
     let mut hex = String::with_capacity(2 + text.len() * 2);
     hex.push_str("\\x");
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     for b in text.bytes() {
-        hex.push_str(&format!("{b:02x}"));
+        hex.push(char::from(DIGITS[usize::from(b >> 4)]));
+        hex.push(char::from(DIGITS[usize::from(b & 0x0f)]));
     }
     hex
 }
