@@ -9,13 +9,20 @@
 //! backend fails the message and skips the rest of the batch to Sync exactly as it would have,
 //! and its "does not exist" error is replaced by the `0A000` one on the way back.
 //!
+//! A statement that could not be made again for a reason that passes (a lock another session
+//! held during the revival, a deadlock, a cancel) is made again at its first use instead: the
+//! messages that make it are spliced in front of the client's Bind or Describe of it (its SQL
+//! `PREPARE` in front of the statement of a simple Query that executes it), their answers are
+//! taken out of the backend's, and an error they meet reaches the client as the use's own, which
+//! is what Postgres answers when it revalidates a statement at that moment.
+//!
 //! Sans-io: the relay hands each direction's unwritten bytes to [`StaleStatements::client`] or
 //! [`StaleStatements::backend`], which edit them and say how many are final ([`Advance`]).
 
 use std::collections::{BTreeMap, VecDeque};
 
 use crate::frontend::{error_fields, message};
-use crate::sql_text::executed_statements;
+use crate::sql_text::{executed_statements, split_statements};
 
 /// Bytes of a Bind or Describe read before its statement name must have ended.
 const NAME_WINDOW: usize = 1024;
@@ -62,14 +69,41 @@ pub enum StaleAnswer {
     /// ErrorResponse its Parse met, which is what Postgres answers when it revalidates such a
     /// statement.
     Failed(Box<[u8]>),
+    /// It could not be made again for a reason that passes: it is made at its first use.
+    Remake(Remake),
 }
 
 impl StaleAnswer {
+    /// The ErrorResponse a renamed use answers (a statement to remake is never renamed).
     fn message(&self) -> Vec<u8> {
         match self {
-            StaleAnswer::ResultChanged => result_changed(),
             StaleAnswer::Failed(error) => error.to_vec(),
+            StaleAnswer::ResultChanged | StaleAnswer::Remake(_) => result_changed(),
         }
+    }
+}
+
+/// How a statement is made again at its first use.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Remake {
+    /// Extended-protocol messages (no Sync) spliced in front of a Bind or Describe of it: a
+    /// Close of its name first, so that a second try in a pipelined batch finds nothing in the
+    /// way, then what makes it. Each is answered by one message when all succeed.
+    pub messages: Box<[u8]>,
+    /// Its SQL `PREPARE`, spliced in front of the statement of a simple Query that executes it;
+    /// `None` when it was made with a protocol Parse (an `EXECUTE` of it then finds nothing).
+    pub prepare: Option<Box<str>>,
+}
+
+impl Remake {
+    /// The messages' tags, in order.
+    fn tags(&self) -> impl Iterator<Item = u8> + '_ {
+        let mut rest = &self.messages[..];
+        std::iter::from_fn(move || {
+            let (tag, body) = header(rest)?;
+            rest = rest.get(5 + body..)?;
+            Some(tag)
+        })
     }
 }
 
@@ -93,18 +127,28 @@ struct Owed {
 
 impl Owed {
     fn message(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        if let Some(types) = &self.describe {
-            message(&mut out, b't', |body| {
-                body.extend_from_slice(&(types.len() as u16).to_be_bytes());
-                for t in types.iter() {
-                    body.extend_from_slice(&t.to_be_bytes());
-                }
-            });
-        }
+        let mut out = self
+            .describe
+            .as_deref()
+            .map(parameter_description)
+            .unwrap_or_default();
         out.extend(self.answer.message());
         out
     }
+}
+
+/// A use of a statement to remake, and where the answers of what makes it are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct RemakeUse {
+    name: Box<str>,
+    /// Spliced in a simple Query: its answer is the Query's CommandComplete of ordinal `at`;
+    /// else its answers start at the batch's CloseComplete of ordinal `at`.
+    in_query: bool,
+    at: u32,
+    /// Messages answering it when all succeed.
+    answers: usize,
+    /// The use was a Describe of the statement: an error comes after its parameters.
+    describe: Option<Box<[u32]>>,
 }
 
 /// The stale statements of a session on its current backend connection, and the framing of
@@ -125,6 +169,17 @@ pub struct StaleStatements {
     /// Batches holding a renamed use, by number, with the answer of their first one: a
     /// client may pipeline several batches before the first is answered.
     expected: VecDeque<(u64, Owed)>,
+    /// Close messages in the batch the client is sending, the spliced ones included.
+    sent_closes: u32,
+    /// Statements remade in the batch the client is sending (each once).
+    sending: Vec<RemakeUse>,
+    /// Batches in which statements are remade, by number.
+    remakes: VecDeque<(u64, VecDeque<RemakeUse>)>,
+    /// CloseComplete and CommandComplete messages of the batch being answered.
+    answered_closes: u32,
+    answered_completes: u32,
+    /// The remade statement whose answers are being taken out, and how many are left.
+    stripping: Option<(RemakeUse, usize)>,
     /// Watching at all: a revival left stale statements on this connection.
     active: bool,
 }
@@ -167,7 +222,7 @@ impl StaleStatements {
     }
 
     /// Client bytes, starting where the last call's `ready` ended: renames uses of stale
-    /// statements in place.
+    /// statements in place, and splices what makes a statement again in front of its first use.
     pub fn client(&mut self, data: &mut [u8]) -> Advance {
         let mut i = 0;
         loop {
@@ -189,8 +244,10 @@ impl StaleStatements {
                 if have.len() < body {
                     return Advance::ready(i);
                 }
-                if let Some((owed, with)) = self.rename_executes(have) {
-                    if self.current.is_none() {
+                if let Some((owed, with)) = self.rewrite_query(have) {
+                    if let Some(owed) = owed
+                        && self.current.is_none()
+                    {
                         self.current = Some(owed);
                     }
                     splice = Some(Splice {
@@ -210,11 +267,11 @@ impl StaleStatements {
                 let end = have.get(a..)?.iter().position(|&b| b == 0)?;
                 Some((a, a + end))
             });
+            if tag == b'C' {
+                self.sent_closes += 1;
+            }
             if matches!(tag, b'S' | b'Q' | b'F') {
-                if let Some(answer) = self.current.take() {
-                    self.expected.push_back((self.sent, answer));
-                }
-                self.sent += 1;
+                self.end_batch();
             }
             if splice.is_some() {
                 // One edit per pass: what follows is offered again.
@@ -228,18 +285,50 @@ impl StaleStatements {
                 // The name has not all arrived: hold the message from its start.
                 return Advance::ready(i);
             }
-            if let Some((a, end)) = name {
+            if let Some((a, end)) = name.filter(|(a, end)| end > a) {
                 let stale = std::str::from_utf8(&have[a..end])
                     .ok()
-                    .and_then(|n| self.names.get(n));
-                if let Some(stale) = stale.filter(|_| end > a) {
-                    if self.current.is_none() {
-                        self.current = Some(Owed {
-                            answer: stale.answer.clone(),
-                            describe: (tag == b'D').then(|| stale.param_types.clone()),
-                        });
+                    .and_then(|n| Some((n, self.names.get(n)?)));
+                match stale {
+                    Some((
+                        n,
+                        StaleStatement {
+                            answer: StaleAnswer::Remake(remake),
+                            param_types,
+                        },
+                    )) if !self.sending.iter().any(|u| *u.name == *n) => {
+                        let describe = (tag == b'D').then(|| param_types.clone());
+                        let remake = remake.clone();
+                        let with = self.remake_at(n.into(), &remake, describe);
+                        self.client_skip = body;
+                        let splice = Splice {
+                            at: i,
+                            len: 0,
+                            with,
+                        };
+                        return Advance {
+                            ready: start,
+                            splice: Some(splice),
+                        };
                     }
-                    data[start + a..start + end].fill(MARK);
+                    // Made already in this batch.
+                    Some((
+                        _,
+                        StaleStatement {
+                            answer: StaleAnswer::Remake(_),
+                            ..
+                        },
+                    )) => {}
+                    Some((_, stale)) => {
+                        if self.current.is_none() {
+                            self.current = Some(Owed {
+                                answer: stale.answer.clone(),
+                                describe: (tag == b'D').then(|| stale.param_types.clone()),
+                            });
+                        }
+                        data[start + a..start + end].fill(MARK);
+                    }
+                    None => {}
                 }
             }
             i = start;
@@ -247,33 +336,104 @@ impl StaleStatements {
         }
     }
 
-    /// A Query whose text runs a stale statement with SQL `EXECUTE`: the answer owed and the
-    /// message with each such name replaced by a name no statement has.
-    fn rename_executes(&self, body: &[u8]) -> Option<(Owed, Vec<u8>)> {
+    /// Notes that `remake` makes statement `name` in the batch being sent, in front of a Bind
+    /// or (with its parameter types) a Describe of it; returns the messages to splice.
+    fn remake_at(
+        &mut self,
+        name: Box<str>,
+        remake: &Remake,
+        describe: Option<Box<[u32]>>,
+    ) -> Vec<u8> {
+        self.sending.push(RemakeUse {
+            name,
+            in_query: false,
+            at: self.sent_closes,
+            answers: remake.tags().count(),
+            describe,
+        });
+        self.sent_closes += remake.tags().filter(|&t| t == b'C').count() as u32;
+        remake.messages.to_vec()
+    }
+
+    /// The client ended a batch (Sync, Query, FunctionCall): what it owes and remakes goes with
+    /// its number.
+    fn end_batch(&mut self) {
+        if let Some(answer) = self.current.take() {
+            self.expected.push_back((self.sent, answer));
+        }
+        if !self.sending.is_empty() {
+            let uses = std::mem::take(&mut self.sending).into();
+            self.remakes.push_back((self.sent, uses));
+        }
+        self.sent_closes = 0;
+        self.sent += 1;
+    }
+
+    /// A Query whose text runs a stale statement with SQL `EXECUTE`: the message with each
+    /// such name replaced by a name no statement has (and the answer owed for the first), and
+    /// with the `PREPARE` of each statement to remake in front of the first statement that
+    /// executes it (its uses are noted in the batch being sent).
+    fn rewrite_query(&mut self, body: &[u8]) -> Option<(Option<Owed>, Vec<u8>)> {
         let text = std::str::from_utf8(body.strip_suffix(&[0])?).ok()?;
         let mut owed = None;
-        let mut renamed = Vec::with_capacity(body.len());
+        let mut changed = false;
+        let mut rewritten = Vec::with_capacity(body.len());
         let mut from = 0;
-        for (name, at) in executed_statements(text) {
-            if let Some(stale) = self.names.get(name.as_str()) {
-                owed.get_or_insert_with(|| Owed {
-                    answer: stale.answer.clone(),
-                    describe: None,
-                });
-                renamed.extend_from_slice(&text.as_bytes()[from..at.start]);
-                renamed.extend_from_slice(QUOTED_MARK);
-                from = at.end;
+        let mut completes = 0u32;
+        for statement in split_statements(text) {
+            let start = statement.as_ptr() as usize - text.as_ptr() as usize;
+            let executed = executed_statements(statement).into_iter().next();
+            let stale = executed
+                .as_ref()
+                .and_then(|(name, _)| Some((name, self.names.get(name.as_str())?)));
+            if let Some((name, s)) = stale {
+                match &s.answer {
+                    StaleAnswer::Remake(r) => {
+                        if let Some(prepare) = &r.prepare
+                            && !self.sending.iter().any(|u| *u.name == **name)
+                        {
+                            rewritten.extend_from_slice(&text.as_bytes()[from..start]);
+                            rewritten.extend_from_slice(prepare.as_bytes());
+                            rewritten.push(b';');
+                            from = start;
+                            self.sending.push(RemakeUse {
+                                name: name.as_str().into(),
+                                in_query: true,
+                                at: completes,
+                                answers: 1,
+                                describe: None,
+                            });
+                            completes += 1;
+                            changed = true;
+                        }
+                    }
+                    answer => {
+                        owed.get_or_insert_with(|| Owed {
+                            answer: answer.clone(),
+                            describe: None,
+                        });
+                        let at = executed.as_ref().map(|(_, at)| at.clone())?;
+                        rewritten.extend_from_slice(&text.as_bytes()[from..start + at.start]);
+                        rewritten.extend_from_slice(QUOTED_MARK);
+                        from = start + at.end;
+                        changed = true;
+                    }
+                }
             }
+            completes += 1;
         }
-        let owed = owed?;
-        renamed.extend_from_slice(&body[from..]);
-        let mut out = Vec::with_capacity(renamed.len() + 5);
-        message(&mut out, b'Q', |b| b.extend_from_slice(&renamed));
+        if !changed {
+            return None;
+        }
+        rewritten.extend_from_slice(&body[from..]);
+        let mut out = Vec::with_capacity(rewritten.len() + 5);
+        message(&mut out, b'Q', |b| b.extend_from_slice(&rewritten));
         Some((owed, out))
     }
 
     /// Backend bytes, starting where the last call's `ready` ended: replaces the error a
-    /// renamed use met with the one Postgres gives that statement's use.
+    /// renamed use met with the one Postgres gives that statement's use, and takes out the
+    /// answers of what remade a statement.
     pub fn backend(&mut self, data: &[u8]) -> Advance {
         let mut i = 0;
         let mut splice = None;
@@ -293,47 +453,175 @@ impl StaleStatements {
                 return Advance { ready: i, splice };
             };
             let start = i + 5;
-            let expecting = self
-                .expected
-                .front()
-                .is_some_and(|(batch, _)| *batch == self.answered);
-            match tag {
-                b'Z' => {
-                    self.answered += 1;
-                    while self
-                        .expected
-                        .front()
-                        .is_some_and(|(batch, _)| *batch < self.answered)
-                    {
-                        self.expected.pop_front();
-                    }
+            let have = &data[start..data.len().min(start + body)];
+            // One edit per pass: the next is made when the relay passes these bytes again.
+            match self.answer(tag, have, body, splice.is_none()) {
+                Verdict::Hold => return Advance { ready: i, splice },
+                Verdict::Replace(with) => {
+                    splice = Some(Splice {
+                        at: i,
+                        len: 5 + body,
+                        with,
+                    });
+                    i = start + body;
                 }
-                // One edit per pass: the next is made when the relay passes these bytes again.
-                b'E' if expecting && splice.is_some() => return Advance { ready: i, splice },
-                b'E' if expecting && body <= ERROR_WINDOW => {
-                    if data.len() < start + body {
-                        return Advance { ready: i, splice };
-                    }
-                    let fields = error_fields(&data[start..start + body]);
-                    // The batch's first error ends it: either the renamed use failed, or an
-                    // earlier message did and the use never ran.
-                    if let Some((_, owed)) = self.expected.pop_front()
-                        && fields.code == UNDEFINED_STATEMENT
-                        && fields.message.contains(MARK as char)
-                    {
-                        splice = Some(Splice {
-                            at: i,
-                            len: 5 + body,
-                            with: owed.message(),
-                        });
-                    }
+                Verdict::Pass => {
+                    i = start;
+                    self.backend_skip = body;
                 }
-                _ => {}
             }
-            i = start;
-            self.backend_skip = body;
         }
     }
+
+    /// What becomes of one backend message whose payload (`len` bytes) starts with `have`;
+    /// `can_edit` is false once this pass made its edit. State moves only when the message
+    /// passes or is replaced, never when it is held (it is offered again).
+    fn answer(&mut self, tag: u8, have: &[u8], len: usize, can_edit: bool) -> Verdict {
+        let whole = have.len() == len;
+        if matches!(tag, b'N' | b'S' | b'A') {
+            return Verdict::Pass;
+        }
+        if let Some((remade, left)) = &mut self.stripping {
+            match tag {
+                b'E' => {
+                    // Making it failed: the use answers that error, after its parameters
+                    // when it was a Describe; it is made again at its next use.
+                    let Some(types) = remade.describe.clone().filter(|_| len <= ERROR_WINDOW)
+                    else {
+                        self.stripping = None;
+                        return Verdict::Pass;
+                    };
+                    if !whole || !can_edit {
+                        return Verdict::Hold;
+                    }
+                    self.stripping = None;
+                    let mut with = parameter_description(&types);
+                    message(&mut with, b'E', |b| b.extend_from_slice(have));
+                    return Verdict::Replace(with);
+                }
+                b'Z' => self.stripping = None,
+                _ => {
+                    if !whole || !can_edit {
+                        return Verdict::Hold;
+                    }
+                    *left -= 1;
+                    if *left == 0 {
+                        self.names.remove(&remade.name);
+                        self.stripping = None;
+                    }
+                    return Verdict::Replace(Vec::new());
+                }
+            }
+        }
+        match tag {
+            b'Z' => {
+                self.answered += 1;
+                self.answered_closes = 0;
+                self.answered_completes = 0;
+                let answered = self.answered;
+                self.remakes.retain(|(batch, _)| *batch >= answered);
+                self.expected.retain(|(batch, _)| *batch >= answered);
+                Verdict::Pass
+            }
+            b'3' | b'C' => self.remade(tag, have, whole && can_edit),
+            b'E' => {
+                let expecting = self
+                    .expected
+                    .front()
+                    .is_some_and(|(batch, _)| *batch == self.answered);
+                if !expecting || len > ERROR_WINDOW {
+                    return Verdict::Pass;
+                }
+                if !whole || !can_edit {
+                    return Verdict::Hold;
+                }
+                let fields = error_fields(have);
+                // The batch's first error ends it: either the renamed use failed, or an
+                // earlier message did and the use never ran.
+                match self.expected.pop_front() {
+                    Some((_, owed))
+                        if fields.code == UNDEFINED_STATEMENT
+                            && fields.message.contains(MARK as char) =>
+                    {
+                        Verdict::Replace(owed.message())
+                    }
+                    _ => Verdict::Pass,
+                }
+            }
+            _ => Verdict::Pass,
+        }
+    }
+
+    /// A CloseComplete or CommandComplete: the first answer of a statement remade in this
+    /// batch is taken out (and the rest after it), else it passes and is counted.
+    fn remade(&mut self, tag: u8, have: &[u8], editable: bool) -> Verdict {
+        let in_query = tag == b'C';
+        let count = if in_query {
+            self.answered_completes
+        } else {
+            self.answered_closes
+        };
+        let answered = self.answered;
+        let ours = self
+            .remakes
+            .front()
+            .filter(|(batch, _)| *batch == answered)
+            .and_then(|(_, uses)| uses.front())
+            .is_some_and(|u| u.in_query == in_query && u.at == count);
+        if ours && !editable {
+            return Verdict::Hold;
+        }
+        *self.counter(in_query) += 1;
+        let Some(remade) = self
+            .remakes
+            .front_mut()
+            .filter(|_| ours)
+            .and_then(|(_, uses)| uses.pop_front())
+        else {
+            return Verdict::Pass;
+        };
+        if in_query && have != b"PREPARE\0" {
+            // Not the spliced PREPARE's answer after all: the text was read otherwise.
+            return Verdict::Pass;
+        }
+        if remade.answers <= 1 {
+            self.names.remove(&remade.name);
+        } else {
+            let left = remade.answers - 1;
+            self.stripping = Some((remade, left));
+        }
+        Verdict::Replace(Vec::new())
+    }
+
+    fn counter(&mut self, in_query: bool) -> &mut u32 {
+        if in_query {
+            &mut self.answered_completes
+        } else {
+            &mut self.answered_closes
+        }
+    }
+}
+
+/// What becomes of a backend message.
+enum Verdict {
+    /// Written as it is.
+    Pass,
+    /// Kept back until it is whole, or until the next pass.
+    Hold,
+    /// Written as these bytes instead (none: taken out).
+    Replace(Vec<u8>),
+}
+
+/// A ParameterDescription of `types`.
+fn parameter_description(types: &[u32]) -> Vec<u8> {
+    let mut out = Vec::new();
+    message(&mut out, b't', |body| {
+        body.extend_from_slice(&(types.len() as u16).to_be_bytes());
+        for t in types {
+            body.extend_from_slice(&t.to_be_bytes());
+        }
+    });
+    out
 }
 
 impl Advance {
@@ -621,5 +909,125 @@ mod tests {
         s.forget_all();
         assert!(!s.contains("b"));
         assert!(!StaleStatements::start(std::iter::empty()).active());
+    }
+
+    /// A protocol statement to remake: Close then Parse of its name.
+    fn remake(name: &str, prepare: Option<&str>) -> StaleStatement {
+        let mut messages = msg(b'C', format!("S{name}\0").as_bytes());
+        messages.extend(msg(b'P', format!("{name}\0select 1\0\0\0").as_bytes()));
+        StaleStatement {
+            answer: StaleAnswer::Remake(Remake {
+                messages: messages.into(),
+                prepare: prepare.map(Into::into),
+            }),
+            param_types: [23].into(),
+        }
+    }
+
+    /// Passes client bytes through the filter as the relay does, splices included.
+    fn relay_client_spliced(s: &mut StaleStatements, stream: &[u8]) -> Vec<u8> {
+        let mut held = stream.to_vec();
+        let mut out = Vec::new();
+        while !held.is_empty() {
+            let a = s.client(&mut held);
+            let mut from = 0;
+            if let Some(sp) = a.splice {
+                out.extend_from_slice(&held[..sp.at]);
+                out.extend_from_slice(&sp.with);
+                from = sp.at + sp.len;
+            }
+            out.extend_from_slice(&held[from..a.ready]);
+            held.drain(..a.ready);
+            if a.ready == 0 {
+                break;
+            }
+        }
+        out.extend(held);
+        out
+    }
+
+    #[test]
+    fn a_statement_to_remake_is_made_in_front_of_its_first_use_and_its_answers_taken_out() {
+        let mut s = StaleStatements::start([("r".into(), remake("r", None))]);
+        let made = [msg(b'C', b"Sr\0"), msg(b'P', b"r\0select 1\0\0\0")].concat();
+        // A Close of another statement before it in the batch: the remake's Close is the second.
+        let client = [msg(b'C', b"Sother\0"), bind("r"), bind("r"), msg(b'S', b"")].concat();
+        let got = relay_client_spliced(&mut s, &client);
+        let want = [
+            msg(b'C', b"Sother\0"),
+            made.clone(),
+            bind("r"),
+            bind("r"),
+            msg(b'S', b""),
+        ]
+        .concat();
+        assert_eq!(got, want, "made once per batch");
+        let z = msg(b'Z', b"I");
+        let backend = [
+            msg(b'3', b""),
+            msg(b'3', b""),
+            msg(b'N', b"SNOTICE\0\0"),
+            msg(b'1', b""),
+            msg(b'2', b""),
+            msg(b'2', b""),
+            z.clone(),
+        ]
+        .concat();
+        let got = relay_backend(&mut s, &backend);
+        let want = [
+            msg(b'3', b""),
+            msg(b'N', b"SNOTICE\0\0"),
+            msg(b'2', b""),
+            msg(b'2', b""),
+            z.clone(),
+        ]
+        .concat();
+        assert_eq!(got, want);
+        assert!(!s.contains("r"), "made: fresh from now on");
+        // Failing, a Describe's parameters come before the error, and it stays to remake.
+        let mut s = StaleStatements::start([("r".into(), remake("r", None))]);
+        relay_client_spliced(&mut s, &[describe("r"), msg(b'S', b"")].concat());
+        let locked = error("55P03", "canceling statement due to lock timeout");
+        let backend = [msg(b'3', b""), locked.clone(), z.clone()].concat();
+        let got = relay_backend(&mut s, &backend);
+        assert_eq!(got, [msg(b't', &[0, 1, 0, 0, 0, 23]), locked, z].concat());
+        assert!(s.contains("r"));
+    }
+
+    #[test]
+    fn a_query_executing_a_statement_to_remake_prepares_it_first() {
+        let prepare = "PREPARE r AS select 1";
+        let mut s = StaleStatements::start([
+            ("r".into(), remake("r", Some(prepare))),
+            ("gone".into(), stale(StaleAnswer::ResultChanged)),
+        ]);
+        let query = msg(b'Q', b"select 0; execute r; execute gone; execute r\0");
+        let a = s.client(&mut query.clone());
+        let with = a.splice.expect("rewritten").with;
+        assert_eq!(
+            with,
+            msg(
+                b'Q',
+                b"select 0;PREPARE r AS select 1; execute r; execute \"\x7f\"; execute r\0"
+            )
+        );
+        let z = msg(b'Z', b"I");
+        let done = |tag: &str| msg(b'C', format!("{tag}\0").as_bytes());
+        let backend = [
+            done("SELECT 1"),
+            done("PREPARE"),
+            done("SELECT 1"),
+            missing(),
+            z.clone(),
+        ]
+        .concat();
+        let got = relay_backend(&mut s, &backend);
+        let want = [done("SELECT 1"), done("SELECT 1"), result_changed(), z].concat();
+        assert_eq!(got, want);
+        assert!(!s.contains("r"));
+        // A protocol statement has no PREPARE: the query passes as it is.
+        let mut s = StaleStatements::start([("p".into(), remake("p", None))]);
+        let mut plain = msg(b'Q', b"execute p\0");
+        assert_eq!(s.client(&mut plain), Advance::ready(plain.len()));
     }
 }

@@ -38,6 +38,12 @@ pub struct RevivalConfig {
     /// and restoring settings and statements.
     #[serde(with = "super::duration")]
     pub revive_timeout: Duration,
+    /// How long restoring a prepared statement (and the snapshot's look at one) waits for a
+    /// lock another session holds on what it names: past it the statement is made again at its
+    /// first use instead, so a table under migration holds neither the revival nor an
+    /// unrelated query. At least 1ms (Postgres reads 0 as no limit).
+    #[serde(with = "super::duration")]
+    pub restore_lock_wait: Duration,
     /// Named prepared statements a session may hold and still be moved.
     pub max_statements: usize,
     /// Custom settings (`prefix.name`) a session may name and still be moved: Postgres cannot
@@ -61,6 +67,7 @@ impl Default for RevivalConfig {
             park_session_after: None,
             pinned: PinnedPolicy::KeepAwake,
             revive_timeout: Duration::from_secs(30),
+            restore_lock_wait: Duration::from_millis(20),
             max_statements: 1000,
             max_custom_settings: 256,
             max_snapshot: ByteSize::kib(256),
@@ -173,6 +180,12 @@ impl RevivalConfig {
                 "revival.snapshot_after",
                 "snapshot_after, park_session_after, revive_timeout and token_ttl must be greater \
                  than zero",
+            ));
+        }
+        if self.restore_lock_wait < Duration::from_millis(1) {
+            return Err(invalid(
+                "revival.restore_lock_wait",
+                "restore_lock_wait must be at least 1ms (Postgres reads 0 as no limit)",
             ));
         }
         self.key_ring().map(|_| ())

@@ -738,6 +738,7 @@ async fn snapshot(
     };
     let wait = gw.snapshot_timeout;
     match take_snapshot(
+        lock_wait: rv.config.restore_lock_wait,
         &mut current.stream,
         client,
         tracker,

@@ -261,6 +261,12 @@ impl Pump {
     /// stream sits at a boundary.
     fn load(&mut self, msg: Vec<u8>) {
         let n = msg.len().min(self.buf.len());
+                if s.with.is_empty() {
+                    // Bytes taken out (a remade statement's answers): nothing in their place.
+                    self.pos += s.len;
+                    self.splice = None;
+                    continue;
+                }
         self.buf[..n].copy_from_slice(&msg[..n]);
         self.pos = 0;
         self.ready = n;

@@ -150,7 +150,17 @@ pub(super) async fn revive(
             .map_err(|_| ReviveError::Timeout(limit))?
             .map_err(ReviveError::Wake)?;
         let endpoint = admission.endpoint.clone();
-        match attempt(gw, (&endpoint, who.tls), &claims, &material, snap, deadline).await {
+        let restore = (snap, rv.config.restore_lock_wait);
+        match attempt(
+            gw,
+            (&endpoint, who.tls),
+            &claims,
+            &material,
+            restore,
+            deadline,
+        )
+        .await
+        {
             Ok((stream, returnable, slot, restored)) => {
                 if let Some(reg) = cancel {
                     gw.cancels.retarget(reg.pid, returnable.target.clone());
@@ -193,11 +203,11 @@ async fn attempt(
     (endpoint, tls): (&Endpoint, BackendTls),
     claims: &RevivalClaims,
     material: &LoginMaterial,
-    snap: &Snapshot,
+    (snap, lock_wait): (&Snapshot, Duration),
     deadline: Instant,
 ) -> Result<(Stream, Returnable, BackendSlot, Restored), ReviveError> {
     let tenant = TenantId::parse(&claims.tenant).map_err(|_| RevivalError::Malformed)?;
-    let max = gw.connector.max_message();
+    let max = (gw.connector.max_message(), lock_wait);
     let slot = gw
         .connector
         .slot_for(&tenant, &claims.params, endpoint, deadline)

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use pgwake_protocol::frontend::{self, ErrorFields};
 use pgwake_protocol::sql_text::{PrepareSource, prepare_source};
-use pgwake_protocol::stale::{StaleAnswer, StaleStatement};
+use pgwake_protocol::stale::{Remake, StaleAnswer, StaleStatement};
 use pgwake_protocol::{Pins, SessionTracker};
 use tokio::io::AsyncWriteExt;
 use tokio::time::{Instant, timeout_at};
@@ -204,7 +204,31 @@ impl Described {
     }
 }
 
+/// The gateway's own statement while a statement made with SQL `PREPARE` is made again at its
+/// first use.
+const OWN_REMAKE: &str = "\u{7f}pgwake remake";
+
 impl PreparedStatement {
+    /// How its first use makes it again: a Close of its name, then its Parse (for one made with
+    /// SQL, its `PREPARE` run under the gateway's own statement).
+    fn remake(&self) -> Remake {
+        let mut out = Vec::new();
+        frontend::close_statement(&mut out, &self.name);
+        if self.from_sql {
+            frontend::parse(&mut out, OWN_REMAKE, &self.text, &[]);
+            frontend::bind_text(&mut out, OWN_REMAKE, &[]);
+            frontend::execute(&mut out);
+            frontend::close_statement(&mut out, OWN_REMAKE);
+        } else {
+            frontend::parse(&mut out, &self.name, &self.text, &self.param_types);
+        }
+        Remake {
+            messages: out.into(),
+            // On a line of its own: a comment at its end must not swallow what follows.
+            prepare: self.from_sql.then(|| format!("{}\n", self.text).into()),
+        }
+    }
+
     /// This statement, not to be used as the new backend connection holds it.
     fn stale(&self, answer: StaleAnswer) -> StaleStatement {
         StaleStatement {
@@ -266,13 +290,14 @@ pub struct Snapshot {
     /// `pg_my_temp_schema()` and `current_schemas(true)` show it.
     pub temp_schema: bool,
     /// Statements that could not be made again at an earlier revival and that the client has
-    /// not closed, with the ErrorResponse their use answers.
+    /// not closed, with the ErrorResponse their use answers or how their first use makes them.
     pub failed: Vec<(String, StaleStatement)>,
     /// Pins the stream and the SQL checks found.
     pub pins: Pins,
     /// Bytes of settings and statement text held.
     pub size: usize,
-    /// Over a size or count limit: the session stays where it is.
+    /// Over a size or count limit, or a statement's rows could not be looked at (a lock held
+    /// them) and were never recorded: the session stays where it is.
     pub too_large: bool,
 }
 
@@ -292,8 +317,10 @@ impl Snapshot {
     /// it), not as it looks now: a table changed and changed back leaves it usable, as
     /// Postgres checks each use against the statement's first shape. One stale on this
     /// connection and never described is recorded as failing to describe; one that could not
-    /// be made again keeps the error its use answers.
-    fn carry_stale(&mut self, tracker: &SessionTracker, limits: SnapshotLimits) {
+    /// be made again keeps the error its use answers. A statement a lock kept from being looked
+    /// at (`locked`) and never recorded leaves how the client was told its rows look unknown:
+    /// moving could not prove it, so the session stays.
+    fn carry_stale(&mut self, tracker: &SessionTracker, limits: SnapshotLimits, locked: &[String]) {
         for s in self.statements.iter_mut() {
             if let Some(told) = tracker.told_shape(&s.name) {
                 s.described = told.map_or(Described::NoRows, Described::Rows);
@@ -302,14 +329,19 @@ impl Snapshot {
             }
         }
         for (name, stale) in tracker.stale_statements() {
-            if let StaleAnswer::Failed(error) = &stale.answer
-                && !self.statements.iter().any(|s| s.name == name)
-            {
-                self.size += name.len() + error.len();
+            let held = match &stale.answer {
+                StaleAnswer::Failed(error) => error.len(),
+                StaleAnswer::Remake(r) => r.messages.len(),
+                StaleAnswer::ResultChanged => continue,
+            };
+            if !self.statements.iter().any(|s| s.name == name) {
+                self.size += name.len() + held;
                 self.failed.push((name.to_owned(), stale.clone()));
             }
         }
-        if self.size > limits.max_bytes {
+        if self.size > limits.max_bytes
+            || locked.iter().any(|name| tracker.told_shape(name).is_none())
+        {
             self.too_large = true;
         }
     }
@@ -395,6 +427,9 @@ pub struct SnapshotLimits {
     pub max_message: usize,
     /// What to ask about the session's sequence state; a session that holds some is pinned.
     pub sequences: SequenceCheck,
+    /// How long looking at a prepared statement waits for a lock another session holds on
+    /// what it names (`revival.restore_lock_wait`).
+    pub lock_wait: Duration,
 }
 
 /// The name of the gateway's own statement while it asks something of a session's backend
@@ -499,7 +534,7 @@ pub async fn take_snapshot(
         return Err(StateError::Backend(e));
     }
     let unnamed = tracker.unnamed_text();
-    describe_statements(
+    let locked = describe_statements(
         backend,
         client,
         &mut snap,
@@ -508,7 +543,7 @@ pub async fn take_snapshot(
         (deadline, wait),
     )
     .await?;
-    snap.carry_stale(tracker, limits);
+    snap.carry_stale(tracker, limits, &locked);
     snap.shrink();
     Ok(snap)
 }
@@ -527,9 +562,39 @@ async fn next_message(
         .ok_or_else(|| StateError::Protocol("message length out of range".into()))
 }
 
+/// The statement that shortens the lock wait for the rest of its transaction (one batch up to
+/// its Sync); its parameter is the wait.
+const LOCK_WAIT_SQL: &str = "SELECT pg_catalog.set_config('lock_timeout', $1, true)";
+
+/// The gateway's own statement that shortens the lock wait while the snapshot looks at the
+/// session's statements (the unnamed one is the session's).
+const OWN_LOCK_WAIT: &str = "\u{7f}pgwake lock wait";
+
+/// `lock_timeout` as Postgres reads it (whole milliseconds, at least 1: 0 means no limit).
+fn lock_timeout(wait: Duration) -> String {
+    format!("{}ms", wait.as_millis().max(1))
+}
+
+/// True for an error that passes: a lock, a deadlock, a cancel, a serialization failure, a
+/// shortage of resources. A statement that meets one now may well be made a moment later.
+fn transient(code: &str) -> bool {
+    code == "55P03" || code == "57014" || code.starts_with("40") || code.starts_with("53")
+}
+
+/// One question of [`describe_statements`].
+#[derive(Clone, Copy)]
+enum Ask {
+    Statement(usize),
+    Unnamed,
+    /// Closing the gateway's own statement.
+    Done,
+}
+
 /// Records how each protocol-level statement's result looks now, as the client was told when
 /// it prepared it (or, if it changed since, fails to describe, as its next use would fail), and
-/// whether the unnamed statement whose text the tracker kept (`unnamed`) still exists.
+/// whether the unnamed statement whose text the tracker kept (`unnamed`) still exists. Each
+/// look waits at most `limits.lock_wait` for a lock (Postgres locks what a statement names to
+/// describe it); the names of the statements a lock kept from being looked at are returned.
 async fn describe_statements(
     backend: &mut Stream,
     client: &mut Stream,
@@ -537,21 +602,32 @@ async fn describe_statements(
     unnamed: Option<&str>,
     limits: SnapshotLimits,
     (deadline, wait): (Instant, Duration),
-) -> Result<(), StateError> {
-    let mut out = Vec::new();
-    let mut asked: Vec<Option<usize>> = Vec::new();
-    for (i, s) in snap.statements.iter().enumerate() {
-        frontend::describe_statement(&mut out, &s.name);
-        frontend::sync(&mut out);
-        asked.push(Some(i));
-    }
+) -> Result<Vec<String>, StateError> {
+    let mut asked: Vec<Ask> = (0..snap.statements.len()).map(Ask::Statement).collect();
     if unnamed.is_some() {
-        frontend::describe_statement(&mut out, "");
-        frontend::sync(&mut out);
-        asked.push(None);
+        asked.push(Ask::Unnamed);
     }
     if asked.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
+    }
+    asked.push(Ask::Done);
+    let lock_wait = lock_timeout(limits.lock_wait);
+    let mut out = Vec::new();
+    frontend::parse(&mut out, OWN_LOCK_WAIT, LOCK_WAIT_SQL, &[]);
+    for ask in &asked {
+        let name = match ask {
+            Ask::Statement(i) => snap.statements[*i].name.as_str(),
+            Ask::Unnamed => "",
+            Ask::Done => {
+                frontend::close_statement(&mut out, OWN_LOCK_WAIT);
+                frontend::sync(&mut out);
+                continue;
+            }
+        };
+        frontend::bind_text(&mut out, OWN_LOCK_WAIT, &[&lock_wait]);
+        frontend::execute(&mut out);
+        frontend::describe_statement(&mut out, name);
+        frontend::sync(&mut out);
     }
     backend.write_all(&out).await?;
     backend.flush().await?;
@@ -560,6 +636,8 @@ async fn describe_statements(
     let mut described = Described::Failed;
     let mut exists = false;
     let mut param_types = Vec::new();
+    let mut locked = Vec::new();
+    let mut lock_error = false;
     while let Some(asked) = current {
         let msg = next_message(backend, limits.max_message, deadline, wait).await?;
         match msg.tag() {
@@ -575,12 +653,19 @@ async fn describe_statements(
             b'E' => {
                 exists = false;
                 described = Described::Failed;
+                lock_error = transient(&frontend::error_fields(msg.body()).code);
             }
             b'Z' => {
                 let described = std::mem::replace(&mut described, Described::Failed);
                 match (asked, unnamed) {
-                    (Some(i), _) => snap.statements[i].described = described,
-                    (None, Some(text)) if exists && described != Described::Failed => {
+                    (Ask::Statement(i), _) => {
+                        if std::mem::take(&mut lock_error) {
+                            locked.push(snap.statements[i].name.clone());
+                        }
+                        snap.statements[i].described = described;
+                    }
+                    (Ask::Unnamed, _) if lock_error => locked.push(String::new()),
+                    (Ask::Unnamed, Some(text)) if exists && described != Described::Failed => {
                         snap.size += text.len();
                         snap.unnamed = Some(UnnamedStatement {
                             text: text.to_owned(),
@@ -588,8 +673,9 @@ async fn describe_statements(
                             described,
                         });
                     }
-                    (None, _) => {}
+                    _ => {}
                 }
+                lock_error = false;
                 exists = false;
                 current = answers.next();
             }
@@ -600,7 +686,7 @@ async fn describe_statements(
             _ => {}
         }
     }
-    Ok(())
+    Ok(locked)
 }
 
 impl Snapshot {
@@ -714,8 +800,15 @@ pub struct Restored {
 /// The type OID of `bytea`.
 const BYTEA: u32 = 17;
 
-/// The pipelined requests that restore `snap`, and what each Sync's answer is for.
-fn restore_requests(snap: &Snapshot) -> (Vec<u8>, Vec<Step<'_>>) {
+/// The pipelined requests that restore `snap`, and what each Sync's answer is for. Each
+/// statement is made waiting at most `lock_wait` for a lock.
+fn restore_requests(snap: &Snapshot, lock_wait: Duration) -> (Vec<u8>, Vec<Step<'_>>) {
+    let lock_wait = lock_timeout(lock_wait);
+    let shorten_lock_wait = |out: &mut Vec<u8>| {
+        frontend::parse(out, "", LOCK_WAIT_SQL, &[]);
+        frontend::bind_text(out, "", &[&lock_wait]);
+        frontend::execute(out);
+    };
     let mut out = Vec::with_capacity(256 + snap.size * 2);
     let mut steps = Vec::new();
     // Names and values travel as UTF-8 bytes, whatever the connection's client_encoding, and
@@ -766,6 +859,7 @@ fn restore_requests(snap: &Snapshot) -> (Vec<u8>, Vec<Step<'_>>) {
         steps.push(Step::Identity("role"));
     }
     for s in &snap.statements {
+        shorten_lock_wait(&mut out);
         if s.from_sql {
             // Through the extended protocol: the server refuses a text of more than one command.
             frontend::parse(&mut out, "", &s.text, &[]);
@@ -787,6 +881,7 @@ fn restore_requests(snap: &Snapshot) -> (Vec<u8>, Vec<Step<'_>>) {
     // Last, as the steps above make unnamed statements of their own.
     match &snap.unnamed {
         Some(u) => {
+            shorten_lock_wait(&mut out);
             frontend::parse(&mut out, "", &u.text, &u.param_types);
             frontend::describe_statement(&mut out, "");
             steps.push(Step::Unnamed(u));
@@ -802,14 +897,19 @@ fn restore_requests(snap: &Snapshot) -> (Vec<u8>, Vec<Step<'_>>) {
 
 /// Restores `snap` on a freshly logged-in backend: settings with `set_config`, then session
 /// authorization and role, then the prepared statements, each in its own Sync so one refusal
-/// costs only that piece. Fails only on I/O, a timeout, or an identity that cannot be restored.
+/// costs only that piece, each waiting at most `lock_wait` for a lock (one that waits longer is
+/// made at its first use). Fails only on I/O, a timeout, or an identity that cannot be
+/// restored.
 pub async fn restore(
     backend: &mut Stream,
     snap: &Snapshot,
-    max_message: usize,
+    (max_message, lock_wait): (usize, Duration),
     deadline: Instant,
 ) -> Result<Restored, StateError> {
-    let (out, steps) = restore_requests(snap);
+    let (out, steps) = restore_requests(snap, lock_wait);
+    // A statement is made at its first use in the client's own bytes, which are in its
+    // client_encoding: only a text that reads the same there can be.
+    let utf8 = snap.client_encoding.is_empty() || snap.client_encoding.eq_ignore_ascii_case("UTF8");
     let mut restored = Restored::default();
     restored.stale.extend(snap.failed.iter().cloned());
     backend.write_all(&out).await?;
@@ -835,7 +935,7 @@ pub async fn restore(
                     failure.take(),
                     std::mem::replace(&mut described, Described::Failed),
                 );
-                judge(current, answer, &mut restored)?;
+                judge(current, answer, utf8, &mut restored)?;
                 step = steps.next();
             }
             _ => {}
@@ -862,6 +962,7 @@ pub async fn restore(
 fn judge(
     step: Step<'_>,
     (failure, described): (Option<(ErrorFields, Vec<u8>)>, Described),
+    utf8: bool,
     restored: &mut Restored,
 ) -> Result<(), StateError> {
     match (step, failure) {
@@ -878,6 +979,14 @@ fn judge(
         (Step::TempSchema, Some((e, _))) => {
             debug!(code = %e.code, "the temporary schema could not be made; left out");
             restored.left_out += 1;
+        }
+        (Step::Statement(s), Some((e, _))) if transient(&e.code) && (utf8 || s.text.is_ascii()) => {
+            // A lock (or the like) that the session would not have waited for now: made at
+            // its first use, where an error is the one Postgres gives then.
+            debug!(statement = %s.name, code = %e.code, "a prepared statement is made again at its first use");
+            restored
+                .stale
+                .push((s.name.clone(), s.stale(StaleAnswer::Remake(s.remake()))));
         }
         (Step::Statement(s), Some((e, bytes))) => {
             // Postgres would meet the same error when it next used the statement.
@@ -960,6 +1069,7 @@ mod tests {
             max_bytes: 1000,
             max_message: 1000,
             sequences: SequenceCheck::Off,
+            lock_wait: Duration::from_millis(20),
         };
         let mut s = Snapshot::default();
         s.absorb(

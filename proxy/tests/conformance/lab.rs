@@ -77,9 +77,11 @@ impl Lab {
             ));
         }
         let ms = |d: Duration| format!("\"{}ms\"", d.as_millis());
+        // revive_timeout below the longest lock a scenario holds (locks.rs): a revival that
+        // waited for it would end the session.
         let extra = format!(
             "allow_plaintext = true\n[wake]\nidle_timeout = {}\nidle_check_interval = \"50ms\"\n\
-             [revival]\nsnapshot_after = {}\npark_session_after = {}\n\
+             [revival]\nsnapshot_after = {}\npark_session_after = {}\nrevive_timeout = \"5s\"\n\
              [limits]\nbackend_wait_timeout = \"20s\"\n",
             ms(IDLE_TIMEOUT),
             ms(SNAPSHOT_AFTER),

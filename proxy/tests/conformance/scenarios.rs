@@ -3,6 +3,8 @@
 
 #[path = "scenarios/cancels.rs"]
 mod cancels;
+#[path = "scenarios/locks.rs"]
+mod locks;
 #[path = "scenarios/pins.rs"]
 mod pins;
 #[path = "scenarios/prepared.rs"]
@@ -24,6 +26,7 @@ pub fn all() -> Vec<Scenario> {
     all.extend(schema::all());
     all.extend(pins::all());
     all.extend(cancels::all());
+    all.extend(locks::all());
     let mut names: Vec<&str> = all.iter().map(|s| s.name.as_str()).collect();
     names.sort();
     let before = names.len();
