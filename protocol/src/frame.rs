@@ -54,9 +54,20 @@ impl FrameScanner {
     /// Walks `data`, calling `on_message(tag, body_len)` for every header completed in it.
     pub fn feed(
         &mut self,
-        mut data: &[u8],
+        data: &[u8],
         mut on_message: impl FnMut(u8, u32),
     ) -> Result<(), FrameError> {
+        self.feed_at(data, |tag, body, _| on_message(tag, body))
+    }
+
+    /// Like [`FrameScanner::feed`], also telling where in `data` each message's body starts
+    /// (`data.len()` when it starts in the next chunk), for callers that edit bodies in place.
+    pub fn feed_at(
+        &mut self,
+        mut data: &[u8],
+        mut on_message: impl FnMut(u8, u32, usize),
+    ) -> Result<(), FrameError> {
+        let total = data.len();
         while !data.is_empty() {
             if self.remaining > 0 {
                 let skip = (self.remaining as usize).min(data.len());
@@ -93,7 +104,7 @@ impl FrameScanner {
                 }
                 self.last_tag = Some(tag);
                 self.remaining = body;
-                on_message(tag, body);
+                on_message(tag, body, total - data.len());
             }
         }
         Ok(())
@@ -134,6 +145,21 @@ mod tests {
             assert_eq!(seen, vec![(b'T', 3), (b'D', 300), (b'Z', 1)]);
             assert!(s.at_boundary());
             assert_eq!(s.last_tag(), Some(b'Z'));
+        }
+    }
+
+    #[test]
+    fn tells_where_each_body_starts_in_its_chunk() {
+        let mut stream = msg(b'A', b"pid!chan\0x\0");
+        stream.extend(msg(b'Z', b"I"));
+        for split in 0..stream.len() {
+            let mut s = FrameScanner::new(1 << 20);
+            let mut starts = Vec::new();
+            s.feed_at(&stream[..split], |t, _, at| starts.push((t, at)))
+                .unwrap();
+            s.feed_at(&stream[split..], |t, _, at| starts.push((t, split + at)))
+                .unwrap();
+            assert_eq!(starts, vec![(b'A', 5), (b'Z', 21)], "split at {split}");
         }
     }
 

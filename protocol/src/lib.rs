@@ -10,6 +10,7 @@ pub mod frame;
 pub mod frontend;
 pub mod login;
 pub mod mobility;
+pub mod notify_pid;
 pub mod peer;
 pub mod proxy_header;
 pub mod revival;

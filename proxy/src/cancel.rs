@@ -1,10 +1,12 @@
-//! Gateway-issued cancel keys and the backend processes they stand for.
+//! The cancel keys clients hold and the backend processes they stand for.
 //!
-//! Clients never see a backend's real key: they get a random one from the gateway, so a cancel
-//! request can only reach the backend through this map, and keys cannot be guessed across tenants.
+//! A client is given the process id of the backend it logged in on, so what it knows as its
+//! own pid is what `pg_backend_pid()`, `pg_stat_activity` and its own notifications say, with a
+//! secret of the gateway's: a cancel request can only reach a backend through this map, and
+//! secrets cannot be guessed across tenants. Backends of different tenants share process ids,
+//! so one id may stand for several keys, told apart by their secrets.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,36 +29,6 @@ pub struct CancelTarget {
     pub pid: i32,
     /// Backend secret.
     pub secret: Bytes,
-}
-
-/// Bits at the top of a positive process id that name the issuing replica.
-const TAG_BITS: u32 = 10;
-/// Bits below the tag that are random.
-const RANDOM_BITS: u32 = 31 - TAG_BITS;
-
-/// The replica a gateway-issued key came from, as carried in its process id: a hash of the
-/// replica's peer address, so every replica computes any other's tag from the address alone.
-/// Two replicas may share a tag; a key is then forwarded to both, and only its owner holds it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ReplicaTag(u16);
-
-impl ReplicaTag {
-    /// The tag of the replica reachable at `addr`.
-    pub fn of(addr: SocketAddr) -> ReplicaTag {
-        let digest = ring::digest::digest(&ring::digest::SHA256, addr.to_string().as_bytes());
-        let bytes = digest.as_ref();
-        ReplicaTag(u16::from_be_bytes([bytes[0], bytes[1]]) >> (16 - TAG_BITS))
-    }
-
-    /// The tag a process id carries (meaningful only for a key issued by a tagging replica).
-    pub fn of_pid(pid: i32) -> ReplicaTag {
-        ReplicaTag(((pid as u32 & i32::MAX as u32) >> RANDOM_BITS) as u16)
-    }
-
-    /// A positive process id with this tag above `random`'s low bits.
-    pub fn stamp(self, random: u32) -> i32 {
-        ((u32::from(self.0) << RANDOM_BITS) | (random & ((1 << RANDOM_BITS) - 1))) as i32
-    }
 }
 
 /// Where a cancel request for a key goes.
@@ -107,18 +79,16 @@ impl Entry {
     }
 }
 
-/// Map from gateway-issued keys to backend processes.
+/// Map from the keys clients hold to backend processes.
 #[derive(Default)]
 pub struct CancelMap {
-    inner: Mutex<HashMap<i32, Entry>>,
-    /// The tag issued process ids carry; none: fully random ids (a single replica).
-    tag: Option<ReplicaTag>,
+    inner: Mutex<HashMap<i32, Vec<Entry>>>,
 }
 
 /// A registered key; dropping it unregisters the key.
 pub struct CancelRegistration {
     map: Arc<CancelMap>,
-    /// The gateway-issued process id the client sees.
+    /// The process id the client sees: its login backend's.
     pub pid: i32,
     /// The gateway-issued secret the client sees.
     pub secret: i32,
@@ -126,36 +96,53 @@ pub struct CancelRegistration {
 
 impl Drop for CancelRegistration {
     fn drop(&mut self) {
-        if let Ok(mut m) = self.map.inner.lock() {
-            m.remove(&self.pid);
+        let mut m = self.map.lock();
+        if let Some(entries) = m.get_mut(&self.pid) {
+            entries.retain(|e| e.secret != self.secret);
+            if entries.is_empty() {
+                m.remove(&self.pid);
+            }
         }
     }
 }
 
 impl CancelRegistration {
+    fn with_entry<T>(&self, f: impl FnOnce(&mut Entry) -> T) -> Option<T> {
+        let mut m = self.map.lock();
+        m.get_mut(&self.pid)?
+            .iter_mut()
+            .find(|e| e.secret == self.secret)
+            .map(f)
+    }
+
     /// The backend process this key stands for now.
     pub fn target(&self) -> Option<CancelTarget> {
-        let m = self.map.inner.lock().unwrap_or_else(|p| p.into_inner());
-        m.get(&self.pid).and_then(|e| e.target.clone())
+        self.with_entry(|e| e.target.clone()).flatten()
+    }
+
+    /// True while the session runs on the backend process whose id the client was given: that
+    /// process must not serve another session while this one lives (the other would be reached
+    /// by what this client does with its pid).
+    pub fn on_own_backend(&self) -> bool {
+        self.target().is_some_and(|t| t.pid == self.pid)
     }
 
     /// The count of cancel requests that reached the session while it had no backend
     /// connection: a change means the client asked to cancel what it is waiting for.
     pub fn requests(&self) -> watch::Receiver<u64> {
-        let mut m = self.map.inner.lock().unwrap_or_else(|p| p.into_inner());
-        match m.get_mut(&self.pid) {
-            Some(e) => e.requests().subscribe(),
-            None => watch::channel(0).1,
-        }
+        self.with_entry(|e| e.requests().subscribe())
+            .unwrap_or_else(|| watch::channel(0).1)
     }
 
     /// The session left its backend connection: until it is revived, its key reaches no
     /// backend (the connection may serve another session now).
     pub fn detach(&self) {
-        let mut m = self.map.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(e) = m.get_mut(&self.pid) {
-            e.target = None;
-        }
+        self.with_entry(|e| e.target = None);
+    }
+
+    /// Points the key at another backend process (the session moved); the client keeps its key.
+    pub fn retarget(&self, target: CancelTarget) {
+        self.with_entry(|e| e.target = Some(target));
     }
 }
 
@@ -202,63 +189,45 @@ pub fn cancel_in_background(target: CancelTarget, connect_timeout: Duration) {
 }
 
 impl CancelMap {
-    /// A map whose issued process ids carry `tag`.
-    pub fn tagged(tag: ReplicaTag) -> CancelMap {
-        CancelMap {
-            inner: Mutex::default(),
-            tag: Some(tag),
-        }
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i32, Vec<Entry>>> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The tag this replica's keys carry, when it tags them.
-    pub fn tag(&self) -> Option<ReplicaTag> {
-        self.tag
-    }
-
-    /// Issues a fresh random key for `target`.
+    /// Issues a key for `target`: its process id, and a fresh random secret.
     pub fn register(self: &Arc<Self>, target: CancelTarget) -> CancelRegistration {
-        let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            // Positive pids, like a real server's, for clients that assume so.
-            let pid = match self.tag {
-                Some(tag) => tag.stamp(rand::random()),
-                None => rand::random::<i32>() & i32::MAX,
-            };
-            if pid == 0 || m.contains_key(&pid) {
-                continue;
-            }
+        let pid = target.pid;
+        let mut m = self.lock();
+        let entries = m.entry(pid).or_default();
+        let secret = loop {
             let secret = rand::random::<i32>();
-            let entry = Entry {
-                secret,
-                target: Some(target),
-                requests: None,
-            };
-            m.insert(pid, entry);
-            return CancelRegistration {
-                map: self.clone(),
-                pid,
-                secret,
-            };
-        }
-    }
-
-    /// Points an issued key at another backend process (the session moved); the client keeps
-    /// its key.
-    pub fn retarget(&self, pid: i32, target: CancelTarget) {
-        let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(entry) = m.get_mut(&pid) {
-            entry.target = Some(target);
+            if entries.iter().all(|e| e.secret != secret) {
+                break secret;
+            }
+        };
+        entries.push(Entry {
+            secret,
+            target: Some(target),
+            requests: None,
+        });
+        CancelRegistration {
+            map: self.clone(),
+            pid,
+            secret,
         }
     }
 
     /// Where a key a client presented leads, its secret compared in constant time.
     pub fn lookup(&self, key: &CancelKey) -> Option<CancelRoute> {
-        let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let e = m.get_mut(&key.pid)?;
-        let ok: bool = e.secret.to_be_bytes()[..].ct_eq(&key.secret[..]).into();
-        if !ok {
-            return None;
+        let mut m = self.lock();
+        let entries = m.get_mut(&key.pid)?;
+        // Every secret of the id is compared, so the time taken tells nothing of which matched.
+        let mut found = None;
+        for (i, e) in entries.iter().enumerate() {
+            if bool::from(e.secret.to_be_bytes()[..].ct_eq(&key.secret[..])) {
+                found = Some(i);
+            }
         }
+        let e = &mut entries[found?];
         Some(match &e.target {
             Some(t) => CancelRoute::Backend(t.clone()),
             None => CancelRoute::Session(e.requests().clone()),
@@ -267,7 +236,7 @@ impl CancelMap {
 
     /// Number of live keys.
     pub fn len(&self) -> usize {
-        self.inner.lock().map(|m| m.len()).unwrap_or(0)
+        self.lock().values().map(Vec::len).sum()
     }
 
     /// True when no key is live.
@@ -340,26 +309,39 @@ mod tests {
         route.deliver(Duration::from_millis(10)).await.unwrap();
         assert!(requests.has_changed().unwrap());
         assert_eq!(*requests.borrow_and_update(), 1);
-        map.retarget(reg.pid, target());
+        reg.retarget(target());
         assert!(matches!(map.lookup(&key), Some(CancelRoute::Backend(_))));
     }
 
     #[test]
-    fn tagged_keys_name_their_replica() {
-        let a = ReplicaTag::of("10.0.0.1:6433".parse().unwrap());
-        let b = ReplicaTag::of("10.0.0.2:6433".parse().unwrap());
-        assert_ne!(a, b);
-        assert_eq!(a, ReplicaTag::of("10.0.0.1:6433".parse().unwrap()));
-        let map = Arc::new(CancelMap::tagged(a));
-        for _ in 0..100 {
-            let reg = map.register(target());
-            assert!(reg.pid > 0);
-            assert_eq!(ReplicaTag::of_pid(reg.pid), a);
-        }
-        for random in [0, 1, u32::MAX] {
-            let pid = b.stamp(random);
-            assert!(pid >= 0);
-            assert_eq!(ReplicaTag::of_pid(pid), b);
-        }
+    fn one_pid_holds_keys_of_several_backends_apart() {
+        let map = Arc::new(CancelMap::default());
+        let a = map.register(target());
+        let mut other = target();
+        other.endpoint = Endpoint::parse("127.0.0.2:5432").unwrap();
+        let b = map.register(other);
+        assert_eq!((a.pid, b.pid), (1, 1));
+        assert_ne!(a.secret, b.secret);
+        let key = |reg: &CancelRegistration| CancelKey {
+            pid: reg.pid,
+            secret: Bytes::copy_from_slice(&reg.secret.to_be_bytes()),
+        };
+        let Some(CancelRoute::Backend(t)) = map.lookup(&key(&b)) else {
+            panic!("b's key leads to its backend");
+        };
+        assert_eq!(t.endpoint.host, "127.0.0.2");
+        assert!(a.on_own_backend());
+        a.detach();
+        assert!(!a.on_own_backend());
+        assert!(matches!(
+            map.lookup(&key(&b)),
+            Some(CancelRoute::Backend(_))
+        ));
+        drop(b);
+        assert_eq!(map.len(), 1);
+        assert!(matches!(
+            map.lookup(&key(&a)),
+            Some(CancelRoute::Session(_))
+        ));
     }
 }

@@ -14,16 +14,15 @@ mod common;
 use std::net::{IpAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
-use common::{Gateway, backend};
+use common::{CANCEL_REQUEST_CODE, Gateway, backend, issued_key};
 use pgwake_testkit::kube::KubeLab;
 use pgwake_testkit::{TestPostgres, free_port};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio_postgres::{CancelToken, NoTls};
+use tokio::net::TcpStream;
+use tokio_postgres::NoTls;
 
 const SERVICE: &str = "pgwake";
-const CANCEL_REQUEST_CODE: u32 = 80_877_102;
 
 struct Replicas {
     a: Gateway,
@@ -129,27 +128,6 @@ fn peer_cancels(gw: &Gateway, side: &str, outcome: &str) -> f64 {
         "pgwake_peer_cancels_total",
         &[("side", side), ("outcome", outcome)],
     )
-}
-
-/// The gateway-issued key a client holds, as (pid, secret): the client's cancel token is
-/// pointed at a listener of the test, which reads the CancelRequest it sends.
-async fn issued_key(token: &CancelToken) -> (i32, Vec<u8>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let send = async {
-        let stream = TcpStream::connect(addr).await.unwrap();
-        let _ = token.cancel_query_raw(stream, NoTls).await;
-    };
-    let read = async {
-        let (mut s, _) = listener.accept().await.unwrap();
-        let mut packet = [0u8; 16];
-        s.read_exact(&mut packet).await.unwrap();
-        packet
-    };
-    let (_, packet) = tokio::join!(send, read);
-    assert_eq!(&packet[4..8], &CANCEL_REQUEST_CODE.to_be_bytes());
-    let pid = i32::from_be_bytes(packet[8..12].try_into().unwrap());
-    (pid, packet[12..16].to_vec())
 }
 
 /// Sends a raw CancelRequest to `port` and waits until the gateway closes the connection.

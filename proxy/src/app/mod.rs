@@ -25,7 +25,7 @@ use crate::auth::CredentialError;
 use crate::auth::password::PasswordChecker;
 use crate::auth::shared_throttle::{SharedSettings, SharedThrottle};
 use crate::auth::throttle::{Throttle, ThrottleSettings};
-use crate::cancel::{CancelMap, ReplicaTag};
+use crate::cancel::CancelMap;
 use crate::capacity::Capacity;
 use crate::config::Config;
 use crate::front::{Front, NegotiateSettings, ProxyProtocol};
@@ -104,7 +104,7 @@ impl Gateway {
 }
 
 /// The map of the gateway's cancel keys and, when this replica advertises an address to its
-/// peers, the forwarding of cancels whose keys name another replica.
+/// peers, the forwarding of cancels for keys it does not hold.
 fn cancel_keys(
     config: &Config,
     kube: &backends::KubeBackends,
@@ -115,10 +115,7 @@ fn cancel_keys(
         .listen
         .peer
         .and_then(|listen| config.peer.advertised(listen));
-    let cancels = Arc::new(match advertise {
-        Some(addr) => CancelMap::tagged(ReplicaTag::of(addr)),
-        None => CancelMap::default(),
-    });
+    let cancels = Arc::new(CancelMap::default());
     let peers = match advertise {
         Some(addr) => Some(Arc::new(peer_cancels(
             config, addr, kube, &cancels, metrics, terminate,

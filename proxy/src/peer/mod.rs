@@ -1,9 +1,9 @@
 //! Cancel forwarding between replicas of one gateway Service.
 //!
 //! A Service spreads connections over replicas, so a client's CancelRequest often reaches a
-//! replica that did not issue its key. Keys name their replica ([`ReplicaTag`] in the process
-//! id); a replica that does not hold a key sends it, whole, to the replicas with that tag (found
-//! in the Service's EndpointSlices), which answer it from their own keys only. A forwarded
+//! replica that did not issue its key. A key's process id is its backend's, so it names no
+//! replica: a replica that does not hold a key sends it, whole, to the other replicas (found in
+//! the Service's EndpointSlices), which answer it from their own keys only. A forwarded
 //! request is never forwarded again, so requests cannot loop. Requests are signed with a token
 //! the replicas share and rate-limited on both sides: per client address where they are
 //! forwarded, per peer address where they are answered.
@@ -28,7 +28,7 @@ use tracing::{debug, info, warn};
 pub use endpoints::PeerEndpoints;
 pub use limiter::{RateLimiter, RateSettings};
 
-use crate::cancel::{CancelMap, ReplicaTag};
+use crate::cancel::CancelMap;
 use crate::capacity::ListenerCap;
 use crate::metrics::Metrics;
 
@@ -53,7 +53,6 @@ pub struct PeerSettings {
 /// Forwards cancels for other replicas' keys and answers theirs for this replica's keys.
 pub struct PeerCancels {
     settings: PeerSettings,
-    tag: ReplicaTag,
     endpoints: PeerEndpoints,
     forward_limit: RateLimiter,
     serve_limit: RateLimiter,
@@ -62,8 +61,7 @@ pub struct PeerCancels {
 }
 
 impl PeerCancels {
-    /// Forwarding among the replicas `endpoints` lists; `cancels` must issue keys tagged with
-    /// `ReplicaTag::of(settings.advertise)`.
+    /// Forwarding among the replicas `endpoints` lists; `cancels` holds this replica's keys.
     pub fn new(
         settings: PeerSettings,
         endpoints: PeerEndpoints,
@@ -71,7 +69,6 @@ impl PeerCancels {
         metrics: Arc<Metrics>,
     ) -> PeerCancels {
         PeerCancels {
-            tag: ReplicaTag::of(settings.advertise),
             forward_limit: RateLimiter::new(settings.forward),
             serve_limit: RateLimiter::new(settings.serve),
             settings,
@@ -81,25 +78,24 @@ impl PeerCancels {
         }
     }
 
-    /// Sends a key this replica does not hold to the replicas whose tag it carries (usually
-    /// one), unless `client` is over its rate; returns once they have answered.
+    /// Sends a key this replica does not hold to the other replicas, unless `client` is over its
+    /// rate; returns once they have answered (only the one that issued it holds it).
     pub async fn forward(&self, key: &CancelKey, client: IpAddr) {
         if !self.forward_limit.allow(client) {
             self.metrics.peer_cancel("forwarded", "rate_limited");
             debug!(%client, "cancel forwarding rate-limited");
             return;
         }
-        let tag = ReplicaTag::of_pid(key.pid);
-        // This replica is left out even when another shares its tag: it has looked already.
+        // This replica is left out: it has looked already.
         let owners: Vec<SocketAddr> = self
             .endpoints
             .addresses()
             .into_iter()
-            .filter(|a| *a != self.settings.advertise && ReplicaTag::of(*a) == tag)
+            .filter(|a| *a != self.settings.advertise)
             .collect();
         if owners.is_empty() {
             self.metrics.peer_cancel("forwarded", "unroutable");
-            debug!("cancel request with a key no known replica issued dropped");
+            debug!("cancel request for a key not held here dropped: no other replica is known");
             return;
         }
         let sends = owners.iter().map(|owner| self.send(key, *owner));
@@ -149,7 +145,7 @@ impl PeerCancels {
         max_connections: usize,
         stop: CancellationToken,
     ) {
-        info!(addr = ?listener.local_addr().ok(), tag = ?self.tag, "peer listener serving");
+        info!(addr = ?listener.local_addr().ok(), "peer listener serving");
         let cap = ListenerCap::new(max_connections);
         loop {
             let (stream, peer) = tokio::select! {

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use pgwake_protocol::frontend::{self, TERMINATE};
 use pgwake_protocol::mobility::{Decision, Mobility, Move, Outcome, Policy, RunPlan, SnapshotView};
+use pgwake_protocol::notify_pid::NotifyPid;
 use pgwake_protocol::{ErrorMessage, Pins, SessionTracker, TrackerLimits, sqlstate};
 use pgwake_routing::wake::SessionClient;
 use pgwake_routing::{Endpoint, WakeClaim, WakeCoordinator};
@@ -293,6 +294,10 @@ impl<'g> Live<'g> {
             on_transaction: Some(&mut on_transaction),
             preload: std::mem::take(&mut self.preload),
             keep_backend: self.returnable.is_some(),
+            notify_pid: self
+                .cancel
+                .as_ref()
+                .and_then(|c| NotifyPid::new(c.target()?.pid, c.pid)),
         };
         let counters = (
             gw.metrics.bytes_client_to_backend.clone(),
@@ -447,7 +452,11 @@ impl<'g> Live<'g> {
         } = self.current;
         // The connection's login parameters and reuse key go with it, given back or closed.
         let back = self.returnable.take();
-        if how == Move::SessionIdle {
+        // The backend whose process id the client was given serves no other session while this
+        // one lives: what the client does with its pid (`pg_terminate_backend`, a look in
+        // `pg_stat_activity`) would reach that session.
+        let own = self.cancel.as_ref().is_some_and(|c| c.on_own_backend());
+        if how == Move::SessionIdle && !own {
             // At rest and movable: the connection can serve another session.
             let conn = (stream, slot);
             Box::pin(gw.connector.give_back(conn, endpoint, back, true)).await;
@@ -729,6 +738,7 @@ async fn snapshot(
         max_statements: rv.config.max_statements,
         max_bytes: rv.config.max_snapshot.as_u64() as usize,
         max_message: gw.relay.max_message as usize,
+        lock_wait: rv.config.restore_lock_wait,
         sequences: match rv.config.sequence_state {
             SequenceStatePolicy::Pin => SequenceCheck::Drawn,
             _ if tracker.reads_sequence_state() => SequenceCheck::Drawn,
@@ -738,7 +748,6 @@ async fn snapshot(
     };
     let wait = gw.snapshot_timeout;
     match take_snapshot(
-        lock_wait: rv.config.restore_lock_wait,
         &mut current.stream,
         client,
         tracker,

@@ -15,6 +15,7 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use pgwake_protocol::frontend::TERMINATE;
+use pgwake_protocol::notify_pid::NotifyPid;
 use pgwake_protocol::stale::{Advance, Splice};
 use pgwake_protocol::{ErrorMessage, FrameError, FrameScanner, SessionTracker, TxStatus, sqlstate};
 use prometheus::IntCounter;
@@ -156,6 +157,8 @@ struct Pump {
     /// Withhold a Terminate that ends a chunk at a message boundary and end the direction
     /// there, as at end of stream (the backend connection may then be kept).
     withhold_terminate: bool,
+    /// Puts the client's process id in notifications its backend stamps with its own.
+    notify_pid: Option<NotifyPid>,
 }
 
 impl Pump {
@@ -175,6 +178,7 @@ impl Pump {
             moved: false,
             held: 0,
             withhold_terminate: false,
+            notify_pid: None,
         }
     }
 
@@ -205,6 +209,25 @@ impl Pump {
             }
             None => self.ready = self.cap,
         }
+        if let Some(rewrite) = &mut self.notify_pid
+            && let Some(wait) = rewrite.apply(&mut self.buf[..self.cap])
+        {
+            self.ready = self.ready.min(wait);
+        }
+    }
+
+    /// Frames the bytes just read into `buf[new]`, noting where notifications' bodies start when
+    /// their process id is rewritten.
+    fn scan(&mut self, new: std::ops::Range<usize>) -> Result<(), FrameError> {
+        let base = new.start;
+        match &mut self.notify_pid {
+            Some(rewrite) => self.scanner.feed_at(&self.buf[new], |tag, _, at| {
+                if tag == b'A' {
+                    rewrite.body_at(base + at);
+                }
+            }),
+            None => self.scanner.feed(&self.buf[new], |_, _| {}),
+        }
     }
 
     /// Moves bytes a filter holds back to the front of the buffer, so more can be read after
@@ -213,6 +236,9 @@ impl Pump {
         let held = self.cap - self.ready;
         if held > 0 {
             self.buf.copy_within(self.ready..self.cap, 0);
+        }
+        if let Some(rewrite) = &mut self.notify_pid {
+            rewrite.shift(self.ready);
         }
         self.pos = 0;
         self.ready = 0;
@@ -235,6 +261,12 @@ impl Pump {
                 let Some((s, done)) = self.splice.as_mut() else {
                     break;
                 };
+                if s.with.is_empty() {
+                    // Bytes taken out (a remade statement's answers): nothing in their place.
+                    self.pos += s.len;
+                    self.splice = None;
+                    continue;
+                }
                 let n = ready!(w.as_mut().poll_write(cx, &s.with[*done..]))
                     .map_err(PumpError::Write)?;
                 *done += n;
@@ -261,12 +293,6 @@ impl Pump {
     /// stream sits at a boundary.
     fn load(&mut self, msg: Vec<u8>) {
         let n = msg.len().min(self.buf.len());
-                if s.with.is_empty() {
-                    // Bytes taken out (a remade statement's answers): nothing in their place.
-                    self.pos += s.len;
-                    self.splice = None;
-                    continue;
-                }
         self.buf[..n].copy_from_slice(&msg[..n]);
         self.pos = 0;
         self.ready = n;
@@ -334,9 +360,7 @@ impl Pump {
                             }
                         } else {
                             let new = carried..carried + n;
-                            self.scanner
-                                .feed(&self.buf[new.clone()], |_, _| {})
-                                .map_err(PumpError::Frame)?;
+                            self.scan(new.clone()).map_err(PumpError::Frame)?;
                             let mut keep = n;
                             if self.withhold_terminate
                                 && self.scanner.at_boundary()
@@ -406,6 +430,9 @@ pub struct SessionWatch<'a> {
     /// When the client leaves at a message boundary, withhold its Terminate, close only the
     /// client and return [`RelayEnd::ClientLeft`], so the backend connection can be kept.
     pub keep_backend: bool,
+    /// The session runs on a backend other than the one whose process id its client was
+    /// given: its notifications get the client's id back.
+    pub notify_pid: Option<NotifyPid>,
 }
 
 impl<'a> SessionWatch<'a> {
@@ -422,6 +449,7 @@ impl<'a> SessionWatch<'a> {
             on_transaction: None,
             preload: Vec::new(),
             keep_backend: false,
+            notify_pid: None,
         }
     }
 }
@@ -467,12 +495,14 @@ pub async fn relay(
         mut on_transaction,
         preload,
         keep_backend,
+        notify_pid,
     } = watch;
     let mut in_transaction = None;
     let (mut c2b, mut b2c) = match pumps(settings, counters, keep_backend, &preload, tracker) {
         Ok(p) => p,
         Err(e) => return RelayEnd::ClientFrame(e),
     };
+    b2c.notify_pid = notify_pid;
     let mut shutdown = Shutdown::new(ending);
     let mut transaction_limit = TransactionLimit::new(settings.idle_in_transaction);
     let quiet = (quiet_after, quiet_first);

@@ -163,7 +163,7 @@ pub(super) async fn revive(
         {
             Ok((stream, returnable, slot, restored)) => {
                 if let Some(reg) = cancel {
-                    gw.cancels.retarget(reg.pid, returnable.target.clone());
+                    reg.retarget(returnable.target.clone());
                 }
                 // A fresh expiry: the token now proves a login that just worked.
                 let now = SystemTime::now();

@@ -784,3 +784,28 @@ pub async fn sql_then_stop_reading(
     let n = s.read(&mut first).await.unwrap();
     (s, String::from_utf8_lossy(&first[..n]).into_owned())
 }
+
+/// What a CancelRequest starts with after its length.
+pub const CANCEL_REQUEST_CODE: u32 = 80_877_102;
+
+/// The key a client holds, as (pid, secret): the client's cancel token is pointed at a
+/// listener of the test, which reads the CancelRequest it sends.
+pub async fn issued_key(token: &tokio_postgres::CancelToken) -> (i32, Vec<u8>) {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let send = async {
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let _ = token.cancel_query_raw(stream, tokio_postgres::NoTls).await;
+    };
+    let read = async {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut packet = [0u8; 16];
+        s.read_exact(&mut packet).await.unwrap();
+        packet
+    };
+    let (_, packet) = tokio::join!(send, read);
+    assert_eq!(&packet[4..8], &CANCEL_REQUEST_CODE.to_be_bytes());
+    let pid = i32::from_be_bytes(packet[8..12].try_into().unwrap());
+    (pid, packet[12..16].to_vec())
+}
