@@ -427,3 +427,40 @@ async fn failed_revival_ends_with_a_clear_fatal() {
     assert_eq!(revivals(&gw, "idle_sleep", "error"), 1.0);
     blocking(move || gw.wait_idle()).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_during_the_wake_leaves_the_session_counted_as_parked() {
+    // pre_auth_delay holds every login, the readiness probe's included, so the wake is slow.
+    let gw = blocking(|| Gateway::start_local(&["nap"], FAST, "pre_auth_delay = '3s'", &[]))
+        .await
+        .unwrap();
+    let (client, _conn) = connect(&conninfo(&gw, "nap")).await;
+    client.batch_execute("SET app.x = 'kept'").await.unwrap();
+    let gw = blocking(move || {
+        gw.wait_state("nap", "asleep", Duration::from_secs(30));
+        gw
+    })
+    .await
+    .unwrap();
+    assert_eq!(gw.tenant("nap")["parked"], 1);
+
+    let token = client.cancel_token();
+    let canceller = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        token.cancel_query(NoTls).await.unwrap();
+    });
+    let err = client
+        .batch_execute("SELECT 1")
+        .await
+        .expect_err("the wait for the wake was cancelled");
+    assert_eq!(err.code().map(|c| c.code()), Some("57014"), "{err}");
+    canceller.await.unwrap();
+    let nap = gw.tenant("nap");
+    println!("after the cancel: {nap}");
+    assert_eq!(nap["parked"], 1, "the session is parked still: {nap}");
+    assert_eq!(gw.metric("pgwake_sessions_parked"), 1.0);
+
+    // Its next message revives it; then it is counted parked no more.
+    assert_eq!(show(&client, "app.x").await, "kept");
+    assert_eq!(gw.tenant("nap")["parked"], 0);
+}

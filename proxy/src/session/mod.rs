@@ -481,11 +481,12 @@ impl<'g> Live<'g> {
                 let last = self.tracker.last_activity().unwrap_or(self.logged_in);
                 self.preload = wait_while_parked(gw, client, snapshot, how, last).await?;
             }
-            drop(mark.take());
+            // Counted as parked until revived: a cancel during the wake leaves it parked still.
             let started = Instant::now();
             let revived = revive_unless_cancelled(gw, m, snapshot, self.cancel.as_ref(), parked);
             match Box::pin(revived).await {
                 ReviveOutcome::Done(new, returnable, restored) => {
+                    drop(mark.take());
                     let took = started.elapsed();
                     gw.metrics.revived(how.label(), Some(took));
                     info!(
