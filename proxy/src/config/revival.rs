@@ -38,10 +38,11 @@ pub struct RevivalConfig {
     /// and restoring settings and statements.
     #[serde(with = "super::duration")]
     pub revive_timeout: Duration,
-    /// How long restoring a prepared statement (and the snapshot's look at one) waits for a
-    /// lock another session holds on what it names: past it the statement is made again at its
-    /// first use instead, so a table under migration holds neither the revival nor an
-    /// unrelated query. At least 1ms (Postgres reads 0 as no limit).
+    /// How long restoring a prepared statement (and the snapshot's look at one, or at the
+    /// session's sequence state) waits for a lock another session holds on what it names: past
+    /// it the statement is made again at its first use instead (a snapshot that could not look
+    /// keeps the session where it is), so a table under migration holds neither the revival
+    /// nor an unrelated query. At least 1ms (Postgres reads 0 as no limit).
     #[serde(with = "super::duration")]
     pub restore_lock_wait: Duration,
     /// Named prepared statements a session may hold and still be moved.

@@ -106,10 +106,15 @@ fn hex_bytes(text: &str) -> String {
 /// session never did, and also when the last sequence drawn was dropped since, while an
 /// earlier one's `currval` still answers: so on 55000 each sequence's `currval` is tried. Any
 /// other failure (no privilege on the sequence under `SET ROLE`) proves nothing, so it counts
-/// as state: the session could `RESET ROLE` and read it.
+/// as state: the session could `RESET ROLE` and read it. Both lock the sequence they read, so
+/// the block waits at most `{lock_wait}` for another session's lock (a `DROP` in a transaction
+/// it keeps open): the session's client is not served while the check runs, and that other
+/// session may be waiting for this one's answer. A lock that outlasts the wait proves nothing
+/// either.
 const SEQUENCE_STATE_SQL: &str = "DO $pgwake$DECLARE s pg_catalog.oid; f pg_catalog.text; BEGIN \
  PERFORM pg_catalog.set_config('client_min_messages', 'notice', true); \
  PERFORM pg_catalog.set_config('search_path', 'pg_catalog', true); \
+ PERFORM pg_catalog.set_config('lock_timeout', '{lock_wait}', true); \
  {readers} \
  BEGIN PERFORM pg_catalog.lastval(); RAISE NOTICE 'pgwake: sequence state'; RETURN; \
  EXCEPTION WHEN object_not_in_prerequisite_state THEN NULL; \
@@ -151,14 +156,15 @@ pub enum SequenceCheck {
 }
 
 impl SequenceCheck {
-    /// The block that asks it, if anything is asked.
-    fn sql(self) -> Option<String> {
+    /// The block that asks it, if anything is asked, waiting at most `lock_wait` for a lock.
+    fn sql(self, lock_wait: Duration) -> Option<String> {
         let readers = match self {
             SequenceCheck::Off => return None,
             SequenceCheck::Drawn => "",
             SequenceCheck::DrawnAndReadable => READERS_SQL,
         };
-        Some(SEQUENCE_STATE_SQL.replace("{readers}", readers))
+        let sql = SEQUENCE_STATE_SQL.replace("{lock_wait}", &lock_timeout(lock_wait));
+        Some(sql.replace("{readers}", readers))
     }
 }
 
@@ -427,8 +433,8 @@ pub struct SnapshotLimits {
     pub max_message: usize,
     /// What to ask about the session's sequence state; a session that holds some is pinned.
     pub sequences: SequenceCheck,
-    /// How long looking at a prepared statement waits for a lock another session holds on
-    /// what it names (`revival.restore_lock_wait`).
+    /// How long looking at a prepared statement, or at the session's sequence state,
+    /// waits for a lock another session holds (`revival.restore_lock_wait`).
     pub lock_wait: Duration,
 }
 
@@ -468,7 +474,7 @@ pub async fn take_snapshot(
         .collect();
     sql.push_str(&CUSTOM_SETTINGS_SQL.replace("{names}", &tracked.join(",")));
     let sql = as_utf8_bytes(&sql);
-    let sequence_sql = limits.sequences.sql();
+    let sequence_sql = limits.sequences.sql(limits.lock_wait);
     let mut out =
         Vec::with_capacity(sql.len() + sequence_sql.as_ref().map_or(0, String::len) + 512);
     ask(&mut out, &sql);
