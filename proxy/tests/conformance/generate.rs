@@ -1,7 +1,7 @@
 //! Random session-state sequences (proptest strategies): settings changed every way a client
-//! can, prepared statements of every kind, roles, transactions, pins and schema changes by
-//! another session, with a random move (or none) before each main-session step and a full
-//! probe of the session's state at the end.
+//! can, prepared statements of every kind, roles, transactions, pins, schema changes by
+//! another session and a lock it holds during a move, with a random move (or none) before each
+//! main-session step and a full probe of the session's state at the end.
 
 use proptest::prelude::*;
 
@@ -93,8 +93,19 @@ pub enum GenStep {
     },
     /// Reads the session's sequence state.
     SequenceRead,
+    /// Another session holds `ACCESS EXCLUSIVE` on `gt` while the session is moved and runs an
+    /// unrelated query; its statements on `gt` are used after the lock is gone.
+    LockDuringMove,
     Probe,
 }
+
+/// Waits (3 s at most: the main session may hold a lock on `gt` in an open transaction, which
+/// the other session then waits out with its lock_timeout) until the other session holds its
+/// lock on `gt`.
+const WAIT_FOR_LOCK: &str = "DO $$BEGIN FOR i IN 1..300 LOOP EXIT WHEN EXISTS (SELECT FROM \
+ pg_locks AS l JOIN pg_class AS c ON c.oid = l.relation WHERE c.relname = 'gt' \
+ AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+ AND l.mode = 'AccessExclusiveLock' AND l.granted); PERFORM pg_sleep(0.01); END LOOP; END$$";
 
 fn key(k: usize) -> &'static str {
     KEYS[k % KEYS.len()]
@@ -212,6 +223,16 @@ impl GenStep {
                 vec![q("INSERT INTO counted(note) VALUES ('w') RETURNING id")]
             }
             GenStep::SequenceRead => vec![q("SELECT currval('counted_id_seq')")],
+            GenStep::LockDuringMove => vec![
+                bg(
+                    0,
+                    "SET lock_timeout = '2s'; BEGIN; LOCK gt IN ACCESS EXCLUSIVE MODE; \
+                     SELECT pg_sleep(1); COMMIT",
+                ),
+                side_n(1, WAIT_FOR_LOCK),
+                q("SELECT 'during the lock'"),
+                finish(0),
+            ],
             GenStep::Probe => vec![probe()],
         }
     }
@@ -267,6 +288,7 @@ fn gen_step(known_gaps: bool) -> impl Strategy<Value = GenStep> {
         1 => Just(GenStep::Seed),
         1 => any::<bool>().prop_map(|counted| GenStep::Insert { counted }),
         1 => Just(GenStep::SequenceRead),
+        1 => Just(GenStep::LockDuringMove),
         2 => Just(GenStep::Probe),
     ]
 }
