@@ -150,16 +150,19 @@ fn json(gw: &Gateway, path: &str) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_status_page_shows_each_tenant_in_chromium() {
     let Some(browser) = chromium() else { return };
-    let gw = tokio::task::spawn_blocking(|| {
-        Gateway::start_local(
-            &["analytics", "billing", "shop"],
-            "allow_plaintext = true\n",
-            "",
-            &[],
-        )
-    })
-    .await
-    .unwrap();
+    // `analytics` has run daily for a week and opted in to the widest prediction there is.
+    let history = tempfile::tempdir().unwrap();
+    let history_file = daily_history(history.path(), "analytics");
+    let extra = format!(
+        "allow_plaintext = true\n[wake]\npredict_history_file = \"{}\"\n",
+        history_file.display()
+    );
+    let tenants = Gateway::local_tenants(&["billing", "shop"], "")
+        + "[[tenant]]\nid = \"analytics\"\nbackend = { kind = \"local\" }\n\
+           predict = \"wake_and_sleep\"\n";
+    let gw = tokio::task::spawn_blocking(move || Gateway::launch(&extra, &tenants, &[]))
+        .await
+        .unwrap();
     // A few wakes of `shop` for its latency history, then a session that stays.
     for _ in 0..3 {
         drop(session(&gw, "shop").await);
@@ -169,7 +172,78 @@ async fn the_status_page_shows_each_tenant_in_chromium() {
     // The rest is blocking (the admin API over std sockets, Chromium); the session's
     // connection task runs on another worker meanwhile.
     tokio::task::block_in_place(|| check_page(&gw, browser));
+
+    // Every column, the prediction last, can be read at common screen widths; narrower, the
+    // table scrolls inside its panel to show it.
+    let url = format!("http://127.0.0.1:{}/", gw.admin);
+    let mut tab = Devtools::open(browser, &url).await;
+    tab.wait_for("document.querySelector('td[data-predict=\"wake_and_sleep\"]') !== null")
+        .await;
+    for width in [1280, 1400, 1920] {
+        let clipped = tab.last_column_clipped(width, false).await;
+        assert_eq!(clipped, "", "the last column is cut off at {width} px");
+        tab.screenshot(&format!("status_page_{width}.png")).await;
+    }
+    let clipped = tab.last_column_clipped(720, false).await;
+    assert_ne!(clipped, "", "720 px is too narrow for every column");
+    let clipped = tab.last_column_clipped(720, true).await;
+    assert_eq!(
+        clipped, "",
+        "at 720 px the last column cannot be scrolled to"
+    );
 }
+
+/// Writes a run history file in `dir` in which `tenant` started a run at the same time every
+/// day for the past eight days, the next one due in an hour.
+fn daily_history(dir: &Path, tenant: &str) -> PathBuf {
+    const DAY: u64 = 86_400;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let newest = now + 3_600 - DAY;
+    let starts: Vec<u64> = (0..8).rev().map(|d| newest - d * DAY).collect();
+    let path = dir.join("runs.json");
+    let text = serde_json::json!({ "tenants": { tenant: starts } }).to_string();
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Finds the last column's cells (its header and each tenant's) that are not wholly inside what
+/// can be seen: the window and every box around them that clips. With `scroll`, every box that
+/// scrolls sideways is first scrolled to its end, as a reader would.
+const LAST_COLUMN_CLIPPED: &str = r##"(scroll) => {
+  const view = document.documentElement;
+  const cells = [...document.querySelectorAll("#main thead th:last-child, #tenants td:last-child")];
+  if (cells.length < 2) return "no last column";
+  const clipping = (node) => {
+    const boxes = [];
+    for (let a = node.parentElement; a && a !== view; a = a.parentElement) {
+      if (getComputedStyle(a).overflowX !== "visible") boxes.push(a);
+    }
+    return boxes;
+  };
+  if (scroll) {
+    for (const box of clipping(cells[0])) {
+      if (["auto", "scroll"].includes(getComputedStyle(box).overflowX)) box.scrollLeft = box.scrollWidth;
+    }
+  }
+  const problems = [];
+  for (const cell of cells) {
+    const r = cell.getBoundingClientRect();
+    let left = 0, right = view.clientWidth;
+    for (const box of clipping(cell)) {
+      const b = box.getBoundingClientRect();
+      left = Math.max(left, b.left + box.clientLeft);
+      right = Math.min(right, b.left + box.clientLeft + box.clientWidth);
+    }
+    if (r.left < left - 0.5 || r.right > right + 0.5 || cell.scrollWidth > cell.clientWidth) {
+      problems.push(`"${cell.innerText.replace(/\s+/g, " ").trim()}" spans ${Math.round(r.left)}..${Math.round(r.right)} px, ` +
+        `${cell.scrollWidth} px of content in ${cell.clientWidth}; visible: ${Math.round(left)}..${Math.round(right)} px`);
+    }
+  }
+  return problems.join("\n");
+}"##;
 
 /// Checks the JSON the page reads, the page, and what Chromium shows of it; `shop` has been
 /// woken four times and has one open session, `billing` is woken here, `analytics` sleeps.
@@ -236,8 +310,21 @@ fn check_page(gw: &Gateway, browser: &str) {
     );
     // No tenant opted in to predictions, and none has runs enough for a pattern.
     assert!(
-        dom.contains(r#"<td data-predict="off">"#) && dom.contains("no pattern · off"),
+        dom.contains(r#"<td data-predict="off">"#)
+            && dom.contains("<span>no pattern</span>")
+            && dom.contains("predict: off"),
         "no prediction column:\n{dom}"
+    );
+    // `analytics`'s daily runs are shown with the next one due.
+    let analytics = gw.tenant("analytics");
+    assert_eq!(analytics["predict"], "wake_and_sleep", "{analytics}");
+    assert_eq!(analytics["runs"]["pattern"]["kind"], "daily", "{analytics}");
+    assert!(analytics["runs"]["next_run"].is_number(), "{analytics}");
+    assert!(
+        dom.contains(r#"<td data-predict="wake_and_sleep">in "#)
+            && dom.contains(" UTC</span> · <span>every day</span>")
+            && dom.contains("predict: wake and sleep"),
+        "no prediction for analytics:\n{dom}"
     );
     assert!(
         dom.contains(r#"<section id="auth" hidden="">"#),
@@ -428,6 +515,20 @@ impl Devtools {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Lays the page out `width` CSS pixels wide and says which cells of the table's last
+    /// column cannot be seen whole (empty when all can): see [`LAST_COLUMN_CLIPPED`].
+    async fn last_column_clipped(&mut self, width: u32, scroll: bool) -> String {
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            serde_json::json!({ "width": width, "height": 800, "deviceScaleFactor": 1, "mobile": false }),
+        )
+        .await;
+        let clipped = self
+            .eval(&format!("({LAST_COLUMN_CLIPPED})({scroll})"))
+            .await;
+        clipped.as_str().expect("the check's report").to_owned()
     }
 
     /// Types into the token field and submits it.
