@@ -460,17 +460,6 @@ fn quickstart_refuses_a_data_dir_the_server_account_cannot_reach() {
     );
 }
 
-/// The `data_dir` a quickstart folder's `pgwake.toml` names (absolute, or relative to it).
-fn configured_data_dir(dir: &Path) -> PathBuf {
-    let text = std::fs::read_to_string(dir.join("pgwake.toml")).unwrap();
-    let value = text
-        .lines()
-        .find_map(|l| l.strip_prefix("data_dir = "))
-        .expect("a data_dir line")
-        .trim_matches('"');
-    dir.join(value)
-}
-
 /// A process that is expected to end soon: its output once it has, or a panic (after killing
 /// it) when it still runs after `limit`.
 fn finished(mut child: Child, limit: Duration, what: &str) -> std::process::Output {
@@ -565,27 +554,104 @@ fn a_second_quickstart_leaves_a_live_one_alone_and_names_a_busy_port_before_init
         "the first quickstart serves on"
     );
 
-    // A new folder whose port is taken: refused before any data directory is made.
+    // A new folder whose port is taken: refused before anything is written.
     let home = tempfile::tempdir().unwrap();
     let ports = [qs.ports[0], free_port(), free_port()];
     let out = quickstart_command(home.path(), ports, "alpha")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let data = configured_data_dir(&home.path().join("qs"));
-    let initialized = data.join("alpha/data/PG_VERSION").exists();
-    if !data.starts_with(home.path()) {
-        let _ = std::fs::remove_dir_all(&data);
-    }
     assert!(!out.status.success(), "{stderr}");
     assert!(
         stderr.contains(&format!("127.0.0.1:{}", qs.ports[0])) && stderr.contains("--port"),
         "names the port and the flag: {stderr}"
     );
     assert!(
-        !initialized,
-        "initdb ran before the busy port was found: {stderr}"
+        !home.path().join("qs").exists(),
+        "the refused run made its folder: {stderr}"
     );
+}
+
+/// Every file and folder under `dir`, with its size, relative to it.
+fn tree(dir: &Path) -> Vec<(PathBuf, u64)> {
+    let mut found = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(next) = todo.pop() {
+        for entry in std::fs::read_dir(&next).unwrap() {
+            let entry = entry.unwrap();
+            let meta = entry.metadata().unwrap();
+            found.push((
+                entry.path().strip_prefix(dir).unwrap().to_path_buf(),
+                meta.len(),
+            ));
+            if meta.is_dir() {
+                todo.push(entry.path());
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+#[test]
+fn busy_ports_are_named_in_one_run_and_the_refused_run_writes_nothing() {
+    // Taken by another program: the three ports the quickstart is asked to use.
+    let others: Vec<std::net::TcpListener> = (0..3)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let ports: Vec<u16> = others
+        .iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect();
+    let ports = [ports[0], ports[1], ports[2]];
+    let home = tempfile::tempdir().unwrap();
+    // The server account could enter it: data would go inside the folder.
+    std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let refused = |what: &str| -> String {
+        let out = quickstart_command(home.path(), ports, "alpha")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "{what}: {stderr}");
+        for (port, key, flag) in [
+            (ports[0], "listen.postgres", "--port"),
+            (ports[1], "listen.admin", "--admin-port"),
+            (ports[2], "listen.http", "--http-port"),
+        ] {
+            assert!(
+                stderr.contains(&format!("127.0.0.1:{port} ({key}, {flag})")),
+                "{what}: port {port} not named with {key} and {flag}: {stderr}"
+            );
+        }
+        assert!(stderr.contains("3 ports"), "{what}: {stderr}");
+        assert!(!stderr.contains("initdb"), "{what}: {stderr}");
+        stderr
+    };
+
+    // A folder that is not there yet is not made.
+    let stderr = refused("a new folder");
+    assert!(stderr.contains("nothing was written"), "{stderr}");
+    assert!(
+        !home.path().join("qs").exists(),
+        "the refused run wrote {:?}",
+        tree(home.path())
+    );
+
+    // One that is there, empty, stays empty.
+    std::fs::create_dir(home.path().join("qs")).unwrap();
+    refused("an empty folder");
+    assert_eq!(tree(&home.path().join("qs")), vec![]);
+    // Once the ports are free, the same command serves.
+    drop(others);
+    let (child, banner) = launch(home.path(), ports, "alpha");
+    let qs = Quickstart {
+        child,
+        home,
+        banner,
+        ports,
+        tenants: "alpha".into(),
+    };
+    assert!(qs.banner.contains("tenant alpha"), "{}", qs.banner);
 }
 
 #[test]

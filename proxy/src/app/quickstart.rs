@@ -3,7 +3,7 @@
 //! directory per tenant.
 
 use std::fs;
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -54,9 +54,24 @@ pub const CA_FILE: &str = "ca.pem";
 /// from an earlier version (a self-signed `cert.pem` and no CA) gets a CA and a certificate
 /// signed by it.
 ///
-/// Nothing is stopped or created while another gateway serves the folder's tenants, and a busy
-/// port is reported, naming the flag that changes it, before any data directory is made.
+/// Nothing is stopped or written while another gateway serves the folder's tenants, and every
+/// busy port is reported at once, naming the key and the flag that change it, before anything
+/// is written: a refused run leaves the folder as it found it.
 pub async fn prepare(opts: &QuickstartOptions) -> anyhow::Result<Config> {
+    let existing = opts.dir.join("pgwake.toml").exists();
+    let mut backend = None;
+    if existing {
+        // A gateway serving the folder holds its ports too: name it rather than them.
+        let dir =
+            fs::canonicalize(&opts.dir).with_context(|| format!("open {}", opts.dir.display()))?;
+        let config = load(&dir, opts)?;
+        if config.local.as_ref().is_some_and(|l| l.data_dir.exists()) {
+            backend = claim(&config, &dir)?;
+        }
+        check_ports(&listeners(&config), Some(&dir.join("pgwake.toml")))?;
+    } else {
+        check_ports(&new_listeners(opts), None)?;
+    }
     fs::create_dir_all(&opts.dir).with_context(|| format!("create {}", opts.dir.display()))?;
     let dir =
         fs::canonicalize(&opts.dir).with_context(|| format!("open {}", opts.dir.display()))?;
@@ -64,33 +79,15 @@ pub async fn prepare(opts: &QuickstartOptions) -> anyhow::Result<Config> {
     if !dir.join(CA_FILE).exists() {
         write_certificates(&dir)?;
     }
-    if !config_path.exists() {
+    if !existing {
         write_config(&dir, &config_path, opts)?;
     } else if let Some(tenants) = &opts.tenants {
         add_tenants(&config_path, tenants)?;
     }
-    let mut config = Config::load(&config_path)
-        .with_context(|| format!("invalid configuration in {}", config_path.display()))?;
-    apply(&mut config, opts);
-    let backend = match &config.local {
-        Some(local) => {
-            let backend = LocalBackend::new(local_settings(local, config.wake.wake_timeout))?;
-            backend.claim().map_err(|e| match e {
-                ClaimError::InUse { pid, .. } => anyhow::anyhow!(
-                    "{e} (a quickstart on {dir}): stop it first ({}), or use another --dir",
-                    match pid {
-                        Some(p) => format!("Ctrl-C where it runs, or kill {p}"),
-                        None => "Ctrl-C where it runs".into(),
-                    },
-                    dir = dir.display()
-                ),
-                ClaimError::Io(_) => anyhow::anyhow!("local.data_dir: {e}"),
-            })?;
-            Some(backend)
-        }
-        None => None,
-    };
-    check_ports(&config)?;
+    let config = load(&dir, opts)?;
+    if backend.is_none() {
+        backend = claim(&config, &dir)?;
+    }
     if let Some(backend) = backend {
         for t in &config.tenants {
             backend.stop_stale(&t.id).await;
@@ -98,6 +95,36 @@ pub async fn prepare(opts: &QuickstartOptions) -> anyhow::Result<Config> {
         }
     }
     Ok(config)
+}
+
+/// The folder's `pgwake.toml` with what `opts` gives for this run applied.
+fn load(dir: &Path, opts: &QuickstartOptions) -> anyhow::Result<Config> {
+    let config_path = dir.join("pgwake.toml");
+    let mut config = Config::load(&config_path)
+        .with_context(|| format!("invalid configuration in {}", config_path.display()))?;
+    apply(&mut config, opts);
+    Ok(config)
+}
+
+/// The local backend of `config`, holding the lock that says this process serves its tenants;
+/// fails naming the quickstart that holds it.
+fn claim(config: &Config, dir: &Path) -> anyhow::Result<Option<LocalBackend>> {
+    let Some(local) = &config.local else {
+        return Ok(None);
+    };
+    let backend = LocalBackend::new(local_settings(local, config.wake.wake_timeout))?;
+    backend.claim().map_err(|e| match e {
+        ClaimError::InUse { pid, .. } => anyhow::anyhow!(
+            "{e} (a quickstart on {dir}): stop it first ({}), or use another --dir",
+            match pid {
+                Some(p) => format!("Ctrl-C where it runs, or kill {p}"),
+                None => "Ctrl-C where it runs".into(),
+            },
+            dir = dir.display()
+        ),
+        ClaimError::Io(_) => anyhow::anyhow!("local.data_dir: {e}"),
+    })?;
+    Ok(Some(backend))
 }
 
 /// Removes what `pgwake quickstart` made in `dir`: stops the Postgres servers a gateway that is
@@ -265,25 +292,110 @@ fn apply(config: &mut Config, opts: &QuickstartOptions) {
     }
 }
 
-/// Fails when a listener's address is taken, naming the flag that moves it: found before any
-/// data directory is created, rather than after.
-fn check_ports(config: &Config) -> anyhow::Result<()> {
-    let listeners = [
-        (Some(config.listen.postgres), "--port"),
-        (config.listen.admin, "--admin-port"),
-        (config.listen.http, "--http-port"),
-    ];
-    for (addr, flag) in listeners {
-        let Some(addr) = addr else { continue };
-        if let Err(e) = std::net::TcpListener::bind(addr) {
-            anyhow::bail!(
-                "cannot listen on {addr} ({e}): another program or quickstart uses port \
-                 {port}; pick a free one with {flag} <port>",
-                port = addr.port()
-            );
+/// A listener the quickstart opens: its address, and the config key and the flag that set it.
+struct Listener {
+    addr: SocketAddr,
+    key: &'static str,
+    flag: &'static str,
+}
+
+/// The listeners `config` opens.
+fn listeners(config: &Config) -> Vec<Listener> {
+    [
+        (Some(config.listen.postgres), "listen.postgres", "--port"),
+        (config.listen.admin, "listen.admin", "--admin-port"),
+        (config.listen.http, "listen.http", "--http-port"),
+    ]
+    .into_iter()
+    .filter_map(|(addr, key, flag)| {
+        Some(Listener {
+            addr: addr?,
+            key,
+            flag,
+        })
+    })
+    .collect()
+}
+
+/// The listeners the config [`write_config`] writes for `opts` opens.
+fn new_listeners(opts: &QuickstartOptions) -> Vec<Listener> {
+    let at = |port: Option<u16>, default| {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, port.unwrap_or(default)))
+    };
+    vec![
+        Listener {
+            addr: at(opts.port, DEFAULT_PORT),
+            key: "listen.postgres",
+            flag: "--port",
+        },
+        Listener {
+            addr: at(opts.admin_port, DEFAULT_ADMIN_PORT),
+            key: "listen.admin",
+            flag: "--admin-port",
+        },
+        Listener {
+            addr: at(opts.http_port, DEFAULT_HTTP_PORT),
+            key: "listen.http",
+            flag: "--http-port",
+        },
+    ]
+}
+
+/// Fails when any listener's address is taken (by another program, or by another of the
+/// listeners), naming each with its key and flag and a free port to use instead; `config` is
+/// the existing folder's `pgwake.toml`, where the keys are.
+fn check_ports(listeners: &[Listener], config: Option<&Path>) -> anyhow::Result<()> {
+    // Held until the end, so that two listeners given one port show as a conflict, and no
+    // suggested port is one of ours.
+    let mut held = Vec::new();
+    let mut busy = Vec::new();
+    for l in listeners {
+        match std::net::TcpListener::bind(l.addr) {
+            Ok(socket) => held.push(socket),
+            Err(e) => busy.push((l, e)),
         }
     }
-    Ok(())
+    if busy.is_empty() {
+        return Ok(());
+    }
+    let mut lines = Vec::new();
+    let mut instead = Vec::new();
+    for (l, e) in &busy {
+        lines.push(format!("  {} ({}, {}): {e}", l.addr, l.key, l.flag));
+        if let Some(free) = free_port_after(l.addr, &mut held) {
+            instead.push(format!("{} {free}", l.flag));
+        }
+    }
+    let taken = match busy.len() {
+        1 => "a port the quickstart needs is taken".to_owned(),
+        n => format!("{n} ports the quickstart needs are taken"),
+    };
+    let (outcome, fix) = match config {
+        Some(path) => (
+            "nothing was started",
+            format!("change them in {}, or for this run with", path.display()),
+        ),
+        None => ("nothing was written", "pick free ones with".to_owned()),
+    };
+    let example = match instead.is_empty() {
+        true => String::new(),
+        false => format!(", e.g. {} (free now)", instead.join(" ")),
+    };
+    anyhow::bail!(
+        "{taken} (another program or quickstart uses them); {outcome}:\n{}\n{fix} the flags{example}",
+        lines.join("\n")
+    )
+}
+
+/// A port above `addr`'s that can be listened on now; the socket joins `held`, so the next
+/// call finds another.
+fn free_port_after(addr: SocketAddr, held: &mut Vec<std::net::TcpListener>) -> Option<u16> {
+    let first = addr.port().checked_add(1)?;
+    (first..=first.saturating_add(100)).find(|&port| {
+        std::net::TcpListener::bind(SocketAddr::new(addr.ip(), port))
+            .map(|socket| held.push(socket))
+            .is_ok()
+    })
 }
 
 /// `data` inside the quickstart folder, unless the gateway is root and the account the servers
