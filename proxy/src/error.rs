@@ -507,6 +507,7 @@ pub async fn fail(metrics: &Metrics, stream: Option<Stream>, err: SessionError) 
         SessionError::ClientIo(_) | SessionError::LoginRefused => {
             debug!(error = %err, "connection ended")
         }
+        SessionError::Handshake(e) => crate::tls::log_failed_handshake(e),
         _ => info!(error = %err, kind = err.kind(), "connection refused"),
     }
     let Some(mut stream) = stream else {

@@ -112,7 +112,8 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 /// person waiting) ends idle sessions at once and lets open transactions finish within the
 /// grace. Either signal a second time ends the remaining sessions now.
 fn serve(cfg: Config, banner: Option<String>) -> anyhow::Result<()> {
-    runtime()?.block_on(async {
+    let runtime = runtime()?;
+    runtime.block_on(async {
         let stop = StopRequest::default();
         let mut term = signal(SignalKind::terminate()).context("install SIGTERM handler")?;
         let mut int = signal(SignalKind::interrupt()).context("install SIGINT handler")?;
@@ -133,7 +134,12 @@ fn serve(cfg: Config, banner: Option<String>) -> anyhow::Result<()> {
             trigger.now.cancel();
         });
         pgwake::app::run(cfg, stop, banner).await
-    })
+    })?;
+    // The runtime's end waits for its blocking tasks and drops the connections' tasks (the
+    // session threads are joined with the last of them): only then is the gateway gone.
+    drop(runtime);
+    info!("pgwake stopped");
+    Ok(())
 }
 
 /// Logs to stderr at the PGWAKE_LOG level (default info).

@@ -17,7 +17,7 @@ use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::config::{BackendConfig, TlsConfig};
 
@@ -38,6 +38,19 @@ pub enum TlsError {
     /// rustls refused the material.
     #[error("TLS setup: {0}")]
     Rustls(#[from] rustls::Error),
+}
+
+/// Logs a client's TLS handshake that did not finish, the same way on every listener: one the
+/// client left (it closed or reset the connection, as clients that do not trust the
+/// certificate and port checks do) at debug, any other failure at info with its reason.
+pub fn log_failed_handshake(error: &std::io::Error) {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
+    match error.kind() {
+        UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe => {
+            debug!(error = %error, "client left during the TLS handshake")
+        }
+        _ => info!(error = %error, "TLS handshake failed"),
+    }
 }
 
 fn file_error(path: &Path, problem: impl fmt::Display) -> TlsError {

@@ -199,17 +199,19 @@ fn quickstart_command(home: &Path, [port, admin, http]: [u16; 3], tenants: &str)
 
 /// Like [`launch`], with `extra` arguments.
 fn launch_with(home: &Path, ports: [u16; 3], tenants: &str, extra: &[&str]) -> (Child, String) {
+    let mut cmd = quickstart_command(home, ports, tenants);
+    cmd.args(extra);
+    launch_command(home, cmd)
+}
+
+/// Runs `cmd` (a [`quickstart_command`]) and returns the process once its banner is complete.
+fn launch_command(home: &Path, mut cmd: Command) -> (Child, String) {
     let log_file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(home.join("qs.log"))
         .unwrap();
-    let mut child = quickstart_command(home, ports, tenants)
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(log_file)
-        .spawn()
-        .unwrap();
+    let mut child = cmd.stdout(Stdio::piped()).stderr(log_file).spawn().unwrap();
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = mpsc::channel();
     // Reads until the process ends, so the pipe never fills.
@@ -652,6 +654,130 @@ fn busy_ports_are_named_in_one_run_and_the_refused_run_writes_nothing() {
         tenants: "alpha".into(),
     };
     assert!(qs.banner.contains("tenant alpha"), "{}", qs.banner);
+}
+
+/// Waits until the quickstart's log holds `text`.
+fn wait_logged(qs: &Quickstart, text: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !qs.log().contains(text) {
+        assert!(
+            Instant::now() < deadline,
+            "never logged {text:?}:\n{}",
+            qs.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn ctrl_c_lets_a_transaction_finish_and_the_log_says_only_what_happened() {
+    use std::os::unix::process::CommandExt;
+    let home = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let ports = [free_port(), free_port(), free_port()];
+    // In a process group of its own, as a terminal runs a command, so that Ctrl-C (SIGINT to
+    // the group) reaches whatever the gateway put in its group too.
+    let mut cmd = quickstart_command(home.path(), ports, "alpha");
+    cmd.env("PGWAKE_LOG", "debug").process_group(0);
+    let (child, banner) = launch_command(home.path(), cmd);
+    let mut qs = Quickstart {
+        child,
+        home,
+        banner,
+        ports,
+        tenants: "alpha".into(),
+    };
+
+    // Clients that leave during the TLS handshake, on the Postgres listener (after its
+    // SSLRequest was answered) and on the HTTPS one: a debug line each, nothing refused.
+    let mut pg = std::net::TcpStream::connect(("127.0.0.1", ports[0])).unwrap();
+    pg.write_all(&[0, 0, 0, 8, 4, 210, 22, 47]).unwrap();
+    let mut answer = [0u8; 1];
+    std::io::Read::read_exact(&mut pg, &mut answer).unwrap();
+    assert_eq!(&answer, b"S");
+    drop(pg);
+    let mut https = std::net::TcpStream::connect(("127.0.0.1", ports[2])).unwrap();
+    https.write_all(&[0x16]).unwrap();
+    drop(https);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while qs
+        .log()
+        .matches("client left during the TLS handshake")
+        .count()
+        < 2
+    {
+        assert!(Instant::now() < deadline, "{}", qs.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // A transaction open when Ctrl-C comes.
+    let url = qs.printed("alpha").url;
+    let mut client = Command::new(pg_bin_dir().unwrap().join("psql"))
+        .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
+        .arg(&url)
+        .env_remove("PGSSLROOTCERT")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut sql = client.stdin.take().unwrap();
+    writeln!(sql, "begin;\ncreate table t (n int);").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while psql(
+        &url,
+        "select count(*) from pg_stat_activity where state = 'idle in transaction'",
+    ) != "1"
+    {
+        assert!(Instant::now() < deadline, "the transaction never began");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Command::new("kill")
+        .args(["-INT", "--", &format!("-{}", qs.child.id())])
+        .status()
+        .unwrap();
+    wait_logged(&qs, "shutting down");
+    // Time for a server that took the Ctrl-C as its own to end the transaction.
+    std::thread::sleep(Duration::from_millis(500));
+    writeln!(sql, "insert into t values (2);\ncommit;").unwrap();
+    drop(sql);
+    let out = finished(client, Duration::from_secs(30), "psql");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success() && stdout.contains("COMMIT"),
+        "the transaction did not finish: {stdout}{stderr}\n{}",
+        qs.log()
+    );
+    qs.stop();
+
+    let log = qs.log();
+    assert!(!log.contains("connection refused"), "{log}");
+    assert!(!log.contains("stopped on its own"), "{log}");
+    for line in log
+        .lines()
+        .filter(|l| l.contains("client left during the TLS handshake"))
+    {
+        assert!(
+            line.contains("DEBUG") && line.contains("tls handshake eof"),
+            "{line}"
+        );
+    }
+    let stopped = log
+        .find("postgres stopped")
+        .unwrap_or_else(|| panic!("the server's shutdown is not logged:\n{log}"));
+    let line = log[stopped..].lines().next().unwrap();
+    assert!(
+        line.contains("tenant=alpha") && line.contains("shutdown=\"fast\"") && line.contains("ms="),
+        "{line}"
+    );
+    let last = log.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("pgwake stopped") && log.matches("pgwake stopped").count() == 1,
+        "`pgwake stopped` is not the last line:\n{log}"
+    );
 }
 
 #[test]

@@ -147,7 +147,6 @@ pub async fn run(
     }
     // Ends the Kubernetes watches.
     gateway.front.terminate.cancel();
-    info!("pgwake stopped");
     Ok(())
 }
 

@@ -295,7 +295,7 @@ async fn transport(
             match tokio::time::timeout(deadline, acceptor.accept(tcp)).await {
                 Ok(Ok(s)) => Some((Box::new(s), true)),
                 Ok(Err(e)) => {
-                    debug!(error = %e, "http TLS handshake failed");
+                    crate::tls::log_failed_handshake(&e);
                     gw.metrics.error("tls_handshake");
                     None
                 }

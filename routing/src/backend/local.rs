@@ -25,7 +25,7 @@ use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 use tokio::sync::{Mutex, RwLock};
 use tokio::time::{Instant, sleep};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{BackendError, ComputeBackend, ComputeState, Endpoint};
 use crate::TenantId;
@@ -266,6 +266,10 @@ impl LocalBackend {
         cmd.current_dir(&self.settings.data_dir)
             .stdin(Stdio::null())
             .kill_on_drop(false);
+        // A process group of its own: a terminal's Ctrl-C goes to the gateway alone, which lets
+        // open transactions finish before it stops the server (the server would take the
+        // terminal's SIGINT as a fast shutdown of its own and end them at once).
+        cmd.process_group(0);
         cmd
     }
 
@@ -430,10 +434,12 @@ impl LocalBackend {
         };
         drop(self.initializing.write().await);
         for (t, r) in starting {
-            self.stop_starting(&t, r).await;
+            let stopped = self.stop_starting(&t, r).await;
+            info!(tenant = %t, shutdown = stopped.shutdown, ms = stopped.ms(), "postgres stopped");
         }
         for (t, r) in ready {
-            self.stop_fast(&t, r).await;
+            let stopped = self.stop_fast(&t, r).await;
+            info!(tenant = %t, shutdown = stopped.shutdown, ms = stopped.ms(), "postgres stopped");
         }
     }
 
@@ -442,7 +448,8 @@ impl LocalBackend {
     /// authentication can hold up (with `pre_auth_delay` the readiness probe's backend leaves the
     /// fast shutdown's SIGTERM pending until its delay is over; the immediate shutdown's SIGQUIT
     /// ends it at once, as seen with Postgres 15).
-    async fn stop_starting(&self, tenant: &TenantId, mut r: Running) {
+    async fn stop_starting(&self, tenant: &TenantId, mut r: Running) -> Stopped {
+        let began = Instant::now();
         if let Some(pid) = r.child.id() {
             info!(tenant = %tenant, pid, "stopping a server whose wake has not finished");
         }
@@ -451,11 +458,14 @@ impl LocalBackend {
             warn!(tenant = %tenant, "immediate shutdown too slow: killing the postmaster");
             let _ = r.child.start_kill();
             let _ = r.child.wait().await;
+            return Stopped::after(began, "killed");
         }
+        Stopped::after(began, "immediate")
     }
 
     /// Stops a ready server with a fast shutdown, then an immediate one after `stop_timeout`.
-    async fn stop_fast(&self, tenant: &TenantId, mut r: Running) {
+    async fn stop_fast(&self, tenant: &TenantId, mut r: Running) -> Stopped {
+        let began = Instant::now();
         // SIGINT is Postgres's fast shutdown: it checkpoints cleanly, so the next start skips
         // crash recovery.
         signal(&r, Signal::SIGINT);
@@ -463,7 +473,9 @@ impl LocalBackend {
             warn!(tenant = %tenant, "fast shutdown too slow: immediate shutdown");
             signal(&r, Signal::SIGQUIT);
             let _ = r.child.wait().await;
+            return Stopped::after(began, "immediate");
         }
+        Stopped::after(began, "fast")
     }
 
     /// Whether the server's postmaster exits within `stop_timeout`.
@@ -589,7 +601,8 @@ impl ComputeBackend for LocalBackend {
         let Some(r) = self.servers.lock().await.ready.remove(tenant) else {
             return Ok(());
         };
-        self.stop_fast(tenant, r).await;
+        let stopped = self.stop_fast(tenant, r).await;
+        debug!(tenant = %tenant, shutdown = stopped.shutdown, ms = stopped.ms(), "postgres stopped");
         Ok(())
     }
 
@@ -604,6 +617,26 @@ impl ComputeBackend for LocalBackend {
         } else {
             ComputeState::Asleep
         })
+    }
+}
+
+/// How a server was stopped, and how long it took to exit.
+struct Stopped {
+    /// The shutdown that ended it: `fast`, `immediate` or `killed`.
+    shutdown: &'static str,
+    took: Duration,
+}
+
+impl Stopped {
+    fn after(began: Instant, shutdown: &'static str) -> Stopped {
+        Stopped {
+            shutdown,
+            took: began.elapsed(),
+        }
+    }
+
+    fn ms(&self) -> u64 {
+        self.took.as_millis() as u64
     }
 }
 
