@@ -17,13 +17,16 @@ differ, and exits 1 when a difference is not listed.
 
 import json
 import os
+import re
 import sys
 import xml.etree.ElementTree as ET
 
+TEMP_NUMBER = re.compile(r"\d{6,}")
+
 
 def go_outcomes(path):
-    """Outcome of each test (subtests too) from `go test -json` lines; a package that failed
-    to build or timed out counts as one failed test named after the package."""
+    """Outcome of each test (subtests too) from `go test -json` lines, and `<package> (package)`
+    for a package that failed without a failing test."""
     outcomes = {}
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
@@ -38,10 +41,18 @@ def go_outcomes(path):
             if action not in ("pass", "fail", "skip"):
                 continue
             package = ev.get("Package", "")
-            test = ev.get("Test")
+            # Some subtests are named after a temporary folder (a random number in its name).
+            test = TEMP_NUMBER.sub("N", ev.get("Test") or "")
             key = f"{package} {test}" if test else f"{package} (package)"
             outcomes[key] = action
-    return outcomes
+    # A package's own line counts only when it failed and none of its tests did (a build
+    # failure, a panic or a timeout): otherwise it repeats what its tests say.
+    failing = {k.split(" ", 1)[0] for k, v in outcomes.items() if v == "fail" and "(package)" not in k}
+    return {
+        k: v
+        for k, v in outcomes.items()
+        if not k.endswith(" (package)") or (v == "fail" and k.split(" ", 1)[0] not in failing)
+    }
 
 
 def junit_outcomes(path):
