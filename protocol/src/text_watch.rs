@@ -32,6 +32,42 @@ pub(crate) struct Findings {
     /// …)`, `VALUES ('app.x', …)`): a function or trigger may set a setting by a name it is
     /// given, which no text shows in a `SET`.
     pub candidates: Vec<String>,
+    /// It may change a setting that decides how a statement is parsed and its names resolved,
+    /// or the role ([`CONTEXT_SETTINGS`]): `SET`, `RESET` or `set_config` of one of them (or of
+    /// a name the gateway cannot read), `SET ROLE`, `SET SESSION AUTHORIZATION`, `RESET ALL`,
+    /// `DISCARD`.
+    pub context: bool,
+    /// It runs a statement made with SQL `PREPARE` (`EXECUTE`).
+    pub executes: bool,
+}
+
+/// The settings that decide how Postgres reads a statement's text and resolves its names when
+/// it prepares it, in the order a restore sets them: the session's identity first (setting
+/// `session_authorization` resets `role`), then `search_path` (name lookup), and those that
+/// change how the scanner reads strings or how a literal of a type is read (a `date`, a
+/// `timestamptz`, an `interval`, an array, `xml`, `money`) or what `x = NULL` means.
+pub const CONTEXT_SETTINGS: [&str; 13] = [
+    "session_authorization",
+    "role",
+    "search_path",
+    "datestyle",
+    "intervalstyle",
+    "timezone",
+    "standard_conforming_strings",
+    "transform_null_equals",
+    "escape_string_warning",
+    "backslash_quote",
+    "array_nulls",
+    "xmloption",
+    "lc_monetary",
+];
+
+/// True when a `SET` or `RESET` of the word `w` (folded to lower case) may change a context
+/// setting: one of them, or a form that names one without its name (`SET TIME ZONE`, `SET
+/// SCHEMA`, `SET XML OPTION`, `SET SESSION AUTHORIZATION`, `RESET ALL`).
+fn changes_context(w: &str) -> bool {
+    CONTEXT_SETTINGS.contains(&w)
+        || matches!(w, "authorization" | "time" | "schema" | "xml" | "all")
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -125,7 +161,7 @@ impl TextWatch {
                 self.window[i - 1]
             };
             let first = self.window[i].to_ascii_lowercase();
-            if !is_word(before) && matches!(first, b's' | b'r' | b'c' | b'l') {
+            if !is_word(before) && matches!(first, b's' | b'r' | b'c' | b'l' | b'd' | b'e') {
                 note_at(&self.window[i..], &mut self.found);
             } else if first == b'\''
                 && (before == b'(' || before == b',' || before.is_ascii_whitespace())
@@ -146,6 +182,10 @@ impl TextWatch {
 fn note_at(w: &[u8], found: &mut Findings) {
     if keyword(w, b"setseed").is_some() {
         found.seed = true;
+    } else if keyword(w, b"discard").is_some() {
+        found.context = true;
+    } else if keyword(w, b"execute").is_some() {
+        found.executes = true;
     } else if keyword(w, b"currval").is_some() || keyword(w, b"lastval").is_some() {
         found.sequence_read = true;
     } else if let Some(rest) = keyword(w, b"set_config") {
@@ -158,11 +198,20 @@ fn note_at(w: &[u8], found: &mut Findings) {
             Some(b'\'') => match literal_name(&rest[1..]) {
                 // A built-in setting (no dot) shows in pg_settings: nothing to remember.
                 Some(name) if name.contains('.') => found.names.push(name),
-                Some(_) => {}
-                None => found.computed = true,
+                Some(name) => found.context |= CONTEXT_SETTINGS.contains(&name.as_str()),
+                None => {
+                    found.computed = true;
+                    found.context = true;
+                }
             },
-            Some(b'$') if rest.get(1).is_some_and(u8::is_ascii_digit) => found.bound = true,
-            _ => found.computed = true,
+            Some(b'$') if rest.get(1).is_some_and(u8::is_ascii_digit) => {
+                found.bound = true;
+                found.context = true;
+            }
+            _ => {
+                found.computed = true;
+                found.context = true;
+            }
         }
     } else if let Some(rest) = keyword(w, b"set").or_else(|| keyword(w, b"reset"))
         && rest.first().is_some_and(u8::is_ascii_whitespace)
@@ -183,6 +232,7 @@ fn note_at(w: &[u8], found: &mut Findings) {
         if let Some((name, _)) = quoted.or_else(|| setting_name(rest)) {
             found.names.push(name);
         }
+        found.context |= changes_context(&first_word(rest));
     }
 }
 
@@ -206,6 +256,13 @@ fn literal_name(w: &[u8]) -> Option<String> {
     } else {
         Some(String::from_utf8_lossy(name).to_ascii_lowercase())
     }
+}
+
+/// The word (or quoted name) at the start of `w`, folded to lower case.
+fn first_word(w: &[u8]) -> String {
+    let w = w.strip_prefix(b"\"").unwrap_or(w);
+    let len = w.iter().take_while(|&&b| is_word(b)).count();
+    String::from_utf8_lossy(&w[..len]).to_ascii_lowercase()
 }
 
 /// The rest of `w` after `word` (compared without case) when the word ends there.
@@ -379,6 +436,44 @@ mod tests {
         assert!(watch(b'Q', &query("select lastval ()"), 1).sequence_read);
         assert!(!watch(b'Q', &query("select my_currval, lastvalue from t"), 2).sequence_read);
         assert_eq!(watch(b'B', b"whatever\0", 1), Findings::default());
+    }
+
+    #[test]
+    fn texts_that_change_how_statements_are_read() {
+        for text in [
+            "SET datestyle = 'ISO, DMY'",
+            "set local TimeZone to 'UTC'",
+            "select 1; SET \"search_path\" = x",
+            "SET TIME ZONE 'Europe/Paris'",
+            "set schema 'app'",
+            "SET ROLE r0",
+            "reset role",
+            "SET SESSION AUTHORIZATION u",
+            "RESET ALL",
+            "DISCARD ALL",
+            "select set_config('DateStyle', 'ISO, DMY', false)",
+            "select set_config($1, $2, false)",
+            "select set_config(n, 'v', false) from t",
+            "set standard_conforming_strings = off",
+            "SET xml option document",
+        ] {
+            for chunk in [1, 4, 4096] {
+                assert!(watch(b'Q', &query(text), chunk).context, "{text} ({chunk})");
+            }
+        }
+        for text in [
+            "SET application_name = 'a'",
+            "set statement_timeout = 5",
+            "SET app.tenant = 'x'",
+            "update t set datestyle_col = 1",
+            "select set_config('app.x', 'v', false)",
+            "select reset_x, settle from t",
+            "SET NAMES 'LATIN1'",
+        ] {
+            assert!(!watch(b'Q', &query(text), 3).context, "{text}");
+        }
+        assert!(watch(b'Q', &query("EXECUTE p(1)"), 2).executes);
+        assert!(!watch(b'Q', &query("select executed from t"), 2).executes);
     }
 
     fn bind(formats: &[u16], params: &[Option<&[u8]>]) -> Vec<u8> {

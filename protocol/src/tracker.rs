@@ -13,9 +13,11 @@
 //! when it takes a snapshot; this tracker is the cheap first filter, SQL is the authority.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use crate::stale::{Advance, StaleStatement, StaleStatements};
+pub use crate::text_watch::CONTEXT_SETTINGS;
 use crate::text_watch::{Findings, TextWatch, bind_setting_names};
 
 /// Bytes kept of a client message whose payload matters (statement names, query text, the
@@ -69,9 +71,13 @@ impl Pins {
     /// The session drew from a sequence (`nextval`, a serial column): its `currval` and
     /// `lastval` cannot be set on another backend without changing the sequence for everyone.
     pub const SEQUENCE_STATE: Pins = Pins(1 << 10);
+    /// A prepared statement was made under settings the gateway never read (a `SET DateStyle`
+    /// or `SET ROLE` came after it before any snapshot, or in the same text): made again under
+    /// today's, it could read its literals or names otherwise.
+    pub const UNKNOWN_PREPARE_CONTEXT: Pins = Pins(1 << 11);
 
     /// Every reason with its description and its metric label, in bit order.
-    pub const ALL: [(Pins, &'static str, &'static str); 11] = [
+    pub const ALL: [(Pins, &'static str, &'static str); 12] = [
         (Pins::TRANSACTION, "open transaction", "transaction"),
         (Pins::LISTEN, "LISTEN", "listen"),
         (Pins::HELD_CURSOR, "WITH HOLD cursor", "held_cursor"),
@@ -102,6 +108,11 @@ impl Pins {
             Pins::SEQUENCE_STATE,
             "sequence state (currval, lastval)",
             "sequence_state",
+        ),
+        (
+            Pins::UNKNOWN_PREPARE_CONTEXT,
+            "a statement prepared under settings the gateway did not see",
+            "prepare_context",
         ),
     ];
 
@@ -188,15 +199,25 @@ trait Sink {
 /// A client request still waiting for the backend's answer, in the order sent.
 #[derive(Debug)]
 enum Op {
-    /// Parse of a named (`Some`) or unnamed statement.
-    Parse(Option<Box<str>>),
+    /// Parse of a named (`Some`) or unnamed statement, and the context generation it was sent
+    /// in.
+    Parse(Option<Box<str>>, u64),
     /// Close of a named statement (`Some`) or of a portal or the unnamed statement.
     Close(Option<Box<str>>),
     /// Sync: the backend answers ReadyForQuery.
     Sync,
     /// Simple query (or function call): ends with ReadyForQuery; what a single `PREPARE` or
-    /// `DEALLOCATE` in it names.
-    Query(Option<SqlStatementOp>),
+    /// `DEALLOCATE` in it names, and when it was sent.
+    Query(Option<SqlStatementOp>, Stamp),
+}
+
+/// When a simple Query was sent, for the statements it prepares.
+#[derive(Debug, Clone, Copy)]
+struct Stamp {
+    /// The context generation before it.
+    before: u64,
+    /// Its text may change the context.
+    changes: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -311,6 +332,8 @@ pub struct SessionTracker {
     stale: StaleStatements,
     client_messages: u64,
     last_activity: Option<Instant>,
+    /// Under which settings each statement was prepared.
+    contexts: Contexts,
 }
 
 impl Default for SessionTracker {
@@ -345,6 +368,7 @@ impl SessionTracker {
             stale: StaleStatements::default(),
             client_messages: 0,
             last_activity: None,
+            contexts: Contexts::default(),
         }
     }
 
@@ -387,16 +411,24 @@ impl SessionTracker {
     fn client_message(&mut self, tag: u8, body: &[u8], found: Findings) {
         self.client_messages += 1;
         self.note_findings(&found);
+        let stamp = Stamp {
+            before: self.contexts.generation,
+            changes: found.context || (found.executes && self.contexts.sql_changers),
+        };
         match tag {
             b'Q' | b'F' => {
                 let op = if tag == b'Q' {
                     // A simple Query destroys the unnamed statement.
                     self.unnamed_text = None;
+                    self.contexts.unnamed = None;
+                    if stamp.changes {
+                        self.contexts.changed();
+                    }
                     sql_statement_op(body)
                 } else {
                     None
                 };
-                self.ops.push_back(Op::Query(op));
+                self.ops.push_back(Op::Query(op, stamp));
                 self.pending += 1;
             }
             b'S' => {
@@ -418,10 +450,16 @@ impl SessionTracker {
                         self.keep_unnamed_text(body);
                     }
                 }
-                self.ops.push_back(Op::Parse(name));
+                // Its text changes the context when it runs, not when it is made.
+                self.contexts.mark_changer(name.as_deref(), found.context);
+                self.ops
+                    .push_back(Op::Parse(name, self.contexts.generation));
                 self.unsynced = true;
             }
             b'B' => {
+                if self.contexts.binds_changer(body) {
+                    self.contexts.changed();
+                }
                 if self.binds_setting(body) {
                     for name in bind_setting_names(body) {
                         self.remember_setting(name);
@@ -436,6 +474,7 @@ impl SessionTracker {
                 };
                 if let Some(n) = &name {
                     self.setting_statements.remove(n);
+                    self.contexts.changers.remove(n);
                 }
                 self.ops.push_back(Op::Close(name));
                 self.unsynced = true;
@@ -516,9 +555,12 @@ impl SessionTracker {
         }
     }
 
-    /// True when some statement's Binds are read for setting names.
+    /// True when some statement's Binds are read for setting names or context changes.
     fn watches_binds(&self) -> bool {
-        self.unnamed_sets_setting || !self.setting_statements.is_empty()
+        self.unnamed_sets_setting
+            || !self.setting_statements.is_empty()
+            || self.contexts.unnamed_changes
+            || !self.contexts.changers.is_empty()
     }
 
     /// A statement name at the start of `body`; `None` for the unnamed statement. A name the
@@ -551,37 +593,41 @@ impl SessionTracker {
                 // Everything up to the request this answers is finished (or was skipped after
                 // an error).
                 while let Some(op) = self.ops.pop_front() {
-                    if matches!(op, Op::Sync | Op::Query(_)) {
+                    if matches!(op, Op::Sync | Op::Query(..)) {
                         break;
                     }
                 }
                 self.pending = self.pending.saturating_sub(1);
                 self.copy = false;
+                self.contexts.ready(self.status);
             }
             b'1' => {
-                if let Some(i) = self.ops.iter().position(|o| matches!(o, Op::Parse(_)))
-                    && let Some(Op::Parse(Some(name))) = self.ops.remove(i)
-                {
-                    self.remember(name);
+                if let Some(i) = self.ops.iter().position(|o| matches!(o, Op::Parse(..))) {
+                    match self.ops.remove(i) {
+                        Some(Op::Parse(Some(name), generation)) => self.remember(name, generation),
+                        Some(Op::Parse(None, generation)) => {
+                            self.contexts.unnamed = Some(generation)
+                        }
+                        _ => {}
+                    }
                 }
             }
             b'3' => {
                 if let Some(i) = self.ops.iter().position(|o| matches!(o, Op::Close(_)))
                     && let Some(Op::Close(Some(name))) = self.ops.remove(i)
                 {
-                    self.stale.forget(&name);
-                    self.told.remove(&name);
-                    self.statements.remove(&name);
+                    self.forget(&name);
                 }
             }
             b'E' => {
                 // The backend skips the rest of an extended-protocol batch until Sync: its
                 // Parse and Close requests never happen. A failed Parse of the unnamed
                 // statement has already destroyed the one before.
-                if matches!(self.ops.front(), Some(Op::Parse(None))) {
+                if matches!(self.ops.front(), Some(Op::Parse(None, _))) {
                     self.unnamed_text = None;
+                    self.contexts.unnamed = None;
                 }
-                while matches!(self.ops.front(), Some(Op::Parse(_) | Op::Close(_))) {
+                while matches!(self.ops.front(), Some(Op::Parse(..) | Op::Close(_))) {
                     self.ops.pop_front();
                 }
             }
@@ -600,48 +646,77 @@ impl SessionTracker {
             b"UNLISTEN" => self.pins.remove(Pins::LISTEN),
             b"DECLARE CURSOR" => self.pins.insert(Pins::HELD_CURSOR),
             b"CLOSE CURSOR" | b"CLOSE CURSOR ALL" => self.pins.remove(Pins::HELD_CURSOR),
-            b"DEALLOCATE ALL" => {
-                self.stale.forget_all();
-                self.told.clear();
-                self.statements.clear();
-            }
+            b"DEALLOCATE ALL" => self.forget_all(),
             b"DISCARD ALL" => {
-                self.stale.forget_all();
-                self.told.clear();
-                self.statements.clear();
+                self.forget_all();
                 self.pins.remove(
                     Pins::LISTEN | Pins::HELD_CURSOR | Pins::TEMP_OBJECTS | Pins::ADVISORY_LOCK,
                 );
             }
             b"DISCARD TEMP" => self.pins.remove(Pins::TEMP_OBJECTS),
             b"PREPARE" | b"DEALLOCATE" => {
-                let op = self.ops.iter().find_map(|o| match o {
-                    Op::Query(op) => Some(op.clone()),
+                let Some((op, stamp)) = self.ops.iter().find_map(|o| match o {
+                    Op::Query(op, stamp) => Some((op.clone(), *stamp)),
                     _ => None,
-                });
-                match op.flatten() {
-                    Some(SqlStatementOp::Prepare(name)) if tag == b"PREPARE" => self.remember(name),
+                }) else {
+                    self.pins.insert(Pins::UNTRACKED_STATEMENTS);
+                    return;
+                };
+                match op {
+                    Some(SqlStatementOp::Prepare(name)) if tag == b"PREPARE" => {
+                        // Its text changes the context when an EXECUTE runs it.
+                        self.contexts.sql_changers |= stamp.changes;
+                        self.remember(name, stamp.before);
+                    }
                     Some(SqlStatementOp::Deallocate(name)) if tag == b"DEALLOCATE" => {
-                        self.stale.forget(&name);
-                        self.told.remove(&name);
-                        self.statements.remove(&name);
+                        self.forget(&name)
                     }
                     // A multi-statement query or a name the tracker could not read: the
                     // snapshot reads pg_prepared_statements anyway, but the count here is off.
-                    _ => self.pins.insert(Pins::UNTRACKED_STATEMENTS),
+                    _ => {
+                        self.pins.insert(Pins::UNTRACKED_STATEMENTS);
+                        if tag == b"PREPARE" {
+                            // The text may have changed the context before or after it.
+                            let made_in = match stamp.changes {
+                                true => UNKNOWN_GENERATION,
+                                false => stamp.before,
+                            };
+                            self.contexts.unattributed(made_in);
+                        }
+                    }
                 }
             }
             _ => {}
         }
     }
 
-    fn remember(&mut self, name: Box<str>) {
+    /// A statement the backend confirmed, made in context generation `generation`.
+    fn remember(&mut self, name: Box<str>, generation: u64) {
         self.told.remove(&name);
         if self.statements.len() >= self.limits.max_statements && !self.statements.contains(&name) {
             self.pins.insert(Pins::UNTRACKED_STATEMENTS);
+            self.contexts.unattributed(generation);
             return;
         }
+        self.contexts.statements.insert(name.clone(), generation);
         self.statements.insert(name);
+    }
+
+    /// A statement the client closed.
+    fn forget(&mut self, name: &str) {
+        self.stale.forget(name);
+        self.told.remove(name);
+        self.statements.remove(name);
+        self.contexts.statements.remove(name);
+        self.contexts.changers.remove(name);
+    }
+
+    /// Every named statement went (`DEALLOCATE ALL`, `DISCARD ALL`).
+    fn forget_all(&mut self) {
+        self.stale.forget_all();
+        self.told.clear();
+        self.statements.clear();
+        self.contexts.forget_all();
     }
 
     /// Transaction status from the last ReadyForQuery.
@@ -752,6 +827,35 @@ impl SessionTracker {
         self.reads_sequences
     }
 
+    /// Records the context the session's settings make now, as a snapshot read it: unless one
+    /// was recorded since the context last changed, statements made since then were made under
+    /// it. Nothing is changed but that one record, made once.
+    pub fn note_context(&self, now: &Arc<PrepareContext>) {
+        self.contexts.current.get_or_init(|| Arc::clone(now));
+    }
+
+    /// The context statement `name` (`None`: the unnamed statement) was prepared under, given
+    /// the context a snapshot reads `now`; `None` when the gateway cannot know it: the settings
+    /// changed after it was made before any snapshot read them, the text that made it also
+    /// changed them, or they differ now from what an earlier snapshot read while nothing the
+    /// gateway saw changed them (a function that calls `set_config`).
+    pub fn prepare_context(
+        &self,
+        name: Option<&str>,
+        now: &Arc<PrepareContext>,
+    ) -> Option<Arc<PrepareContext>> {
+        let c = &self.contexts;
+        let made_in = match name {
+            Some(n) => c.statements.get(n).copied().or(c.unattributed)?,
+            None => c.unnamed?,
+        };
+        if made_in == c.generation {
+            let recorded = c.current.get_or_init(|| Arc::clone(now));
+            return (**recorded == **now).then(|| Arc::clone(recorded));
+        }
+        c.past.get(&made_in).cloned()
+    }
+
     /// The stale statements and what their use answers.
     pub fn stale_statements(&self) -> impl Iterator<Item = (&str, &StaleStatement)> {
         self.stale.names()
@@ -805,6 +909,157 @@ impl SessionTracker {
         self.copy = false;
         self.statements = statements.into_iter().map(Into::into).collect();
         self.pins.remove(Pins::UNTRACKED_STATEMENTS);
+        // A statement the new connection lacks keeps its context only while its use answers
+        // for it; the rest are gone.
+        let (statements, stale) = (&self.statements, &self.stale);
+        self.contexts
+            .statements
+            .retain(|n, _| statements.contains(n) || stale.contains(n));
+    }
+}
+
+/// The settings a statement was prepared under ([`CONTEXT_SETTINGS`], in that order), as a
+/// snapshot read them with `current_setting`: one text of the values separated by NUL, which
+/// no setting's value holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrepareContext(Box<str>);
+
+impl PrepareContext {
+    /// The context of these values, one per [`CONTEXT_SETTINGS`] name in its order; `None`
+    /// when they are not as many or one holds a NUL.
+    pub fn new<'a>(values: impl IntoIterator<Item = &'a str>) -> Option<PrepareContext> {
+        let values: Vec<&str> = values.into_iter().collect();
+        (values.len() == CONTEXT_SETTINGS.len() && values.iter().all(|v| !v.contains('\0')))
+            .then(|| PrepareContext(values.join("\0").into()))
+    }
+
+    /// Each setting's name and value, in [`CONTEXT_SETTINGS`] order.
+    pub fn settings(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        CONTEXT_SETTINGS.iter().copied().zip(self.0.split('\0'))
+    }
+
+    /// Bytes its values hold on the heap.
+    pub fn heap_bytes(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// A statement generation no snapshot can tell the context of.
+const UNKNOWN_GENERATION: u64 = u64::MAX;
+
+/// Which context generation each statement was made in, and the context of each generation a
+/// statement still holds. The generation moves whenever a text may change a context setting
+/// (and again when a transaction block that did ends, as `SET LOCAL` and a rollback undo the
+/// change there); a snapshot reads the settings, and the first one taken in a generation is the
+/// context of every statement made in it.
+#[derive(Debug, Default)]
+struct Contexts {
+    generation: u64,
+    /// The context of the current generation, once a snapshot read it.
+    current: OnceLock<Arc<PrepareContext>>,
+    /// Contexts of earlier generations that statements were made in and still hold.
+    past: BTreeMap<u64, Arc<PrepareContext>>,
+    /// The generation each named statement was made in.
+    statements: BTreeMap<Box<str>, u64>,
+    /// The generation the unnamed statement was made in.
+    unnamed: Option<u64>,
+    /// The generation of the statements made by texts the tracker could not attribute to a
+    /// name ([`UNKNOWN_GENERATION`] once they span more than one).
+    unattributed: Option<u64>,
+    /// A text that may change the context ran in the batch not yet answered idle.
+    dirty: bool,
+    /// ... and inside a transaction block, whose end may undo it.
+    in_block: bool,
+    /// Named statements whose text may change the context when it runs: their Binds do.
+    changers: BTreeSet<Box<str>>,
+    /// The unnamed statement is such a one.
+    unnamed_changes: bool,
+    /// A statement made with SQL `PREPARE` is such a one: an `EXECUTE` may change it.
+    sql_changers: bool,
+}
+
+impl Contexts {
+    /// A text that may change the context was sent.
+    fn changed(&mut self) {
+        self.dirty = true;
+        if let Some(read) = self.current.take()
+            && self.holds(self.generation)
+        {
+            self.past.insert(self.generation, read);
+        }
+        self.generation += 1;
+        if !self.past.is_empty() {
+            let live: BTreeSet<u64> = self
+                .statements
+                .values()
+                .chain(&self.unnamed)
+                .chain(&self.unattributed)
+                .copied()
+                .collect();
+            self.past.retain(|g, _| live.contains(g));
+        }
+    }
+
+    /// True when a statement the session may hold was made in `generation`.
+    fn holds(&self, generation: u64) -> bool {
+        self.unnamed == Some(generation)
+            || self.unattributed == Some(generation)
+            || self.statements.values().any(|&g| g == generation)
+    }
+
+    /// A ReadyForQuery with `status` arrived: a change made inside a transaction block may be
+    /// undone at its end, so the generation moves again then.
+    fn ready(&mut self, status: TxStatus) {
+        if status != TxStatus::Idle {
+            self.in_block |= self.dirty;
+            return;
+        }
+        if std::mem::take(&mut self.in_block) {
+            self.changed();
+        }
+        self.dirty = false;
+    }
+
+    /// Statements made by a text that named none of them, in `generation`.
+    fn unattributed(&mut self, generation: u64) {
+        self.unattributed = Some(match self.unattributed {
+            Some(g) if g != generation => UNKNOWN_GENERATION,
+            _ => generation,
+        });
+    }
+
+    /// Statement `name` (`None`: the unnamed one) is made with a text that may (`changes`) or
+    /// may not change the context when it runs.
+    fn mark_changer(&mut self, name: Option<&str>, changes: bool) {
+        match name {
+            None => self.unnamed_changes = changes,
+            Some(n) if changes => {
+                self.changers.insert(n.into());
+            }
+            Some(n) => {
+                self.changers.remove(n);
+            }
+        }
+    }
+
+    /// True when a Bind whose payload starts with `body` binds a statement whose text may
+    /// change the context.
+    fn binds_changer(&self, body: &[u8]) -> bool {
+        let mut parts = body.splitn(3, |&b| b == 0);
+        match (parts.next(), parts.next()) {
+            (Some(_), Some([])) => self.unnamed_changes,
+            (Some(_), Some(name)) => {
+                std::str::from_utf8(name).is_ok_and(|n| self.changers.contains(n))
+            }
+            _ => false,
+        }
+    }
+
+    fn forget_all(&mut self) {
+        self.statements.clear();
+        self.unattributed = None;
+        self.changers.clear();
+        self.sql_changers = false;
     }
 }
 
@@ -952,6 +1207,99 @@ mod tests {
         t.observe_client(&[close("a"), sync()].concat(), now());
         t.observe_backend(&[msg(b'3', &[]), ready(b'I')].concat(), now());
         assert_eq!(t.statement_count(), 0);
+    }
+
+    fn context(datestyle: &str) -> Arc<PrepareContext> {
+        let mut values = vec!["u", "none", "public", datestyle];
+        values.resize(CONTEXT_SETTINGS.len(), "x");
+        Arc::new(PrepareContext::new(values).unwrap())
+    }
+
+    fn run(t: &mut SessionTracker, sql: &str, status: u8) {
+        t.observe_client(&query(sql), now());
+        t.observe_backend(&[complete("X"), ready(status)].concat(), now());
+    }
+
+    #[test]
+    fn statements_keep_the_context_they_were_prepared_in() {
+        let (mdy, dmy) = (context("ISO, MDY"), context("ISO, DMY"));
+        let mut t = SessionTracker::default();
+        t.observe_client(&[parse("a"), sync()].concat(), now());
+        t.observe_backend(&[msg(b'1', &[]), ready(b'I')].concat(), now());
+        // Read by the first snapshot while nothing changed since "a" was made.
+        assert_eq!(t.prepare_context(Some("a"), &mdy), Some(mdy.clone()));
+        run(&mut t, "SET datestyle = 'ISO, DMY'", b'I');
+        assert_eq!(t.prepare_context(Some("a"), &dmy), Some(mdy.clone()));
+        t.observe_client(&[parse("b"), sync()].concat(), now());
+        t.observe_backend(&[msg(b'1', &[]), ready(b'I')].concat(), now());
+        assert_eq!(t.prepare_context(Some("b"), &dmy), Some(dmy.clone()));
+        // Made, then the context changed before any snapshot read it.
+        run(&mut t, "SET datestyle = 'ISO, YMD'", b'I');
+        t.observe_client(&[parse("c"), sync()].concat(), now());
+        t.observe_backend(&[msg(b'1', &[]), ready(b'I')].concat(), now());
+        run(&mut t, "set role r0", b'I');
+        assert_eq!(t.prepare_context(Some("c"), &mdy), None);
+        assert_eq!(t.prepare_context(Some("a"), &mdy), Some(mdy.clone()));
+        assert_eq!(t.prepare_context(Some("b"), &mdy), Some(dmy.clone()));
+        // Unrelated settings leave the generation where it was.
+        t.note_context(&mdy);
+        run(
+            &mut t,
+            "set statement_timeout = 5; update t set x = 1",
+            b'I',
+        );
+        t.observe_client(&[parse("d"), sync()].concat(), now());
+        t.observe_backend(&[msg(b'1', &[]), ready(b'I')].concat(), now());
+        assert_eq!(t.prepare_context(Some("d"), &mdy), Some(mdy.clone()));
+        // Something the gateway did not see changed it (a function calling set_config).
+        assert_eq!(t.prepare_context(Some("d"), &dmy), None);
+    }
+
+    #[test]
+    fn a_change_inside_a_block_moves_the_generation_again_at_its_end() {
+        let mdy = context("ISO, MDY");
+        let mut t = SessionTracker::default();
+        run(&mut t, "begin", b'T');
+        run(&mut t, "set local datestyle = 'ISO, DMY'", b'T');
+        t.observe_client(&query("PREPARE p AS select '03/04/2024'::date"), now());
+        t.observe_backend(&[complete("PREPARE"), ready(b'T')].concat(), now());
+        run(&mut t, "commit", b'I');
+        assert_eq!(
+            t.prepare_context(Some("p"), &mdy),
+            None,
+            "made under SET LOCAL"
+        );
+        t.observe_client(&query("PREPARE q AS select 1"), now());
+        t.observe_backend(&[complete("PREPARE"), ready(b'I')].concat(), now());
+        assert_eq!(t.prepare_context(Some("q"), &mdy), Some(mdy.clone()));
+        // A statement whose text changes the context moves it when it runs.
+        run(&mut t, "reset datestyle", b'I');
+        let mut b = cstr("s");
+        b.extend(cstr("select set_config('search_path', $1, false)"));
+        b.extend([0, 0]);
+        t.observe_client(&[msg(b'P', &b), parse("r"), sync()].concat(), now());
+        t.observe_backend(
+            &[msg(b'1', &[]), msg(b'1', &[]), ready(b'I')].concat(),
+            now(),
+        );
+        let mut bind = cstr("");
+        bind.extend(cstr("s"));
+        bind.extend([0, 0, 0, 0, 0, 0]);
+        t.observe_client(
+            &[msg(b'B', &bind), msg(b'E', &[0, 0, 0, 0, 0]), sync()].concat(),
+            now(),
+        );
+        t.observe_backend(&ready(b'I'), now());
+        assert_eq!(t.prepare_context(Some("r"), &mdy), None);
+        assert_eq!(t.prepare_context(Some("q"), &mdy), Some(mdy.clone()));
+        // A text that prepares without a name the tracker can read and also changes settings.
+        run(&mut t, "DEALLOCATE ALL", b'I');
+        t.observe_client(&query("prepare x as select 1; set datestyle = dmy"), now());
+        t.observe_backend(
+            &[complete("PREPARE"), complete("SET"), ready(b'I')].concat(),
+            now(),
+        );
+        assert_eq!(t.prepare_context(Some("x"), &mdy), None);
     }
 
     #[test]

@@ -15,11 +15,13 @@
 //! keeps in extension-private memory. Prepared statements are re-parsed with their recorded parameter
 //! type OIDs, which hold on the same cluster (a tenant's database after a sleep or restart).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use pgwake_protocol::frontend::{self, ErrorFields};
 use pgwake_protocol::sql_text::{PrepareSource, prepare_source};
 use pgwake_protocol::stale::{Remake, StaleAnswer, StaleStatement};
+use pgwake_protocol::tracker::{CONTEXT_SETTINGS, PrepareContext};
 use pgwake_protocol::{Pins, SessionTracker};
 use tokio::io::AsyncWriteExt;
 use tokio::time::{Instant, timeout_at};
@@ -258,6 +260,8 @@ pub struct PreparedStatement {
     pub from_sql: bool,
     /// Its result as the client was told.
     pub described: Described,
+    /// The settings it was prepared under, when they differ from the session's now.
+    pub context: Option<Arc<PrepareContext>>,
 }
 
 /// The session's unnamed statement as the backend describes it.
@@ -269,6 +273,8 @@ pub struct UnnamedStatement {
     pub param_types: Vec<u32>,
     /// Its result.
     pub described: Described,
+    /// The settings it was prepared under, when they differ from the session's now.
+    pub context: Option<Arc<PrepareContext>>,
 }
 
 /// A session's state, recorded at a safe point.
@@ -292,6 +298,10 @@ pub struct Snapshot {
     /// The session's `client_encoding` (whether set by its startup or later), in which the
     /// client's statement texts are restored.
     pub client_encoding: String,
+    /// The settings that decide how a statement is read ([`CONTEXT_SETTINGS`]) as they are
+    /// now, whatever set them: a statement prepared under others is made again under those,
+    /// then these are put back.
+    pub context: Option<Arc<PrepareContext>>,
     /// The session has a temporary schema (it made a temporary object once, since dropped):
     /// `pg_my_temp_schema()` and `current_schemas(true)` show it.
     pub temp_schema: bool,
@@ -350,6 +360,39 @@ impl Snapshot {
         {
             self.too_large = true;
         }
+    }
+
+    /// Records under which settings each statement was prepared (`now`: the values the snapshot
+    /// read, in [`CONTEXT_SETTINGS`] order). A statement whose settings the gateway cannot know
+    /// pins the session: made again under today's, it could read its literals or names
+    /// otherwise.
+    fn carry_contexts(&mut self, tracker: &SessionTracker, now: &[String]) {
+        let Some(now) = PrepareContext::new(now.iter().map(String::as_str)).map(Arc::new) else {
+            if !self.statements.is_empty() || self.unnamed.is_some() {
+                self.pins.insert(Pins::UNKNOWN_PREPARE_CONTEXT);
+            }
+            return;
+        };
+        tracker.note_context(&now);
+        let mut unknown = false;
+        let mut context_of = |name: Option<&str>| match tracker.prepare_context(name, &now) {
+            Some(c) if *c == *now => None,
+            Some(c) => Some(c),
+            None => {
+                unknown = true;
+                None
+            }
+        };
+        for s in &mut self.statements {
+            s.context = context_of(Some(&s.name));
+        }
+        if let Some(u) = &mut self.unnamed {
+            u.context = context_of(None);
+        }
+        if unknown {
+            self.pins.insert(Pins::UNKNOWN_PREPARE_CONTEXT);
+        }
+        self.context = Some(now);
     }
 
     /// A snapshot that marks the session as not movable (the query failed, or revival is not
@@ -473,6 +516,7 @@ pub async fn take_snapshot(
         .map(|n| format!("'{n}'"))
         .collect();
     sql.push_str(&CUSTOM_SETTINGS_SQL.replace("{names}", &tracked.join(",")));
+    sql.push_str(&context_sql());
     let sql = as_utf8_bytes(&sql);
     let sequence_sql = limits.sequences.sql(limits.lock_wait);
     let mut out =
@@ -493,6 +537,7 @@ pub async fn take_snapshot(
         ..Snapshot::default()
     };
     let mut failure = None;
+    let mut context = vec![String::new(); CONTEXT_SETTINGS.len()];
     // Every answer is read, whatever the first one was, so none of it reaches the client.
     let batches = if sequence_sql.is_some() { 4 } else { 2 };
     let mut answered = 0;
@@ -501,16 +546,7 @@ pub async fn take_snapshot(
         let sequence_check = answered >= 2;
         match msg.tag() {
             b'D' if !sequence_check => {
-                let row = frontend::data_row(msg.body())
-                    .filter(|r| r.len() == 4)
-                    .ok_or_else(|| StateError::Protocol("malformed row".into()))?;
-                let text = |i: usize| {
-                    row[i]
-                        .map(|b| String::from_utf8_lossy(b).into_owned())
-                        .unwrap_or_default()
-                };
-                let bytes = |i: usize| row[i].map(from_hex_utf8).unwrap_or_default();
-                snap.absorb(&text(0), bytes(1), bytes(2), &text(3), login_user, limits);
+                absorb_row(&mut snap, &mut context, msg.body(), (login_user, limits))?
             }
             b'N' if sequence_check
                 && frontend::error_fields(msg.body()).message == SEQUENCE_STATE_NOTICE =>
@@ -550,8 +586,48 @@ pub async fn take_snapshot(
     )
     .await?;
     snap.carry_stale(tracker, limits, &locked);
+    snap.carry_contexts(tracker, &context);
     snap.shrink();
     Ok(snap)
+}
+
+/// Takes in one row of the snapshot query (kind, name, value, extra); the values of the
+/// settings that decide how a statement is read go to `context`.
+fn absorb_row(
+    snap: &mut Snapshot,
+    context: &mut [String],
+    body: &[u8],
+    (login_user, limits): (&str, SnapshotLimits),
+) -> Result<(), StateError> {
+    let row = frontend::data_row(body)
+        .filter(|r| r.len() == 4)
+        .ok_or_else(|| StateError::Protocol("malformed row".into()))?;
+    let text = |i: usize| {
+        row[i]
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .unwrap_or_default()
+    };
+    let bytes = |i: usize| row[i].map(from_hex_utf8).unwrap_or_default();
+    let kind = text(0);
+    if kind == "c" {
+        let name = bytes(1);
+        if let Some(i) = CONTEXT_SETTINGS.iter().position(|n| *n == name) {
+            context[i] = bytes(2);
+        }
+        return Ok(());
+    }
+    snap.absorb(&kind, bytes(1), bytes(2), &text(3), login_user, limits);
+    Ok(())
+}
+
+/// The snapshot's rows for the settings that decide how a statement is read, as they are now.
+fn context_sql() -> String {
+    let names: Vec<String> = CONTEXT_SETTINGS.iter().map(|n| format!("'{n}'")).collect();
+    format!(
+        " UNION ALL SELECT 'c', n, pg_catalog.current_setting(n), NULL \
+         FROM pg_catalog.unnest(ARRAY[{}]::pg_catalog.text[]) AS c(n)",
+        names.join(",")
+    )
 }
 
 /// The backend's next message, read whole before `deadline` (`wait` is the time it was given,
@@ -677,6 +753,7 @@ async fn describe_statements(
                             text: text.to_owned(),
                             param_types: std::mem::take(&mut param_types),
                             described,
+                            context: None,
                         });
                     }
                     _ => {}
@@ -744,6 +821,7 @@ impl Snapshot {
                     from_sql,
                     // Until the Describe that follows says how it looks.
                     described: Described::Failed,
+                    context: None,
                 });
             }
             "x" if value == "true" => self.pins.insert(match name.as_str() {
@@ -776,6 +854,10 @@ enum Step<'a> {
     /// Session authorization or role: the session ends when it cannot be restored, as it
     /// would otherwise run with other privileges than it had.
     Identity(&'a str),
+    /// One of the settings a group of statements was prepared under, set before they are made
+    /// again (`true` for the first of the group): when it is refused, those statements fail at
+    /// their use with its error, as made under today's settings they could mean otherwise.
+    Context(&'a str, bool),
     /// A prepared statement, made again and described.
     Statement(&'a PreparedStatement),
     /// The unnamed statement, made again and described.
@@ -864,7 +946,9 @@ fn restore_requests(snap: &Snapshot, lock_wait: Duration) -> (Vec<u8>, Vec<Step<
         assign(&mut out, "role", r);
         steps.push(Step::Identity("role"));
     }
-    for s in &snap.statements {
+    let mut in_force = InForce::new(snap);
+    for s in statements_by_context(snap) {
+        in_force.enter(&mut out, &mut steps, s.context.as_deref());
         shorten_lock_wait(&mut out);
         if s.from_sql {
             // Through the extended protocol: the server refuses a text of more than one command.
@@ -887,6 +971,7 @@ fn restore_requests(snap: &Snapshot, lock_wait: Duration) -> (Vec<u8>, Vec<Step<
     // Last, as the steps above make unnamed statements of their own.
     match &snap.unnamed {
         Some(u) => {
+            in_force.enter(&mut out, &mut steps, u.context.as_deref());
             shorten_lock_wait(&mut out);
             frontend::parse(&mut out, "", &u.text, &u.param_types);
             frontend::describe_statement(&mut out, "");
@@ -898,7 +983,138 @@ fn restore_requests(snap: &Snapshot, lock_wait: Duration) -> (Vec<u8>, Vec<Step<
         }
     }
     frontend::sync(&mut out);
+    in_force.leave(&mut out, &mut steps);
     (out, steps)
+}
+
+/// The session's statements, those prepared under its settings of now first, then each group
+/// prepared under the same other settings together.
+fn statements_by_context(snap: &Snapshot) -> Vec<&PreparedStatement> {
+    let mut ordered: Vec<&PreparedStatement> = snap.statements.iter().collect();
+    let mut contexts: Vec<&PrepareContext> = Vec::new();
+    for s in &snap.statements {
+        if let Some(c) = s.context.as_deref()
+            && !contexts.contains(&c)
+        {
+            contexts.push(c);
+        }
+    }
+    ordered.sort_by_key(|s| {
+        s.context.as_deref().map_or(0, |c| {
+            1 + contexts.iter().position(|k| *k == c).unwrap_or(0)
+        })
+    });
+    ordered
+}
+
+/// The gateway's own statement while it sets a statement's settings back after the session's
+/// unnamed statement was made again (an unnamed one would destroy it).
+const OWN_CONTEXT: &str = "\u{7f}pgwake context";
+
+/// The settings that decide how a statement is read, as the restore has set them so far.
+struct InForce<'a> {
+    snap: &'a Snapshot,
+    values: Vec<&'a str>,
+}
+
+impl<'a> InForce<'a> {
+    /// As the session has them: the restore set its settings and identity first.
+    fn new(snap: &'a Snapshot) -> InForce<'a> {
+        let values = snap
+            .context
+            .as_deref()
+            .map(|c| c.settings().map(|(_, v)| v).collect())
+            .unwrap_or_default();
+        InForce { snap, values }
+    }
+
+    /// Sets what `context` (`None`: the session's own) holds that differs from what is in
+    /// force, before statements prepared under it are made again.
+    fn enter(
+        &mut self,
+        out: &mut Vec<u8>,
+        steps: &mut Vec<Step<'a>>,
+        context: Option<&'a PrepareContext>,
+    ) {
+        let Some(target) = context.or(self.snap.context.as_deref()) else {
+            return;
+        };
+        let mut first = true;
+        for (i, (name, value)) in target.settings().enumerate() {
+            if self.values.get(i).is_none_or(|v| *v == value) {
+                continue;
+            }
+            assign_own(out, name, value);
+            steps.push(Step::Context(name, std::mem::take(&mut first)));
+            self.set(i, name, value);
+        }
+    }
+
+    /// Puts the session's own values back where statements were made under others: a setting
+    /// the session set with its value, one it never set with `RESET` (so that it still shows
+    /// where it came from), its identity as it had it.
+    fn leave(&mut self, out: &mut Vec<u8>, steps: &mut Vec<Step<'a>>) {
+        let Some(own) = self.snap.context.as_deref() else {
+            return;
+        };
+        for (i, (name, value)) in own.settings().enumerate() {
+            if self.values.get(i).is_none_or(|v| *v == value) {
+                continue;
+            }
+            let session_set = self
+                .snap
+                .settings
+                .iter()
+                .any(|(n, _)| n.eq_ignore_ascii_case(name));
+            if matches!(name, "session_authorization" | "role") {
+                assign_own(out, name, value);
+                steps.push(Step::Identity(name));
+            } else if session_set {
+                assign_own(out, name, value);
+                steps.push(Step::Setting(name));
+            } else {
+                reset_own(out, name);
+                steps.push(Step::Setting(name));
+            }
+            self.set(i, name, value);
+        }
+    }
+
+    fn set(&mut self, i: usize, name: &str, value: &'a str) {
+        self.values[i] = value;
+        // Setting the session's authorization ends any SET ROLE.
+        if name == "session_authorization"
+            && let Some(role) = CONTEXT_SETTINGS.iter().position(|n| *n == "role")
+        {
+            self.values[role] = "none";
+        }
+    }
+}
+
+/// Sets `name` to `value` for the session through the gateway's own statement, names and
+/// values as UTF-8 bytes (see [`restore_requests`]).
+fn assign_own(out: &mut Vec<u8>, name: &str, value: &str) {
+    frontend::parse(
+        out,
+        OWN_CONTEXT,
+        "SELECT pg_catalog.set_config(pg_catalog.convert_from($1, 'UTF8'), \
+         pg_catalog.convert_from($2, 'UTF8'), false)",
+        &[BYTEA, BYTEA],
+    );
+    frontend::bind_text(out, OWN_CONTEXT, &[&hex_bytes(name), &hex_bytes(value)]);
+    frontend::execute(out);
+    frontend::close_statement(out, OWN_CONTEXT);
+    frontend::sync(out);
+}
+
+/// Resets `name` (one of [`CONTEXT_SETTINGS`], plain identifiers) through the gateway's own
+/// statement.
+fn reset_own(out: &mut Vec<u8>, name: &str) {
+    frontend::parse(out, OWN_CONTEXT, &format!("RESET {name}"), &[]);
+    frontend::bind_text(out, OWN_CONTEXT, &[]);
+    frontend::execute(out);
+    frontend::close_statement(out, OWN_CONTEXT);
+    frontend::sync(out);
 }
 
 /// Restores `snap` on a freshly logged-in backend: settings with `set_config`, then session
@@ -923,6 +1139,7 @@ pub async fn restore(
     let wait = deadline.saturating_duration_since(Instant::now());
     let mut described = Described::Failed;
     let mut failure = None;
+    let mut context_refused = None;
     let mut steps = steps.into_iter();
     let mut step = steps.next();
     while let Some(current) = step {
@@ -941,7 +1158,7 @@ pub async fn restore(
                     failure.take(),
                     std::mem::replace(&mut described, Described::Failed),
                 );
-                judge(current, answer, utf8, &mut restored)?;
+                judge(current, answer, (utf8, &mut context_refused), &mut restored)?;
                 step = steps.next();
             }
             _ => {}
@@ -968,10 +1185,29 @@ pub async fn restore(
 fn judge(
     step: Step<'_>,
     (failure, described): (Option<(ErrorFields, Vec<u8>)>, Described),
-    utf8: bool,
+    (utf8, context_refused): (bool, &mut Option<Vec<u8>>),
     restored: &mut Restored,
 ) -> Result<(), StateError> {
+    if let Step::Context(_, true) = step {
+        *context_refused = None;
+    }
+    // A statement made under settings the restore could not set fails at its use with that
+    // refusal: made under today's it could mean otherwise.
+    let failure = match (step, failure, &*context_refused) {
+        (Step::Statement(s), _, Some(refused)) if s.context.is_some() => {
+            Some((frontend::error_fields(&refused[5..]), refused.clone()))
+        }
+        (Step::Unnamed(u), _, Some(refused)) if u.context.is_some() => {
+            Some((frontend::error_fields(&refused[5..]), refused.clone()))
+        }
+        (_, failure, _) => failure,
+    };
     match (step, failure) {
+        (Step::Context(name, _), Some((e, bytes))) => {
+            debug!(setting = name, code = %e.code, "a statement's setting could not be set; its statements fail at their use");
+            *context_refused = Some(bytes);
+        }
+        (Step::Context(..), None) => {}
         (Step::Identity(what), Some((e, _))) => {
             debug!(what, code = %e.code, "the session's identity could not be restored");
             return Err(StateError::Backend(e));
@@ -986,7 +1222,9 @@ fn judge(
             debug!(code = %e.code, "the temporary schema could not be made; left out");
             restored.left_out += 1;
         }
-        (Step::Statement(s), Some((e, _))) if transient(&e.code) && (utf8 || s.text.is_ascii()) => {
+        (Step::Statement(s), Some((e, _)))
+            if transient(&e.code) && (utf8 || s.text.is_ascii()) && s.context.is_none() =>
+        {
             // A lock (or the like) that the session would not have waited for now: made at
             // its first use, where an error is the one Postgres gives then.
             debug!(statement = %s.name, code = %e.code, "a prepared statement is made again at its first use");

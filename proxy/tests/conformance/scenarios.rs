@@ -3,6 +3,8 @@
 
 #[path = "scenarios/cancels.rs"]
 mod cancels;
+#[path = "scenarios/contexts.rs"]
+mod contexts;
 #[path = "scenarios/locks.rs"]
 mod locks;
 #[path = "scenarios/pins.rs"]
@@ -27,6 +29,7 @@ pub fn all() -> Vec<Scenario> {
     all.extend(pins::all());
     all.extend(cancels::all());
     all.extend(locks::all());
+    all.extend(contexts::all());
     let mut names: Vec<&str> = all.iter().map(|s| s.name.as_str()).collect();
     names.sort();
     let before = names.len();
