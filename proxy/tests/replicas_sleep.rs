@@ -80,6 +80,23 @@ async fn replica_with_active_clients_keeps_the_tenant_awake_then_one_patch_sleep
     let logs = fleet.logs();
     assert_eq!(fleet.sleep_patches(), 1, "{logs}");
     assert_eq!(watch.turned_on(), 1, "{logs}");
+    // The replica that did not decide the sleep learns of it from the record, not as a surprise.
+    assert!(!logs.contains("database stopped on its own"), "{logs}");
+    let decided: Vec<bool> = fleet
+        .replicas
+        .iter()
+        .map(|g| {
+            g.log()
+                .contains("no replica uses the tenant: putting it to sleep")
+        })
+        .collect();
+    assert_eq!(decided.iter().filter(|d| **d).count(), 1, "{logs}");
+    for (g, decided) in fleet.replicas.iter().zip(&decided) {
+        assert!(
+            *decided || g.log().contains("another replica put the tenant to sleep"),
+            "{logs}"
+        );
+    }
     let parked: u64 = fleet
         .replicas
         .iter()

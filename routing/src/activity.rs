@@ -383,18 +383,28 @@ impl SharedActivity {
         .await
     }
 
+    /// The tenant's record as it stands (an empty one when there is none).
+    async fn read(&self, namespace: &str, tenant: &TenantId) -> Result<Record, ActivityError> {
+        let api: Api<Lease> = Api::namespaced(self.client.clone(), namespace);
+        let read = self
+            .bounded(api.get_opt(&record_name(tenant)))
+            .await?
+            .map_err(|e| ActivityError::Api(e.to_string()))?;
+        Ok(read.map_or_else(Record::default, |lease| Record::read(&lease.metadata)))
+    }
+
     /// The tenant's run starts as the record holds them (none without a record).
     pub async fn runs(
         &self,
         namespace: &str,
         tenant: &TenantId,
     ) -> Result<Vec<u64>, ActivityError> {
-        let api: Api<Lease> = Api::namespaced(self.client.clone(), namespace);
-        let read = self
-            .bounded(api.get_opt(&record_name(tenant)))
-            .await?
-            .map_err(|e| ActivityError::Api(e.to_string()))?;
-        Ok(read.map_or_else(Vec::new, |lease| Record::read(&lease.metadata).runs))
+        Ok(self.read(namespace, tenant).await?.runs)
+    }
+
+    /// How many sleeps of the tenant have begun, as the record holds it (0 without a record).
+    pub async fn sleeps(&self, namespace: &str, tenant: &TenantId) -> Result<u64, ActivityError> {
+        Ok(self.read(namespace, tenant).await?.sleeps)
     }
 
     /// Takes this replica's sleeping mark out once the tenant is asleep.

@@ -58,19 +58,34 @@ impl WakeCoordinator {
                 let state = slot.tenant.backend.state(&slot.tenant.id).await;
                 let gone = matches!(state, Ok(ComputeState::Asleep | ComputeState::Moved));
                 let shared = self.shared(slot);
+                // A sleep another replica decided is in the record before this one hears of it.
+                let sleeps = match (&shared, gone) {
+                    (Some((activity, namespace)), true) => {
+                        activity.sleeps(namespace, &slot.tenant.id).await.ok()
+                    }
+                    _ => None,
+                };
                 let ask_record = {
                     let mut inner = slot.lock();
                     if inner.phase != Phase::Awake {
                         continue;
                     }
                     if gone {
+                        let slept_elsewhere =
+                            sleeps.is_some_and(|n| inner.shared.sleeps.is_some_and(|s| s != n));
                         match state {
                             Ok(ComputeState::Moved) => {
                                 info!(tenant = %slot.tenant.id, "database moved; the next connection asks where")
                             }
+                            _ if slept_elsewhere => {
+                                info!(tenant = %slot.tenant.id, "another replica put the tenant to sleep")
+                            }
                             _ => {
                                 warn!(tenant = %slot.tenant.id, "database stopped on its own; the next connection wakes it")
                             }
+                        }
+                        if sleeps.is_some() {
+                            inner.shared.sleeps = sleeps;
                         }
                         inner.endpoint = None;
                         slot.set_phase(&mut inner, Phase::Asleep);
