@@ -28,6 +28,11 @@ pub fn q(sql: &str) -> Step {
     Step::Simple(sql.to_owned())
 }
 
+/// A simple Query sent in LATIN1.
+pub fn q_latin1(sql: &str) -> Step {
+    Step::Latin1(sql.to_owned())
+}
+
 /// Unnamed Parse/Bind/Describe/Execute/Sync (`\N` is NULL).
 pub fn ext(sql: &str, oids: &[u32], p: &[&str]) -> Step {
     Step::Extended {

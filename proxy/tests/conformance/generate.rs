@@ -1,7 +1,9 @@
 //! Random session-state sequences (proptest strategies): settings changed every way a client
 //! can, prepared statements of every kind, roles, transactions, pins, schema changes by
-//! another session and a lock it holds during a move, with a random move (or none) before each
-//! main-session step and a full probe of the session's state at the end.
+//! another session and a lock it holds during a move, settings that decide how a statement is
+//! read changed (and `SET ROLE`) between its prepare and its use, non-ASCII names and values
+//! sent by a LATIN1 client, with a random move (or none) before each main-session step and a
+//! full probe of the session's state at the end.
 
 use proptest::prelude::*;
 
@@ -18,7 +20,32 @@ CREATE FUNCTION trig_fn() RETURNS trigger LANGUAGE plpgsql
   AS $$ BEGIN PERFORM set_config(NEW.n, NEW.v, false); RETURN NEW; END $$;
 CREATE TRIGGER trig_set BEFORE INSERT ON trig_t FOR EACH ROW EXECUTE FUNCTION trig_fn();
 GRANT ALL ON trig_t TO {db}_r, {db}_s;
+CREATE SCHEMA priv;
+CREATE TABLE priv.pt (a int);
+INSERT INTO priv.pt VALUES (7);
+GRANT SELECT ON priv.pt TO {db}_r, {db}_s;
+CREATE SCHEMA \"ßchema\";
+CREATE TABLE \"ßchema\".enc_t (v text);
+INSERT INTO \"ßchema\".enc_t VALUES ('ß inside');
+CREATE TABLE public.enc_t (v text);
+INSERT INTO public.enc_t VALUES ('public');
+GRANT USAGE ON SCHEMA \"ßchema\" TO {db}_r, {db}_s;
+GRANT SELECT ON \"ßchema\".enc_t, public.enc_t TO {db}_r, {db}_s;
 ";
+
+/// A statement whose meaning hangs on how it was read at its prepare: literals of `date` and
+/// `timestamptz`, a backslash in a string, `x = NULL`, and a table in a schema the roles may
+/// not look into (so prepared under `SET ROLE` it fails, and prepared before it, it runs).
+const CONTEXT_SQL: &str = "SELECT '03/04/2024'::date::text AS d, \
+ '2024-01-01 12:00'::timestamptz::text AS ts, 'a\\tb' AS s, \
+ (SELECT count(*) FROM (VALUES (1), (NULL)) AS v(x) WHERE x = NULL) AS nulls, \
+ (SELECT a FROM priv.pt) AS a";
+
+/// What a LATIN1 client's texts can read back, as UTF-8 hex digits (plain ASCII in any
+/// encoding, so a difference in one byte shows).
+const ENCODED: &str = "pg_catalog.encode(pg_catalog.convert_to(v, 'UTF8'), 'hex') AS h, \
+ pg_catalog.encode(pg_catalog.convert_to(current_setting('app.k0', true), 'UTF8'), 'hex') AS k0, \
+ pg_catalog.encode(pg_catalog.convert_to(current_setting('search_path'), 'UTF8'), 'hex') AS sp";
 
 /// Run before each sequence, on both sides: the tables a sequence may change, as they were.
 pub const RESET: &str = "
@@ -96,6 +123,23 @@ pub enum GenStep {
     /// Another session holds `ACCESS EXCLUSIVE` on `gt` while the session is moved and runs an
     /// unrelated query; its statements on `gt` are used after the lock is gone.
     LockDuringMove,
+    /// Prepares [`CONTEXT_SQL`] as protocol statement `cx{n}` and SQL statement `cs{n}`.
+    ContextPrepare {
+        n: u8,
+    },
+    /// Changes a setting that decides how a statement is read.
+    ContextSet {
+        which: u8,
+        val: u8,
+    },
+    /// Uses `cx{n}` and `cs{n}`.
+    ContextUse {
+        n: u8,
+    },
+    /// A LATIN1 client's step with non-ASCII names and values.
+    Latin1 {
+        which: u8,
+    },
     Probe,
 }
 
@@ -233,6 +277,43 @@ impl GenStep {
                 q("SELECT 'during the lock'"),
                 finish(0),
             ],
+            GenStep::ContextPrepare { n } => vec![
+                prep(&format!("cx{n}"), CONTEXT_SQL, &[]),
+                q(&format!("PREPARE cs{n} AS {CONTEXT_SQL}")),
+            ],
+            GenStep::ContextSet { which, val } => {
+                let v = usize::from(val % 3);
+                vec![q(&match which % 5 {
+                    0 => format!(
+                        "SET DateStyle = '{}'",
+                        ["ISO, MDY", "ISO, DMY", "SQL, YMD"][v]
+                    ),
+                    1 => format!(
+                        "SELECT set_config('TimeZone', '{}', false)",
+                        ["UTC", "Asia/Tokyo", "America/Lima"][v]
+                    ),
+                    2 => format!(
+                        "SET standard_conforming_strings = {}",
+                        ["on", "off", "on"][v]
+                    ),
+                    3 => format!("SET transform_null_equals = {}", ["on", "off", "on"][v]),
+                    _ => ["SET ROLE {db}_s", "RESET ROLE", "SET ROLE {db}_r"][v].to_owned(),
+                })]
+            }
+            GenStep::ContextUse { n } => {
+                vec![exec(&format!("cx{n}"), &[]), q(&format!("EXECUTE cs{n}"))]
+            }
+            GenStep::Latin1 { which } => vec![match which % 7 {
+                0 => q("SET client_encoding = 'LATIN1'"),
+                1 => q_latin1("SET app.k0 = 'naïve café'"),
+                2 => q_latin1("SET search_path = \"ßchema\", public"),
+                3 => q_latin1(&format!(
+                    "PREPARE enc_p AS SELECT 'ü' AS u, v, {ENCODED} FROM enc_t"
+                )),
+                4 => q_latin1(&format!("SELECT v, 'é' AS e, {ENCODED} FROM enc_t")),
+                5 => q("EXECUTE enc_p"),
+                _ => q("RESET client_encoding"),
+            }],
             GenStep::Probe => vec![probe()],
         }
     }
@@ -289,6 +370,10 @@ fn gen_step(known_gaps: bool) -> impl Strategy<Value = GenStep> {
         1 => any::<bool>().prop_map(|counted| GenStep::Insert { counted }),
         1 => Just(GenStep::SequenceRead),
         1 => Just(GenStep::LockDuringMove),
+        2 => (0u8..2).prop_map(|n| GenStep::ContextPrepare { n }),
+        2 => (0u8..5, 0u8..3).prop_map(|(which, val)| GenStep::ContextSet { which, val }),
+        2 => (0u8..2).prop_map(|n| GenStep::ContextUse { n }),
+        2 => (0u8..7).prop_map(|which| GenStep::Latin1 { which }),
         2 => Just(GenStep::Probe),
     ]
 }

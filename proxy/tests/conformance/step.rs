@@ -42,6 +42,8 @@ impl MoveKind {
 pub enum Step {
     /// A simple Query (any number of statements).
     Simple(String),
+    /// A simple Query whose text is sent in LATIN1 (a LATIN1 client's bytes).
+    Latin1(String),
     /// Extended protocol, unnamed statement, as libpq's `PQexecParams`: Parse (with parameter
     /// type OIDs), Bind (text), Describe portal, Execute, Sync.
     Extended {
@@ -111,6 +113,7 @@ impl Step {
         let p = |ps: &Vec<Option<String>>| ps.iter().map(|v| v.as_ref().map(f)).collect();
         match self {
             Step::Simple(s) => Step::Simple(f(s)),
+            Step::Latin1(s) => Step::Latin1(f(s)),
             Step::Extended { sql, oids, params } => Step::Extended {
                 sql: f(sql),
                 oids: oids.clone(),
@@ -170,6 +173,7 @@ impl fmt::Display for Step {
         };
         match self {
             Step::Simple(s) => write!(f, "Query {:?}", short(s)),
+            Step::Latin1(s) => write!(f, "Query in LATIN1 {:?}", short(s)),
             Step::Extended { sql, oids, params } => {
                 write!(
                     f,
@@ -385,6 +389,10 @@ impl MainSession {
         match step {
             Step::Simple(sql) => {
                 self.client.send(&wire::query(sql)).await?;
+                self.collect(out, None).await
+            }
+            Step::Latin1(sql) => {
+                self.client.send(&wire::query_latin1(sql)).await?;
                 self.collect(out, None).await
             }
             Step::Extended { sql, oids, params } => {

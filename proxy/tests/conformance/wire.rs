@@ -71,6 +71,18 @@ pub fn query(sql: &str) -> Vec<u8> {
     message(b'Q', |b| cstr(b, sql))
 }
 
+/// A simple Query whose text is sent in LATIN1, as a client whose `client_encoding` is LATIN1
+/// sends it (a character past U+00FF becomes `?`).
+pub fn query_latin1(sql: &str) -> Vec<u8> {
+    message(b'Q', |b| {
+        b.extend(
+            sql.chars()
+                .map(|c| u8::try_from(u32::from(c)).unwrap_or(b'?')),
+        );
+        b.push(0);
+    })
+}
+
 /// Parse of `sql` as statement `name` with parameter type OIDs.
 pub fn parse(name: &str, sql: &str, oids: &[u32]) -> Vec<u8> {
     message(b'P', |b| {

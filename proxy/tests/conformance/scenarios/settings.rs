@@ -561,6 +561,32 @@ pub fn all() -> Vec<Scenario> {
                 exec("enc_s", &[]),
             ],
         ),
+        // The same state made by a LATIN1 client's own bytes.
+        sc(
+            "latin1_client_sends_non_ascii_names_and_values",
+            vec![
+                q("SET client_encoding = 'LATIN1'"),
+                q_latin1(
+                    "CREATE SCHEMA \"ßchema\"; CREATE TABLE \"ßchema\".enc_t (v text); \
+                     INSERT INTO \"ßchema\".enc_t VALUES ('ß é'); \
+                     CREATE TABLE public.enc_t (v text); INSERT INTO public.enc_t VALUES ('public')",
+                ),
+                q_latin1("SET search_path = \"ßchema\", public"),
+                q_latin1("SET app.note = 'naïve café'"),
+                q_latin1(
+                    "PREPARE enc_p AS SELECT 'ü' AS u, v, \
+                     encode(convert_to(v, 'UTF8'), 'hex') AS h FROM enc_t",
+                ),
+                q_latin1(
+                    "SELECT v, encode(convert_to(current_setting('app.note'), 'UTF8'), 'hex') AS n, \
+                     encode(convert_to(current_setting('search_path'), 'UTF8'), 'hex') AS sp FROM enc_t",
+                ),
+                q("EXECUTE enc_p"),
+                q("RESET client_encoding"),
+                q("EXECUTE enc_p"),
+                q("SHOW search_path"),
+            ],
+        ),
         sc(
             "database_default_changed_while_idle",
             vec![
