@@ -477,7 +477,9 @@ impl Connector {
             params,
             Some(auth),
             None,
-            false,
+            // A revival's connection may be kept for reuse later: its next client is greeted
+            // with these.
+            true,
         );
         let login_by = deadline.min(Instant::now() + self.login_timeout);
         let done = tokio::time::timeout_at(login_by, login)
