@@ -156,6 +156,24 @@ const KNOWN_DIFFERENCES: &[(&str, &str)] = &[
          it moves; its first currval after the move answers 55000, as on a new connection",
     ),
     (
+        "text_search_config_dropped_while_idle",
+        "a setting naming an object dropped while the session was parked: Postgres checks the \
+         value against the catalog whenever it is set (in a transaction or at login), so the \
+         revival cannot set it again and the session takes the default",
+    ),
+    (
+        "function_overload_created_while_idle",
+        "an overload created while the session was parked: the statement made again on a new \
+         connection resolves to it, as Postgres does when it revalidates a statement; the old \
+         backend kept its plan",
+    ),
+    (
+        "column_collation_changed_while_idle",
+        "a column's collation changed while the session was parked: a RowDescription carries no \
+         collation, so the row check cannot see it and the statement answers in the new order \
+         where Postgres answers 0A000",
+    ),
+    (
         "database_default_changed_while_idle",
         "ALTER DATABASE SET while the session was parked: the revival's login takes the new \
          defaults, as any new connection does",

@@ -25,7 +25,7 @@ use pgwake_protocol::tracker::{CONTEXT_SETTINGS, PrepareContext};
 use pgwake_protocol::{Pins, SessionTracker};
 use tokio::io::AsyncWriteExt;
 use tokio::time::{Instant, timeout_at};
-use tracing::debug;
+use tracing::{debug, info};
 
 use crate::stream::Stream;
 use crate::wire::{RawMessage, read_message};
@@ -1214,7 +1214,8 @@ fn judge(
         }
         (Step::Identity(_), None) => {}
         (Step::Setting(name), Some((e, _))) => {
-            debug!(setting = name, code = %e.code, "a setting could not be restored; left out");
+            // The session now runs with the setting's default: said where an operator looks.
+            info!(setting = name, code = %e.code, error = %e.message, "a setting could not be restored; it takes its default");
             restored.left_out += 1;
         }
         (Step::Setting(_), None) | (Step::TempSchema, None) => {}

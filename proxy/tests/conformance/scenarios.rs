@@ -3,6 +3,8 @@
 
 #[path = "scenarios/cancels.rs"]
 mod cancels;
+#[path = "scenarios/catalog.rs"]
+mod catalog;
 #[path = "scenarios/contexts.rs"]
 mod contexts;
 #[path = "scenarios/locks.rs"]
@@ -30,6 +32,7 @@ pub fn all() -> Vec<Scenario> {
     all.extend(cancels::all());
     all.extend(locks::all());
     all.extend(contexts::all());
+    all.extend(catalog::all());
     let mut names: Vec<&str> = all.iter().map(|s| s.name.as_str()).collect();
     names.sort();
     let before = names.len();
