@@ -12,7 +12,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pgwake_protocol::frontend::TERMINATE;
 use pgwake_protocol::notify_pid::NotifyPid;
@@ -103,12 +103,23 @@ trait Tap {
     fn filter(&mut self, data: &mut [u8]) -> Option<Advance>;
 }
 
+/// The time of one turn of the relay, read when first needed: every chunk a turn moves took
+/// place then, and reading the clock for each would cost more than the rest of the turn.
+#[derive(Default)]
+struct Clock(Option<Instant>);
+
+impl Clock {
+    fn now(&mut self) -> Instant {
+        *self.0.get_or_insert_with(Instant::now)
+    }
+}
+
 /// The client direction of a session's tracker.
-struct ClientTap<'a>(&'a mut SessionTracker);
+struct ClientTap<'a>(&'a mut SessionTracker, &'a mut Clock);
 
 impl Tap for ClientTap<'_> {
     fn observe(&mut self, new: &[u8]) {
-        self.0.observe_client(new, std::time::Instant::now());
+        self.0.observe_client(new, self.1.now());
     }
 
     fn filter(&mut self, data: &mut [u8]) -> Option<Advance> {
@@ -117,11 +128,11 @@ impl Tap for ClientTap<'_> {
 }
 
 /// The backend direction of a session's tracker.
-struct BackendTap<'a>(&'a mut SessionTracker);
+struct BackendTap<'a>(&'a mut SessionTracker, &'a mut Clock);
 
 impl Tap for BackendTap<'_> {
     fn observe(&mut self, new: &[u8]) {
-        self.0.observe_backend(new, std::time::Instant::now());
+        self.0.observe_backend(new, self.1.now());
     }
 
     fn filter(&mut self, data: &mut [u8]) -> Option<Advance> {
@@ -498,15 +509,14 @@ pub async fn relay(
         notify_pid,
     } = watch;
     let mut in_transaction = None;
-    let (mut c2b, mut b2c) = match pumps(settings, counters, keep_backend, &preload, tracker) {
+    let ways = (keep_backend, notify_pid);
+    let (mut c2b, mut b2c) = match pumps(settings, counters, ways, &preload, tracker) {
         Ok(p) => p,
         Err(e) => return RelayEnd::ClientFrame(e),
     };
-    b2c.notify_pid = notify_pid;
     let mut shutdown = Shutdown::new(ending);
     let mut transaction_limit = TransactionLimit::new(settings.idle_in_transaction);
-    let quiet = (quiet_after, quiet_first);
-    let mut handback = Handback::new(changed(park), changed(migrate), quiet);
+    let mut handback = Handback::new(changed(park), changed(migrate), (quiet_after, quiet_first));
 
     let end = std::future::poll_fn(|cx| {
         if let Poll::Ready(end) = shutdown.poll(cx, &mut b2c) {
@@ -514,13 +524,14 @@ pub async fn relay(
         }
         c2b.moved = false;
         b2c.moved = false;
+        let mut clock = Clock::default();
         let client_poll = match shutdown.client_cut {
             true => Poll::Pending,
             false => c2b.poll_copy(
                 cx,
                 Pin::new(&mut *client),
                 Pin::new(&mut *backend),
-                &mut ClientTap(tracker),
+                &mut ClientTap(tracker, &mut clock),
                 false,
             ),
         };
@@ -545,7 +556,7 @@ pub async fn relay(
             cx,
             Pin::new(&mut *backend),
             Pin::new(&mut *client),
-            &mut BackendTap(tracker),
+            &mut BackendTap(tracker, &mut clock),
             hold,
         ) {
             return Poll::Ready(backend_end(r, &b2c, shutdown.why()));
@@ -571,7 +582,7 @@ pub async fn relay(
             cx.waker().wake_by_ref();
             return Poll::Pending;
         }
-        handback.poll(cx, at_rest, moved)
+        handback.poll(cx, at_rest, moved.then(|| clock.now()))
     })
     .await;
     finish(end, client, backend, &c2b, keep_backend).await
@@ -601,19 +612,21 @@ fn stillness(tracker: &SessionTracker, c2b: &Pump, b2c: &Pump) -> Stillness {
     }
 }
 
-/// The two directions of a relay run, the client's with any bytes read while it was parked.
+/// The two directions of a relay run, the client's with any bytes read while it was parked;
+/// `keep_backend` and `notify_pid` as in [`SessionWatch`].
 fn pumps(
     settings: RelaySettings,
     counters: (IntCounter, IntCounter),
-    keep_backend: bool,
+    (keep_backend, notify_pid): (bool, Option<NotifyPid>),
     preload: &[u8],
     tracker: &mut SessionTracker,
 ) -> Result<(Pump, Pump), FrameError> {
     let mut c2b = Pump::new(settings.buffer, settings.max_message, counters.0);
     c2b.withhold_terminate = keep_backend;
     let mut b2c = Pump::new(settings.buffer, settings.max_message, counters.1);
+    b2c.notify_pid = notify_pid;
     if !preload.is_empty() {
-        c2b.preload(preload, &mut ClientTap(tracker))?;
+        c2b.preload(preload, &mut ClientTap(tracker, &mut Clock::default()))?;
     }
     b2c.on_eof = Some(
         ErrorMessage::fatal(
@@ -803,6 +816,9 @@ struct Handback<P, M> {
     quiet_for: Duration,
     quiet: Option<Pin<Box<tokio::time::Sleep>>>,
     quiet_armed: bool,
+    /// When bytes last moved. The timer is pushed back to `quiet_for` after it only when it
+    /// fires, so a busy session does not rearrange the timer wheel at every message.
+    last_moved: Option<Instant>,
 }
 
 impl<P: Future<Output = ()>, M: Future<Output = ()>> Handback<P, M> {
@@ -817,12 +833,18 @@ impl<P: Future<Output = ()>, M: Future<Output = ()>> Handback<P, M> {
             quiet_for: quiet_after.unwrap_or(Duration::MAX),
             quiet: quiet_after.map(|d| Box::pin(tokio::time::sleep(quiet_first.unwrap_or(d)))),
             quiet_armed: quiet_first.is_some(),
+            last_moved: None,
         }
     }
 
     /// Ready with how the run ends when the session is `at_rest` and the caller wants it back;
-    /// `moved` says bytes moved in this poll (the quiet period starts again).
-    fn poll(&mut self, cx: &mut Context<'_>, at_rest: bool, moved: bool) -> Poll<RelayEnd> {
+    /// `moved` is when bytes moved in this poll, if they did (the quiet period starts again).
+    fn poll(
+        &mut self,
+        cx: &mut Context<'_>,
+        at_rest: bool,
+        moved: Option<Instant>,
+    ) -> Poll<RelayEnd> {
         if !self.park_asked && self.park.as_mut().poll(cx).is_ready() {
             self.park_asked = true;
         }
@@ -836,13 +858,18 @@ impl<P: Future<Output = ()>, M: Future<Output = ()>> Handback<P, M> {
             return Poll::Ready(RelayEnd::Park);
         }
         if let Some(q) = self.quiet.as_mut() {
-            if moved {
+            if moved.is_some() {
                 self.quiet_armed = true;
-                q.as_mut()
-                    .reset(tokio::time::Instant::now() + self.quiet_for);
+                self.last_moved = moved;
             }
-            if at_rest && self.quiet_armed && q.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(RelayEnd::Quiet);
+            while at_rest && self.quiet_armed && q.as_mut().poll(cx).is_ready() {
+                let quiet_until = self
+                    .last_moved
+                    .map(|at| tokio::time::Instant::from_std(at) + self.quiet_for);
+                match quiet_until {
+                    Some(until) if until > q.deadline() => q.as_mut().reset(until),
+                    _ => return Poll::Ready(RelayEnd::Quiet),
+                }
             }
         }
         Poll::Pending
