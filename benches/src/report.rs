@@ -20,6 +20,12 @@ pub struct Section {
     pub end: &'static str,
 }
 
+/// The wake measured on a real one-node Kubernetes cluster (CloudNativePG, real pods): run by
+/// hand with `testkit/k8s/node/exec.sh` (see the section's facts), never by the harness.
+pub const KUBE_NODE_SECTION: Section = Section {
+    begin: "<!-- harness:kube_node:begin -->",
+    end: "<!-- harness:kube_node:end -->",
+};
 /// The pgbench comparison table (`all`).
 pub const PGBENCH_SECTION: Section = Section {
     begin: "<!-- harness:begin -->",

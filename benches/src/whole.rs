@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use crate::process::command_output;
 use crate::report::{
-    CHURN_SECTION, FIDELITY_SECTION, HTTP_SECTION, KUBE_SECTION, MULTIPLEX_SECTION,
-    PGBENCH_SECTION, PREDICT_SECTION, QUEUED_SECTION, REVIVE_SECTION, SCALE_100K_SECTION,
-    SCALE_SECTION, Section, WAKE_SECTION,
+    CHURN_SECTION, FIDELITY_SECTION, HTTP_SECTION, KUBE_NODE_SECTION, KUBE_SECTION,
+    MULTIPLEX_SECTION, PGBENCH_SECTION, PREDICT_SECTION, QUEUED_SECTION, REVIVE_SECTION,
+    SCALE_100K_SECTION, SCALE_SECTION, Section, WAKE_SECTION,
 };
 
 /// One section of the whole run: the harness command that measures it, run in-process.
@@ -109,9 +109,42 @@ pub const RUNNERS: &[Runner] = &[
 
 /// Sections the whole run does not measure: their last text is carried over from RESULTS.md
 /// with its own date and commit. `kube` needs the Kubernetes lab (kube-apiserver built from Go
-/// modules on first use); `predict` measures the wake policy, not the gateway's speed, and its
-/// real-time part takes minutes of mostly idle waiting.
-pub const CARRIED: &[(&str, Section)] = &[("kube", KUBE_SECTION), ("predict", PREDICT_SECTION)];
+/// modules on first use); `kube_node` a real one-node cluster, measured by hand; `predict`
+/// measures the wake policy, not the gateway's speed, and its real-time part takes minutes of
+/// mostly idle waiting.
+pub const CARRIED: &[(&str, Section)] = &[
+    ("kube", KUBE_SECTION),
+    ("kube_node", KUBE_NODE_SECTION),
+    ("predict", PREDICT_SECTION),
+];
+
+/// The marked sections of `old` that neither `measured` nor [`CARRIED`] name, in their order
+/// there, as (begin marker, body, end marker): a runner this run skipped, or a section added by
+/// hand. Regenerating the file keeps them rather than dropping a measurement nobody repeated.
+fn unmeasured_sections<'a>(old: &'a str, measured: &[&str]) -> Vec<(&'a str, &'a str, String)> {
+    let mut found = Vec::new();
+    let mut rest = old;
+    while let Some(at) = rest.find("<!-- harness:") {
+        let Some(len) = rest[at..].find(" -->") else {
+            break;
+        };
+        let begin = &rest[at..at + len + 4];
+        rest = &rest[at + begin.len()..];
+        let Some(stem) = begin.strip_suffix("begin -->") else {
+            continue;
+        };
+        let end = format!("{stem}end -->");
+        let known = measured.contains(&begin) || CARRIED.iter().any(|(_, s)| s.begin == begin);
+        let Some(close) = rest.find(&end) else {
+            continue;
+        };
+        if !known {
+            found.push((begin, rest[..close].trim(), end.clone()));
+        }
+        rest = &rest[close + end.len()..];
+    }
+    found
+}
 
 /// The command that reproduces a section alone.
 pub fn section_command(args: &[&str]) -> String {
@@ -297,6 +330,15 @@ pub fn compose(
             let _ = writeln!(out, "\n### Notes\n\n{n}");
         }
     }
+    let measured: Vec<&str> = runs.iter().map(|r| r.runner.section.begin).collect();
+    for (begin, body, end) in unmeasured_sections(old, &measured) {
+        let _ = writeln!(out, "\n{begin}\n{body}\n{end}");
+        let key = RUNNERS.iter().find(|r| r.section.begin == begin);
+        let n = key.map(|r| notes(r.key)).unwrap_or_default();
+        if !n.is_empty() {
+            let _ = writeln!(out, "\n### Notes\n\n{n}");
+        }
+    }
     let earlier = notes("earlier");
     if !earlier.is_empty() {
         let _ = writeln!(out, "\n{earlier}");
@@ -358,6 +400,37 @@ mod tests {
         assert!(!text.contains("old notes"), "{text}");
         assert!(text.trim_end().ends_with("fuzzing"), "{text}");
         assert!(text.contains("| commit | abc1234 (clean tree) |"), "{text}");
+    }
+
+    #[test]
+    fn sections_this_run_did_not_measure_are_kept() {
+        let header = Header { rows: vec![] };
+        let runs = [run("relay", "## Relay\n\nnew relay table\n")];
+        let old = format!(
+            "# old\n\n{}\nold relay table\n{}\n\n{}\n## Wake\n\nold wake table\n{}\n\n\
+             <!-- harness:by_hand:begin -->\n## Measured by hand\n\nkept table\n\
+             <!-- harness:by_hand:end -->\n\n{}\n## One node\n\nnode table\n{}\n",
+            PGBENCH_SECTION.begin,
+            PGBENCH_SECTION.end,
+            WAKE_SECTION.begin,
+            WAKE_SECTION.end,
+            KUBE_NODE_SECTION.begin,
+            KUBE_NODE_SECTION.end,
+        );
+        let text = compose(&header, &runs, &old, |key| match key {
+            "wake" => "wake note".into(),
+            _ => String::new(),
+        });
+        assert!(text.contains("new relay table"), "{text}");
+        assert!(!text.contains("old relay table"), "{text}");
+        for kept in ["old wake table", "wake note", "kept table", "node table"] {
+            assert_eq!(text.matches(kept).count(), 1, "{kept}: {text}");
+        }
+        // Regenerating the regenerated file keeps them again.
+        let again = compose(&header, &runs, &text, |_| String::new());
+        for kept in ["old wake table", "kept table", "node table"] {
+            assert_eq!(again.matches(kept).count(), 1, "{kept}: {again}");
+        }
     }
 
     #[test]
