@@ -546,3 +546,101 @@ async fn made_up_tenant_names_cannot_flush_a_backoff() {
         "the backoff survived the spray"
     );
 }
+
+/// A run history of `unconfigured` made-up tenants plus one old run of `h`, written to `path`.
+fn history_file(path: &std::path::Path, unconfigured: usize) {
+    let mut tenants = serde_json::Map::new();
+    for i in 0..unconfigured {
+        tenants.insert(
+            format!("u{i}"),
+            serde_json::json!([1795800000u64, 1795803600u64]),
+        );
+    }
+    tenants.insert("h".into(), serde_json::json!([1795800000u64]));
+    let text = serde_json::json!({ "tenants": tenants }).to_string();
+    std::fs::write(path, text).unwrap();
+}
+
+/// The tenants and runs a history file holds once it holds a run of `h` newer than the seeded
+/// one (the gateway writes it within a second of a run's start).
+async fn rewritten(path: &std::path::Path) -> (Vec<String>, usize, u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        let h = v["tenants"]["h"].as_array().cloned().unwrap_or_default();
+        if h.iter().any(|t| t.as_u64() > Some(1795803600)) {
+            let names = v["tenants"].as_object().unwrap().keys().cloned().collect();
+            return (names, h.len(), text.len() as u64);
+        }
+        assert!(std::time::Instant::now() < deadline, "no new run written");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn history_gateway(path: &std::path::Path) -> Gateway {
+    let extra = format!(
+        "allow_plaintext = true\n[wake]\npredict_history_file = \"{}\"\n",
+        path.display()
+    );
+    tokio::task::spawn_blocking(move || Gateway::start_local(&["h"], &extra, "", &[]))
+        .await
+        .unwrap()
+}
+
+/// F10: the history file holds configured tenants only and stays under
+/// `wake.predict_history_max_size`, however large the file the gateway finds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_run_history_keeps_configured_tenants_only_and_stays_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    // Under the size cap: the made-up tenants are not loaded, so not written back; h's run is.
+    let small = dir.path().join("small.json");
+    history_file(&small, 5_000);
+    let gw = history_gateway(&small).await;
+    let client = local_session(&gw, "h").await;
+    let (names, runs, size) = rewritten(&small).await;
+    println!("small file rewritten: {names:?}, {runs} runs of h, {size} bytes");
+    assert_eq!(names, ["h"]);
+    assert_eq!(runs, 2, "the old run was loaded and kept");
+    drop((client, gw));
+
+    // Over the cap (about 8 MB): not loaded at all, and what is written is h's new run alone.
+    let big = dir.path().join("big.json");
+    history_file(&big, 200_000);
+    let gw = history_gateway(&big).await;
+    let client = local_session(&gw, "h").await;
+    let (names, runs, size) = rewritten(&big).await;
+    println!("big file rewritten: {names:?}, {runs} runs of h, {size} bytes");
+    assert_eq!(names, ["h"]);
+    assert_eq!(runs, 1, "nothing of the oversized file was loaded");
+    assert!(size < 1024);
+    assert!(
+        gw.log().contains("predict_history_max_size"),
+        "the refusal names its setting"
+    );
+    drop(client);
+}
+
+/// F10: a history file that cannot be written is warned about once, not every second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unwritable_run_history_is_warned_about_once() {
+    let dir = tempfile::tempdir().unwrap();
+    // A folder where the file should be: every write fails, whoever the gateway runs as.
+    let path = dir.path().join("runs.json");
+    std::fs::create_dir(&path).unwrap();
+    let gw = history_gateway(&path).await;
+    for _ in 0..3 {
+        let client = local_session(&gw, "h").await;
+        client.simple_query("select 1").await.unwrap();
+        drop(client);
+        gw.wait_idle();
+        let (status, body) = gw.http("POST", "/v1/tenants/h/sleep").unwrap();
+        assert_eq!(status, 200, "{body}");
+        gw.wait_state("h", "asleep", Duration::from_secs(30));
+    }
+    // Every run start leaves the history to write; the writer retries each second.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let warned = gw.log().matches("cannot write the run histories").count();
+    println!("warnings about the history file: {warned}");
+    assert_eq!(warned, 1);
+}

@@ -230,6 +230,10 @@ pub(super) fn load_histories(
     let text = match private_file::read_at_most(path, max_bytes) {
         Ok(Some(text)) => text,
         Ok(None) => return HashMap::new(),
+        Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => {
+            warn!(path = %path.display(), error = %e, "the run histories file is larger than wake.predict_history_max_size; starting without it");
+            return HashMap::new();
+        }
         Err(e) => {
             warn!(path = %path.display(), error = %e, "cannot read the run histories; starting without them");
             return HashMap::new();
