@@ -204,10 +204,8 @@ fn note_at(w: &[u8], found: &mut Findings) {
                     found.context = true;
                 }
             },
-            Some(b'$') if rest.get(1).is_some_and(u8::is_ascii_digit) => {
-                found.bound = true;
-                found.context = true;
-            }
+            // Whether the name is one of them shows in each Bind.
+            Some(b'$') if rest.get(1).is_some_and(u8::is_ascii_digit) => found.bound = true,
             _ => {
                 found.computed = true;
                 found.context = true;
@@ -302,16 +300,14 @@ fn setting_name(w: &[u8]) -> Option<(String, &[u8])> {
     })
 }
 
-/// The custom setting names among the parameters of a Bind whose first bytes are `body` (a
-/// parameter cut off by the end of `body` is not read). Binary parameters count too: a text
-/// parameter's binary form is its text, and anything else that happens to read as a name is
-/// only a name to ask about.
-pub(crate) fn bind_setting_names(body: &[u8]) -> Vec<String> {
+/// The parameters of a Bind whose first bytes are `body`, and whether they are all there (a
+/// parameter cut off by the end of `body` is not read). A NULL is left out.
+fn bind_params(body: &[u8]) -> (Vec<&[u8]>, bool) {
     let mut out = Vec::new();
     let mut rest = body;
     for _ in 0..2 {
         let Some(end) = rest.iter().position(|&b| b == 0) else {
-            return out;
+            return (out, false);
         };
         rest = &rest[end + 1..];
     }
@@ -320,14 +316,14 @@ pub(crate) fn bind_setting_names(body: &[u8]) -> Vec<String> {
             .map(|b| u16::from_be_bytes([b[0], b[1]]) as usize)
     };
     let Some(formats) = int16(rest) else {
-        return out;
+        return (out, false);
     };
     let Some(after_formats) = rest.get(2 + 2 * formats..) else {
-        return out;
+        return (out, false);
     };
     rest = after_formats;
     let Some(count) = int16(rest) else {
-        return out;
+        return (out, false);
     };
     rest = &rest[2..];
     for _ in 0..count {
@@ -335,23 +331,44 @@ pub(crate) fn bind_setting_names(body: &[u8]) -> Vec<String> {
             .get(..4)
             .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
         else {
-            return out;
+            return (out, false);
         };
         rest = &rest[4..];
         let Ok(len) = usize::try_from(len) else {
             continue;
         };
         let Some(value) = rest.get(..len) else {
-            return out;
+            return (out, false);
         };
-        if let Some((name, after)) = setting_name(value)
-            && after.is_empty()
-        {
-            out.push(name);
-        }
+        out.push(value);
         rest = &rest[len..];
     }
-    out
+    (out, true)
+}
+
+/// The custom setting names among the parameters of a Bind whose first bytes are `body`.
+/// Binary parameters count too: a text parameter's binary form is its text, and anything else
+/// that happens to read as a name is only a name to ask about.
+pub(crate) fn bind_setting_names(body: &[u8]) -> Vec<String> {
+    bind_params(body)
+        .0
+        .into_iter()
+        .filter_map(|value| setting_name(value).filter(|(_, after)| after.is_empty()))
+        .map(|(name, _)| name)
+        .collect()
+}
+
+/// True when a Bind whose first bytes are `body`, of a statement that passes a setting's name
+/// as a parameter, may name a [`CONTEXT_SETTINGS`] one: a parameter is one of their names, or
+/// the parameters are not all there.
+pub(crate) fn bind_names_context(body: &[u8]) -> bool {
+    let (params, whole) = bind_params(body);
+    !whole
+        || params.iter().any(|p| {
+            CONTEXT_SETTINGS
+                .iter()
+                .any(|n| p.trim_ascii().eq_ignore_ascii_case(n.as_bytes()))
+        })
 }
 
 #[cfg(test)]
@@ -452,7 +469,6 @@ mod tests {
             "RESET ALL",
             "DISCARD ALL",
             "select set_config('DateStyle', 'ISO, DMY', false)",
-            "select set_config($1, $2, false)",
             "select set_config(n, 'v', false) from t",
             "set standard_conforming_strings = off",
             "SET xml option document",
@@ -523,5 +539,16 @@ mod tests {
         assert!(bind_setting_names(&body[..body.len() - 6]).len() == 1);
         assert!(bind_setting_names(&body[..8]).is_empty());
         assert!(bind_setting_names(&bind(&[], &[Some(b"app.x y")])).is_empty());
+        assert!(!bind_names_context(&bind(
+            &[],
+            &[Some(b"app.tenant"), Some(b"v")]
+        )));
+        assert!(bind_names_context(&bind(
+            &[],
+            &[Some(b"DateStyle"), Some(b"ISO, DMY")]
+        )));
+        let role = bind(&[], &[Some(b"role"), Some(b"r0")]);
+        assert!(bind_names_context(&role));
+        assert!(bind_names_context(&role[..role.len() - 1]), "cut off");
     }
 }

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use crate::stale::{Advance, StaleStatement, StaleStatements};
 pub use crate::text_watch::CONTEXT_SETTINGS;
-use crate::text_watch::{Findings, TextWatch, bind_setting_names};
+use crate::text_watch::{Findings, TextWatch, bind_names_context, bind_setting_names};
 
 /// Bytes kept of a client message whose payload matters (statement names, query text, the
 /// parameters bound to a statement that names a setting by parameter).
@@ -463,6 +463,9 @@ impl SessionTracker {
                 if self.binds_setting(body) {
                     for name in bind_setting_names(body) {
                         self.remember_setting(name);
+                    }
+                    if bind_names_context(body) {
+                        self.contexts.changed();
                     }
                 }
                 self.unsynced = true;

@@ -115,6 +115,23 @@ pub fn all() -> Vec<Scenario> {
                 steps
             },
         ),
+        sc("prepare_context_datestyle_set_by_a_bound_name", {
+            // The name travels as a parameter: only the Bind shows it.
+            let mut steps = prepared(date);
+            steps.push(ext(
+                "SELECT set_config($1, $2, false)",
+                &[],
+                &["DateStyle", "ISO, DMY"],
+            ));
+            steps.extend(used());
+            steps.push(ext(
+                "SELECT set_config($1, $2, false)",
+                &[],
+                &["app.tenant", "t1"],
+            ));
+            steps.extend(used());
+            steps
+        }),
         sc(
             "prepare_context_changed_in_the_prepare_text_stays",
             vec![
