@@ -212,7 +212,8 @@ fn start_background_jobs(
     stop: &CancellationToken,
 ) -> Option<tokio::task::JoinHandle<()>> {
     let pipeline = gateway.pipeline();
-    tokio::spawn(pipeline.coordinator.clone().run_idle_sleeper(stop.clone()));
+    let sleeper = pipeline.coordinator.clone();
+    tokio::spawn(sleeper.run_idle_sleeper(stop.clone(), pipeline.draining.clone()));
     let (connector, stop_reaper) = (pipeline.connector.clone(), stop.clone());
     tokio::spawn(async move { connector.run_reaper(stop_reaper).await });
     gateway

@@ -297,8 +297,11 @@ impl WakeCoordinator {
             .last_client
             .is_none_or(|t| now.duration_since(t) >= self.settings.predict.run_gap);
         let slept = !matches!(inner.phase, Phase::Awake | Phase::Waking);
+        // The first client after a wake ahead of a predicted run is that run, however soon
+        // after the last one it comes: the tenant is up only because of the prediction.
+        let predicted = inner.forecast.prewake.is_some();
         inner.forecast.last_client = Some(now);
-        if !quiet || !(gap || slept) {
+        if !quiet || !(gap || slept || predicted) {
             return;
         }
         let awake = inner.phase == Phase::Awake;
@@ -321,7 +324,7 @@ impl WakeCoordinator {
 
     /// Wakes tenants ahead of their predicted runs and closes the windows of runs that did not
     /// come, every `idle_check_interval`; keeps the history file up to date. Runs until `stop`
-    /// fires.
+    /// fires (the gateway began to shut down: nothing is woken ahead any more).
     pub(super) async fn look_ahead(&self, stop: &CancellationToken) {
         loop {
             tokio::select! {
@@ -505,6 +508,39 @@ mod tests {
             .filter(|t| *t >= from)
             .map(|t| t - from)
             .collect()
+    }
+
+    /// A tenant used for two seconds every thirty, which sleeps after ten idle ones: its period
+    /// is shorter than `run_gap` (60 s), so only the sleeps between its uses start its runs.
+    #[tokio::test(start_paused = true)]
+    async fn a_run_sooner_than_the_run_gap_after_a_pre_wake_is_the_predicted_run() {
+        let t = tenant("t");
+        let backend = fake(FakeBackend::new());
+        let lab = Lab::predicting(
+            settings(),
+            10 * SECOND,
+            PredictPolicy::Wake,
+            &[(&t, &backend)],
+        );
+        let _sleeper = lab.run_idle_sleeper();
+        let start = Instant::now();
+        let mut found_awake = Vec::new();
+        for k in 0..6 {
+            tokio::time::sleep_until(start + k * 30 * SECOND).await;
+            found_awake.push(lab.coordinator.is_awake(&t));
+            let admission = lab.coordinator.ensure_awake(&t).await.unwrap();
+            sleep(2 * SECOND).await;
+            drop(admission);
+        }
+        sleep(30 * SECOND).await;
+        let runs = lab.status(&t).runs;
+        println!("found awake {found_awake:?}; {runs:?}");
+        assert_eq!(found_awake, [false, false, false, false, true, true]);
+        assert_eq!(
+            (runs.seen, runs.prewakes_used, runs.prewakes_wasted),
+            (6, 2, 0),
+            "each pre-woken run counts as the run it predicted"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -24,8 +24,14 @@ impl WakeCoordinator {
     /// Puts tenants to sleep once they have had no connection for their idle timeout (and, for
     /// tenants with a shared activity record, no other live replica uses them), notices
     /// databases that stopped by themselves, renews this replica's entries in shared records,
-    /// and wakes tenants ahead of their predicted runs; runs until `stop` fires.
-    pub async fn run_idle_sleeper(self: Arc<Self>, stop: CancellationToken) {
+    /// and wakes tenants ahead of their predicted runs; runs until `stop` fires. No tenant is
+    /// woken ahead once `draining` fires (the gateway stops taking clients): a pre-wake then
+    /// would start a database nobody can reach.
+    pub async fn run_idle_sleeper(
+        self: Arc<Self>,
+        stop: CancellationToken,
+        draining: CancellationToken,
+    ) {
         let renewals = async {
             if let Some(activity) = &self.activity {
                 self.renew_entries(activity, &stop).await;
@@ -34,7 +40,7 @@ impl WakeCoordinator {
         tokio::join!(
             self.look_for_idle_tenants(&stop),
             renewals,
-            self.look_ahead(&stop)
+            self.look_ahead(&draining)
         );
     }
 
@@ -97,7 +103,8 @@ impl WakeCoordinator {
                     {
                         if shared.is_none() {
                             let early = slot.note_sleep(&mut inner, &self.predictions);
-                            info!(tenant = %slot.tenant.id, idle = ?slot.tenant.idle_timeout, early, "idle: putting tenant to sleep");
+                            let idle_s = inner.idle_since.elapsed().as_secs_f64();
+                            info!(tenant = %slot.tenant.id, idle_s, idle_timeout = ?slot.tenant.idle_timeout, early, "idle: putting tenant to sleep");
                             Self::start_sleep(slot, &mut inner, None);
                         }
                         shared.is_some()

@@ -114,7 +114,11 @@ impl Lab {
     /// Starts the idle sleeper; it stops when the returned token is dropped.
     pub(super) fn run_idle_sleeper(&self) -> tokio_util::sync::DropGuard {
         let stop = CancellationToken::new();
-        tokio::spawn(self.coordinator.clone().run_idle_sleeper(stop.clone()));
+        let sleeper = self
+            .coordinator
+            .clone()
+            .run_idle_sleeper(stop.clone(), stop.clone());
+        tokio::spawn(sleeper);
         stop.drop_guard()
     }
 
