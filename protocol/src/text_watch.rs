@@ -125,6 +125,14 @@ impl TextWatch {
                 },
                 Phase::Text => {
                     let end = data.iter().position(|&b| b == 0);
+                    // A whole text in one chunk (most are) is scanned where it lies.
+                    if let Some(end) = end
+                        && self.window.is_empty()
+                    {
+                        scan_text(&data[..end], end, self.before, &mut self.found);
+                        self.phase = Phase::Done;
+                        return;
+                    }
                     self.window
                         .extend_from_slice(&data[..end.unwrap_or(data.len())]);
                     if end.is_some() {
@@ -154,27 +162,56 @@ impl TextWatch {
 
     /// Looks for keywords that start before `upto`, then drops those bytes.
     fn scan(&mut self, upto: usize) {
-        for i in 0..upto {
-            let before = if i == 0 {
-                self.before
-            } else {
-                self.window[i - 1]
-            };
-            let first = self.window[i].to_ascii_lowercase();
-            if !is_word(before) && matches!(first, b's' | b'r' | b'c' | b'l' | b'd' | b'e') {
-                note_at(&self.window[i..], &mut self.found);
-            } else if first == b'\''
-                && (before == b'(' || before == b',' || before.is_ascii_whitespace())
-                && let Some(name) = literal_name(&self.window[i + 1..])
-                && name.contains('.')
-            {
-                self.found.candidates.push(name);
-            }
-        }
+        scan_text(&self.window, upto, self.before, &mut self.found);
         if upto > 0 {
             self.before = self.window[upto - 1];
             self.window.drain(..upto);
         }
+    }
+}
+
+/// A byte that may begin a keyword [`note_at`] looks for (the first letters of `setseed`,
+/// `discard`, `execute`, `currval`, `lastval`, `set_config`, `set` and `reset`, in either case).
+const KEYWORD_START: u8 = 1;
+/// A string literal's opening quote.
+const QUOTE: u8 = 2;
+
+/// Each byte's class: most bytes of a text begin nothing the watch looks for and are passed
+/// over with one look-up, which keeps the watch cheap on texts that change no state.
+static BYTE_CLASS: [u8; 256] = byte_classes();
+
+const fn byte_classes() -> [u8; 256] {
+    let mut classes = [0u8; 256];
+    let starts = b"sdeclrSDECLR";
+    let mut i = 0;
+    while i < starts.len() {
+        classes[starts[i] as usize] = KEYWORD_START;
+        i += 1;
+    }
+    classes[b'\'' as usize] = QUOTE;
+    classes
+}
+
+/// Looks for keywords in `text` that start before `upto`; `before` is the byte before it.
+fn scan_text(text: &[u8], upto: usize, mut before: u8, found: &mut Findings) {
+    for (i, &b) in text[..upto].iter().enumerate() {
+        match BYTE_CLASS[b as usize] {
+            0 => {}
+            KEYWORD_START => {
+                if !is_word(before) {
+                    note_at(&text[i..], found);
+                }
+            }
+            _ => {
+                if (before == b'(' || before == b',' || before.is_ascii_whitespace())
+                    && let Some(name) = literal_name(&text[i + 1..])
+                    && name.contains('.')
+                {
+                    found.candidates.push(name);
+                }
+            }
+        }
+        before = b;
     }
 }
 
