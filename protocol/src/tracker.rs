@@ -244,6 +244,16 @@ impl Reader {
         loop {
             if self.in_message {
                 let take = (self.remaining as usize).min(data.len());
+                // A body that is whole in this chunk (most are) is read where it lies.
+                if take == self.remaining as usize && self.capture.is_empty() {
+                    let body = &data[..take];
+                    sink.payload(body);
+                    self.remaining = 0;
+                    self.in_message = false;
+                    sink.done(self.header[0], &body[..take.min(self.capture_limit)]);
+                    data = &data[take..];
+                    continue;
+                }
                 let room = self.capture_limit.saturating_sub(self.capture.len());
                 self.capture.extend_from_slice(&data[..take.min(room)]);
                 sink.payload(&data[..take]);
