@@ -13,4 +13,9 @@ if [[ ! -f $work/netns ]]; then
 fi
 export KUBECONFIG=${KUBECONFIG:-$work/kubeconfig}
 export PGWAKE_NODE_WORK=$work
+# The namespace reaches only the lab: crates a test needs (the test-only ones too, which a
+# release build never fetched) are fetched here first, where the registry is reachable.
+if [[ ${1:-} == cargo ]]; then
+  cargo fetch --locked >&2
+fi
 exec nsenter --net="/run/netns/$(<"$work/netns")" "$@"

@@ -40,8 +40,13 @@ if [[ $(id -u) != 0 ]]; then
 fi
 for tool in containerd containerd-shim-runc-v2 runc ctr nsenter ip iptables kubectl; do
   command -v "$tool" >/dev/null || {
-    echo "node/up.sh: $tool is missing; on Debian: apt-get install containerd runc" \
-      "containernetworking-plugins iproute2 iptables util-linux kubectl" >&2
+    if [[ $tool == kubectl ]]; then
+      echo "node/up.sh: kubectl is missing; Debian bookworm has no package for it: install" \
+        "the Kubernetes project's release binary (v1.37, or one minor version apart)" >&2
+    else
+      echo "node/up.sh: $tool is missing; on Debian: apt-get install containerd runc" \
+        "containernetworking-plugins iproute2 iptables util-linux" >&2
+    fi
     exit 1
   }
 done
