@@ -411,7 +411,8 @@ fn simulate(trace: &Trace, policy: PredictPolicy, t: Timings) -> Result<Outcome>
         };
         let coordinator = WakeCoordinator::new(directory, settings, |_| {});
         let stop = CancellationToken::new();
-        let sleeper = tokio::spawn(coordinator.clone().run_idle_sleeper(stop.clone()));
+        let sleeper = coordinator.clone().run_idle_sleeper(stop.clone(), stop.clone());
+        let sleeper = tokio::spawn(sleeper);
         let origin = Instant::now();
         let offset = if trace.weekly {
             to_next_monday(coordinator.clock_seconds()) as f64
