@@ -411,7 +411,9 @@ fn simulate(trace: &Trace, policy: PredictPolicy, t: Timings) -> Result<Outcome>
         };
         let coordinator = WakeCoordinator::new(directory, settings, |_| {});
         let stop = CancellationToken::new();
-        let sleeper = coordinator.clone().run_idle_sleeper(stop.clone(), stop.clone());
+        let sleeper = coordinator
+            .clone()
+            .run_idle_sleeper(stop.clone(), stop.clone());
         let sleeper = tokio::spawn(sleeper);
         let origin = Instant::now();
         let offset = if trace.weekly {
