@@ -308,11 +308,11 @@ fn check_page(gw: &Gateway, browser: &str) {
         dom.contains("median ") && dom.contains(r#"class="bar""#),
         "no wake latency bars"
     );
-    // No tenant opted in to predictions, and none has runs enough for a pattern.
+    // The others take the default policy, and none has runs enough for a pattern.
     assert!(
-        dom.contains(r#"<td data-predict="off">"#)
+        dom.contains(r#"<td data-predict="wake">"#)
             && dom.contains("<span>no pattern</span>")
-            && dom.contains("predict: off"),
+            && dom.contains("predict: wake"),
         "no prediction column:\n{dom}"
     );
     // `analytics`'s daily runs are shown with the next one due.

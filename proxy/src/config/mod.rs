@@ -399,13 +399,13 @@ backend = { kind = "fixed", address = "127.0.0.1:5433" }
     }
 
     #[test]
-    fn run_predictions_are_off_unless_asked_for_gateway_wide_or_per_tenant() {
+    fn run_predictions_wake_ahead_unless_told_otherwise_gateway_wide_or_per_tenant() {
         let c = load(EXAMPLE).unwrap();
-        assert_eq!(c.wake.predict, PredictPolicy::Off);
+        assert_eq!(c.wake.predict, PredictPolicy::Wake);
         assert_eq!(c.tenants[0].predict, None);
         let text = EXAMPLE.replace(
             "backend = { kind = \"fixed\", address = \"127.0.0.1:5433\" }",
-            "backend = { kind = \"fixed\", address = \"127.0.0.1:5433\" }\npredict = \"wake\"",
+            "backend = { kind = \"fixed\", address = \"127.0.0.1:5433\" }\npredict = \"off\"",
         );
         let c = load(&format!(
             "{text}[wake]\npredict = \"wake_and_sleep\"\npredict_sleep_grace = \"5s\"\n"
@@ -413,7 +413,7 @@ backend = { kind = "fixed", address = "127.0.0.1:5433" }
         .unwrap();
         assert_eq!(c.wake.predict, PredictPolicy::WakeAndSleep);
         assert_eq!(c.wake.predict_sleep_grace, Duration::from_secs(5));
-        assert_eq!(c.tenants[0].predict, Some(PredictPolicy::Wake));
+        assert_eq!(c.tenants[0].predict, Some(PredictPolicy::Off));
         let err = load(&format!("{EXAMPLE}[wake]\npredict = \"always\"\n"))
             .unwrap_err()
             .to_string();

@@ -74,7 +74,7 @@ impl Default for WakeConfig {
             idle_timeout: Duration::from_secs(300),
             idle_check_interval: Duration::from_secs(1),
             wake_notice: false,
-            predict: PredictPolicy::Off,
+            predict: PredictPolicy::Wake,
             predict_margin: Duration::from_secs(2),
             predict_sleep_grace: Duration::from_secs(15),
             predict_run_gap: Duration::from_secs(60),
