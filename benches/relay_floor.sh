@@ -39,15 +39,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-pick_port() {
-  local p
-  while :; do p=$((20000 + RANDOM % 20000)); port_free "$p" && { echo "$p"; return; }; done
-}
-wait_port() {
-  for _ in $(seq 200); do port_free "$1" || return 0; sleep 0.05; done
-  echo "nothing listens on $1" >&2; exit 1
-}
+# shellcheck source=benches/ports.sh
+source benches/ports.sh
 
 pg_port=$(pick_port)
 as_pg "$bin/initdb" -D "$dir/data" -U postgres -A trust >/dev/null

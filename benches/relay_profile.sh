@@ -39,22 +39,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-pick_port() {
-  local p
-  while :; do p=$((20000 + RANDOM % 20000)); port_free "$p" && { echo "$p"; return; }; done
-}
-wait_port() {
-  for _ in $(seq 600); do port_free "$1" || return 0; sleep 0.1; done
-  echo "nothing listens on $1" >&2; exit 1
-}
+# shellcheck source=benches/ports.sh
+source benches/ports.sh
 
 pg_port=$(pick_port)
 setpriv --reuid=postgres --regid=postgres --init-groups -- "$bin/initdb" -D "$dir/data" -U postgres -A trust >/dev/null
 setpriv --reuid=postgres --regid=postgres --init-groups -- "$bin/postgres" -D "$dir/data" -p "$pg_port" -k "$dir" \
   -c listen_addresses=127.0.0.1 -c max_connections=50 >"$dir/pg.log" 2>&1 &
 pg_pid=$!
-wait_port "$pg_port"
+wait_port "$pg_port" 60
 sleep 1
 "$bin/pgbench" -q -i -s 1 -h 127.0.0.1 -p "$pg_port" -U postgres postgres >/dev/null 2>&1
 
@@ -96,8 +89,8 @@ valgrind --tool=callgrind --callgrind-out-file="$dir/floor.%p.out" \
   "$floor" tokio "$floor_port" "$pg_port" >"$dir/floor.log" 2>&1 &
 floor_pid=$!
 pids+=("$floor_pid")
-wait_port "$gw_port"
-wait_port "$floor_port"
+wait_port "$gw_port" 60
+wait_port "$floor_port" 60
 
 # Instructions per transaction through the relay process `pid` listening on `port`.
 measure() {
@@ -121,6 +114,6 @@ measure "$pgwake_pid" "$gw_port" pgwake
 tx=$((per_client * clients))
 echo
 echo "pgwake, by function (own instructions per transaction, top 40):"
-callgrind_annotate --inclusive=no "$(cat "$dir/pgwake.last")" 2>/dev/null \
+callgrind_annotate --inclusive=no --threshold=100 "$(cat "$dir/pgwake.last")" 2>/dev/null \
   | awk -v tx="$tx" '/^ *[0-9,]+ \(/ { n=$1; gsub(",", "", n); $1=""; $2="";
       printf "%8.0f  %s\n", n / tx, $0; if (++k == 40) exit }'

@@ -7,20 +7,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Gateway, LOCAL_PASSWORD, backend_pid, issued_key};
+use common::{Gateway, LOCAL_PASSWORD, PARK_ON_OWN, backend_pid, issued_key};
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{AsyncMessage, Client, NoTls, Notification};
-
-/// Sessions park after 300 ms of quiet; the tenant never sleeps.
-const PARKING: &str = "allow_plaintext = true
-[wake]
-idle_timeout = \"1h\"
-[revival]
-snapshot_after = \"100ms\"
-park_session_after = \"300ms\"
-";
 
 async fn gateway(extra: &'static str) -> Gateway {
     let tenants = Gateway::local_tenants(&["who"], "");
@@ -101,7 +92,7 @@ async fn a_client_is_given_its_backends_pid_and_can_end_its_own_backend() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parked_sessions_pid_names_no_other_sessions_backend() {
-    let gw = gateway(PARKING).await;
+    let gw = gateway(PARK_ON_OWN).await;
     let (a, _) = connect(&gw).await;
     let (given, _) = issued_key(&a.cancel_token()).await;
     let before = parks(&gw);
@@ -135,7 +126,7 @@ async fn a_parked_sessions_pid_names_no_other_sessions_backend() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn own_notifications_carry_the_clients_pid_after_a_move() {
-    let gw = gateway(PARKING).await;
+    let gw = gateway(PARK_ON_OWN).await;
     let (a, mut notes) = connect(&gw).await;
     let (given, _) = issued_key(&a.cancel_token()).await;
     let before = parks(&gw);

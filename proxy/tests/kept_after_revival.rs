@@ -9,8 +9,7 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Gateway, backend, wait_returns};
-use tokio_postgres::NoTls;
+use common::{Gateway, backend, connect_plain, verified_fixed_tenant, wait_returns};
 
 /// Plaintext clients, sessions parked after 200 ms of quiet (their backend connection kept).
 const CONFIG: &str = "allow_plaintext = true
@@ -18,30 +17,6 @@ const CONFIG: &str = "allow_plaintext = true
 snapshot_after = \"50ms\"
 park_session_after = \"200ms\"
 ";
-
-/// A fixed tenant on `pg` whose users the gateway authenticates, so its sessions can park.
-fn fixed_tenant(dir: &std::path::Path, pg: &pgwake_testkit::TestPostgres) -> String {
-    let verifier = pg
-        .psql(&format!(
-            "select rolpassword from pg_authid where rolname = '{}'",
-            pg.options.user
-        ))
-        .unwrap();
-    let path = dir.join("users.txt");
-    std::fs::write(&path, format!("\"{}\" \"{verifier}\"\n", pg.options.user)).unwrap();
-    format!(
-        "[[tenant]]\nid = \"alpha\"\nbackend = {{ kind = \"fixed\", address = \"127.0.0.1:{}\" }}\n\
-         credentials = {{ kind = \"static\", file = \"{}\" }}\n",
-        pg.port,
-        path.display()
-    )
-}
-
-async fn connect(info: &str) -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(info, NoTls).await.unwrap();
-    tokio::spawn(conn);
-    client
-}
 
 /// Waits until `pgwake_sessions_parked` is `n`.
 async fn wait_parked(gw: &Gateway, n: f64) {
@@ -63,7 +38,7 @@ async fn a_connection_logged_in_for_a_revival_greets_its_next_client_in_full() {
     }
     let pg = tokio::task::spawn_blocking(backend).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let tenants = fixed_tenant(dir.path(), &pg);
+    let tenants = verified_fixed_tenant(dir.path(), &pg);
     let gw = tokio::task::spawn_blocking(move || Gateway::launch(CONFIG, &tenants, &[]))
         .await
         .unwrap();
@@ -74,7 +49,7 @@ async fn a_connection_logged_in_for_a_revival_greets_its_next_client_in_full() {
     );
     // The session parks (its login backend, whose pid its client holds, is closed), is
     // revived on a connection logged in for it, and parks again: that connection is kept.
-    let session = connect(&info).await;
+    let session = connect_plain(&info).await;
     session.simple_query("SELECT 1").await.unwrap();
     wait_parked(&gw, 1.0).await;
     session.simple_query("SELECT 1").await.unwrap();

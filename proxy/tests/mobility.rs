@@ -7,30 +7,21 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Gateway, LOCAL_PASSWORD};
+use common::{Gateway, LOCAL_PASSWORD, PARK_ON_OWN};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls};
-
-/// Sessions park on their own after 300 ms of quiet; the tenant never sleeps.
-const PARKING: &str = "allow_plaintext = true
-[wake]
-idle_timeout = \"1h\"
-[revival]
-snapshot_after = \"100ms\"
-park_session_after = \"300ms\"
-";
 
 async fn gateway(cap: Option<u32>) -> Gateway {
     gateway_with(cap, "").await
 }
 
-/// A gateway with `revival` lines added to [`PARKING`]'s `[revival]` section.
+/// A gateway with `revival` lines added to [`PARK_ON_OWN`]'s `[revival]` section.
 async fn gateway_with(cap: Option<u32>, revival: &str) -> Gateway {
     let mut tenants = Gateway::local_tenants(&["m"], "");
     if let Some(cap) = cap {
         tenants.push_str(&format!("max_backend_connections = {cap}\n"));
     }
-    let extra = format!("{PARKING}{revival}");
+    let extra = format!("{PARK_ON_OWN}{revival}");
     tokio::task::spawn_blocking(move || Gateway::launch(&extra, &tenants, &[]))
         .await
         .unwrap()

@@ -10,17 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Gateway, LOCAL_PASSWORD, show};
+use common::{Gateway, LOCAL_PASSWORD, PARK_ON_OWN, show};
 use tokio_postgres::{Client, NoTls, Statement};
-
-/// The tenant never sleeps here; sessions park on their own after half a second of quiet.
-const PARK_ON_OWN: &str = "allow_plaintext = true
-[wake]
-idle_timeout = \"1h\"
-[revival]
-snapshot_after = \"100ms\"
-park_session_after = \"300ms\"
-";
 
 /// `pgwake_parks_total{reason="session_idle"}`.
 fn parked_on_own(gw: &Gateway) -> f64 {

@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Gateway, LOCAL_PASSWORD, backend, show};
+use common::{Gateway, LOCAL_PASSWORD, backend, show, verified_fixed_tenant};
 use pgwake_testkit::pg_bin_dir;
 use tokio_postgres::{Client, NoTls};
 
@@ -262,29 +262,11 @@ async fn cancel_after_start(token: tokio_postgres::CancelToken) {
     }
 }
 
-/// A fixed tenant on `pg` whose users the gateway authenticates (the backend's own verifier).
-fn fixed_tenant(dir: &std::path::Path, pg: &pgwake_testkit::TestPostgres) -> String {
-    let verifier = pg
-        .psql(&format!(
-            "select rolpassword from pg_authid where rolname = '{}'",
-            pg.options.user
-        ))
-        .unwrap();
-    let path = dir.join("users.txt");
-    std::fs::write(&path, format!("\"{}\" \"{verifier}\"\n", pg.options.user)).unwrap();
-    format!(
-        "[[tenant]]\nid = \"alpha\"\nbackend = {{ kind = \"fixed\", address = \"127.0.0.1:{}\" }}\n\
-         credentials = {{ kind = \"static\", file = \"{}\" }}\n",
-        pg.port,
-        path.display()
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backend_restart_under_an_idle_session() {
     let mut pg = blocking(backend).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let tenants = fixed_tenant(dir.path(), &pg);
+    let tenants = verified_fixed_tenant(dir.path(), &pg);
     // The tenant never idles out here: the backend goes away under the session instead.
     let extra = FAST.replace("idle_timeout = \"1s\"", "idle_timeout = \"1h\"");
     let gw = blocking(move || Gateway::launch(&extra, &tenants, &[]))

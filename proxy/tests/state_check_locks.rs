@@ -9,39 +9,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Gateway, backend};
-use tokio_postgres::NoTls;
+use common::{Gateway, backend, connect_plain, verified_fixed_tenant};
 
 /// Plaintext clients and a state check 100 ms after a session comes to rest.
 const CONFIG: &str = "allow_plaintext = true
 [revival]
 snapshot_after = \"100ms\"
 ";
-
-/// A fixed tenant on `pg` whose users the gateway authenticates (the backend's own verifier),
-/// so its sessions can move and their state is checked.
-fn fixed_tenant(dir: &std::path::Path, pg: &pgwake_testkit::TestPostgres) -> String {
-    let verifier = pg
-        .psql(&format!(
-            "select rolpassword from pg_authid where rolname = '{}'",
-            pg.options.user
-        ))
-        .unwrap();
-    let path = dir.join("users.txt");
-    std::fs::write(&path, format!("\"{}\" \"{verifier}\"\n", pg.options.user)).unwrap();
-    format!(
-        "[[tenant]]\nid = \"alpha\"\nbackend = {{ kind = \"fixed\", address = \"127.0.0.1:{}\" }}\n\
-         credentials = {{ kind = \"static\", file = \"{}\" }}\n",
-        pg.port,
-        path.display()
-    )
-}
-
-async fn connect(info: &str) -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(info, NoTls).await.unwrap();
-    tokio::spawn(conn);
-    client
-}
 
 /// A gateway with tenant `alpha` on a fresh Postgres, a client through it and one directly
 /// (the gateway, the Postgres server and the folder are kept alive with them).
@@ -52,18 +26,18 @@ async fn clients() -> (
 ) {
     let pg = tokio::task::spawn_blocking(backend).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let tenants = fixed_tenant(dir.path(), &pg);
+    let tenants = verified_fixed_tenant(dir.path(), &pg);
     let gw = tokio::task::spawn_blocking(move || Gateway::launch(CONFIG, &tenants, &[]))
         .await
         .unwrap();
     let (user, password) = (&pg.options.user, &pg.options.password);
-    let through = connect(&format!(
+    let through = connect_plain(&format!(
         "host=127.0.0.1 port={} user={user} password={password} dbname=postgres \
          options='endpoint=alpha' sslmode=disable",
         gw.port
     ))
     .await;
-    let direct = connect(&format!(
+    let direct = connect_plain(&format!(
         "host=127.0.0.1 port={} user={user} password={password} dbname=postgres sslmode=disable",
         pg.port
     ))

@@ -809,3 +809,32 @@ pub async fn issued_key(token: &tokio_postgres::CancelToken) -> (i32, Vec<u8>) {
     let pid = i32::from_be_bytes(packet[8..12].try_into().unwrap());
     (pid, packet[12..16].to_vec())
 }
+
+/// A fixed tenant `alpha` on `pg` whose users the gateway authenticates (with the backend's own
+/// SCRAM verifier, in a static credentials file written to `dir`), so its sessions can move.
+pub fn verified_fixed_tenant(dir: &Path, pg: &TestPostgres) -> String {
+    let verifier = pg
+        .psql(&format!(
+            "select rolpassword from pg_authid where rolname = '{}'",
+            pg.options.user
+        ))
+        .unwrap();
+    let path = dir.join("users.txt");
+    std::fs::write(&path, format!("\"{}\" \"{verifier}\"\n", pg.options.user)).unwrap();
+    format!(
+        "[[tenant]]\nid = \"alpha\"\nbackend = {{ kind = \"fixed\", address = \"127.0.0.1:{}\" }}\n\
+         credentials = {{ kind = \"static\", file = \"{}\" }}\n",
+        pg.port,
+        path.display()
+    )
+}
+
+/// Sessions park on their own after 300 ms of quiet (snapshots after 100 ms); tenants never
+/// sleep.
+pub const PARK_ON_OWN: &str = "allow_plaintext = true
+[wake]
+idle_timeout = \"1h\"
+[revival]
+snapshot_after = \"100ms\"
+park_session_after = \"300ms\"
+";
