@@ -607,6 +607,8 @@ impl Connector {
 /// place belongs to the connection, and the session (parked, or waiting for its revival) may
 /// live on long after it.
 pub async fn close((stream, slot): (Stream, BackendSlot)) {
-    drop(slot);
     reuse::close(stream).await;
+    // Given up once the backend has gone: a session waiting for the slot would otherwise start
+    // a new backend while the old process still counts against the server's connections.
+    drop(slot);
 }

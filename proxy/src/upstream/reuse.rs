@@ -378,11 +378,18 @@ impl Replies {
     }
 }
 
-/// Says goodbye to a backend connection that is not kept.
+/// Says goodbye to a backend connection that is not kept, and waits (briefly) until the backend
+/// has closed its end: its process has left `pg_stat_activity` by then.
 pub async fn close(mut stream: Stream) {
-    let _ = tokio::time::timeout(Duration::from_millis(200), async {
+    let _ = tokio::time::timeout(Duration::from_millis(500), async {
         let _ = stream.write_all(&TERMINATE).await;
         let _ = stream.shutdown().await;
+        let mut rest = [0u8; 512];
+        while let Ok(n) = stream.read(&mut rest).await {
+            if n == 0 {
+                break;
+            }
+        }
     })
     .await;
 }
