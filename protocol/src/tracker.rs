@@ -848,14 +848,17 @@ impl SessionTracker {
     }
 
     /// The context statement `name` (`None`: the unnamed statement) was prepared under, given
-    /// the context a snapshot reads `now`; `None` when the gateway cannot know it: the settings
-    /// changed after it was made before any snapshot read them, the text that made it also
-    /// changed them, or they differ now from what an earlier snapshot read while nothing the
-    /// gateway saw changed them (a function that calls `set_config`).
+    /// the context a snapshot reads `now` and the settings' values at login, `reset` (what
+    /// every statement made before the first change was made under); `None` when the gateway
+    /// cannot know it: the settings changed after it was made before any snapshot read them,
+    /// the text that made it also changed them, or they differ now from what an earlier
+    /// snapshot read while nothing the gateway saw changed them (a function that calls
+    /// `set_config`).
     pub fn prepare_context(
         &self,
         name: Option<&str>,
         now: &Arc<PrepareContext>,
+        reset: Option<&Arc<PrepareContext>>,
     ) -> Option<Arc<PrepareContext>> {
         let c = &self.contexts;
         let made_in = match name {
@@ -866,7 +869,12 @@ impl SessionTracker {
             let recorded = c.current.get_or_init(|| Arc::clone(now));
             return (**recorded == **now).then(|| Arc::clone(recorded));
         }
-        c.past.get(&made_in).cloned()
+        match c.past.get(&made_in) {
+            Some(past) => Some(Arc::clone(past)),
+            // Nothing the gateway saw changed them yet: they held their login values.
+            None if made_in == 0 => reset.cloned(),
+            None => None,
+        }
     }
 
     /// The stale statements and what their use answers.
@@ -1240,20 +1248,20 @@ mod tests {
         t.observe_client(&[parse("a"), sync()].concat(), now());
         t.observe_backend(&[msg(b'1', &[]), ready(b'I')].concat(), now());
         // Read by the first snapshot while nothing changed since "a" was made.
-        assert_eq!(t.prepare_context(Some("a"), &mdy), Some(mdy.clone()));
+        assert_eq!(t.prepare_context(Some("a"), &mdy, None), Some(mdy.clone()));
         run(&mut t, "SET datestyle = 'ISO, DMY'", b'I');
-        assert_eq!(t.prepare_context(Some("a"), &dmy), Some(mdy.clone()));
+        assert_eq!(t.prepare_context(Some("a"), &dmy, None), Some(mdy.clone()));
         t.observe_client(&[parse("b"), sync()].concat(), now());
         t.observe_backend(&[msg(b'1', &[]), ready(b'I')].concat(), now());
-        assert_eq!(t.prepare_context(Some("b"), &dmy), Some(dmy.clone()));
+        assert_eq!(t.prepare_context(Some("b"), &dmy, None), Some(dmy.clone()));
         // Made, then the context changed before any snapshot read it.
         run(&mut t, "SET datestyle = 'ISO, YMD'", b'I');
         t.observe_client(&[parse("c"), sync()].concat(), now());
         t.observe_backend(&[msg(b'1', &[]), ready(b'I')].concat(), now());
         run(&mut t, "set role r0", b'I');
-        assert_eq!(t.prepare_context(Some("c"), &mdy), None);
-        assert_eq!(t.prepare_context(Some("a"), &mdy), Some(mdy.clone()));
-        assert_eq!(t.prepare_context(Some("b"), &mdy), Some(dmy.clone()));
+        assert_eq!(t.prepare_context(Some("c"), &mdy, None), None);
+        assert_eq!(t.prepare_context(Some("a"), &mdy, None), Some(mdy.clone()));
+        assert_eq!(t.prepare_context(Some("b"), &mdy, None), Some(dmy.clone()));
         // Unrelated settings leave the generation where it was.
         t.note_context(&mdy);
         run(
@@ -1263,9 +1271,29 @@ mod tests {
         );
         t.observe_client(&[parse("d"), sync()].concat(), now());
         t.observe_backend(&[msg(b'1', &[]), ready(b'I')].concat(), now());
-        assert_eq!(t.prepare_context(Some("d"), &mdy), Some(mdy.clone()));
+        assert_eq!(t.prepare_context(Some("d"), &mdy, None), Some(mdy.clone()));
         // Something the gateway did not see changed it (a function calling set_config).
-        assert_eq!(t.prepare_context(Some("d"), &dmy), None);
+        assert_eq!(t.prepare_context(Some("d"), &dmy, None), None);
+    }
+
+    #[test]
+    fn statements_made_before_the_first_change_take_the_login_values() {
+        let (mdy, dmy) = (context("ISO, MDY"), context("ISO, DMY"));
+        let mut t = SessionTracker::default();
+        // A driver's setup: a statement made at login, then settings, all before any snapshot.
+        t.observe_client(&[parse("s1"), sync()].concat(), now());
+        t.observe_backend(&[msg(b'1', &[]), ready(b'I')].concat(), now());
+        run(&mut t, "SET datestyle = 'ISO, DMY'", b'I');
+        assert_eq!(t.prepare_context(Some("s1"), &dmy, None), None);
+        assert_eq!(
+            t.prepare_context(Some("s1"), &dmy, Some(&mdy)),
+            Some(mdy.clone())
+        );
+        // Made after the change and before a snapshot: the login values do not hold for it.
+        t.observe_client(&[parse("s2"), sync()].concat(), now());
+        t.observe_backend(&[msg(b'1', &[]), ready(b'I')].concat(), now());
+        run(&mut t, "SET datestyle = 'ISO, YMD'", b'I');
+        assert_eq!(t.prepare_context(Some("s2"), &mdy, Some(&mdy)), None);
     }
 
     #[test]
@@ -1278,13 +1306,13 @@ mod tests {
         t.observe_backend(&[complete("PREPARE"), ready(b'T')].concat(), now());
         run(&mut t, "commit", b'I');
         assert_eq!(
-            t.prepare_context(Some("p"), &mdy),
+            t.prepare_context(Some("p"), &mdy, None),
             None,
             "made under SET LOCAL"
         );
         t.observe_client(&query("PREPARE q AS select 1"), now());
         t.observe_backend(&[complete("PREPARE"), ready(b'I')].concat(), now());
-        assert_eq!(t.prepare_context(Some("q"), &mdy), Some(mdy.clone()));
+        assert_eq!(t.prepare_context(Some("q"), &mdy, None), Some(mdy.clone()));
         // A statement whose text changes the context moves it when it runs.
         run(&mut t, "reset datestyle", b'I');
         let mut b = cstr("s");
@@ -1303,8 +1331,8 @@ mod tests {
             now(),
         );
         t.observe_backend(&ready(b'I'), now());
-        assert_eq!(t.prepare_context(Some("r"), &mdy), None);
-        assert_eq!(t.prepare_context(Some("q"), &mdy), Some(mdy.clone()));
+        assert_eq!(t.prepare_context(Some("r"), &mdy, None), None);
+        assert_eq!(t.prepare_context(Some("q"), &mdy, None), Some(mdy.clone()));
         // A text that prepares without a name the tracker can read and also changes settings.
         run(&mut t, "DEALLOCATE ALL", b'I');
         t.observe_client(&query("prepare x as select 1; set datestyle = dmy"), now());
@@ -1312,7 +1340,7 @@ mod tests {
             &[complete("PREPARE"), complete("SET"), ready(b'I')].concat(),
             now(),
         );
-        assert_eq!(t.prepare_context(Some("x"), &mdy), None);
+        assert_eq!(t.prepare_context(Some("x"), &mdy, None), None);
     }
 
     #[test]

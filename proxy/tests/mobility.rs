@@ -304,7 +304,10 @@ async fn what_cannot_be_restored_fails_at_its_use_not_at_the_revival() {
         .await
         .unwrap();
     let c = connect(&gw).await;
+    let before = parks(&gw);
     let stmt = c.prepare("select a from t7").await.unwrap();
+    // Recorded at rest before the identity changes, so the statement's context is known.
+    assert!(parked_since(&gw, before).await, "the session parks");
     let before = parks(&gw);
     c.batch_execute("set log_min_duration_statement = 100; set session authorization r0")
         .await

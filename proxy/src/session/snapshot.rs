@@ -366,7 +366,8 @@ impl Snapshot {
     /// read, in [`CONTEXT_SETTINGS`] order). A statement whose settings the gateway cannot know
     /// pins the session: made again under today's, it could read its literals or names
     /// otherwise.
-    fn carry_contexts(&mut self, tracker: &SessionTracker, now: &[String]) {
+    fn carry_contexts(&mut self, tracker: &SessionTracker, now: &[String], reset: &[String]) {
+        let reset = PrepareContext::new(reset.iter().map(String::as_str)).map(Arc::new);
         let Some(now) = PrepareContext::new(now.iter().map(String::as_str)).map(Arc::new) else {
             if !self.statements.is_empty() || self.unnamed.is_some() {
                 self.pins.insert(Pins::UNKNOWN_PREPARE_CONTEXT);
@@ -375,14 +376,15 @@ impl Snapshot {
         };
         tracker.note_context(&now);
         let mut unknown = false;
-        let mut context_of = |name: Option<&str>| match tracker.prepare_context(name, &now) {
-            Some(c) if *c == *now => None,
-            Some(c) => Some(c),
-            None => {
-                unknown = true;
-                None
-            }
-        };
+        let mut context_of =
+            |name: Option<&str>| match tracker.prepare_context(name, &now, reset.as_ref()) {
+                Some(c) if *c == *now => None,
+                Some(c) => Some(c),
+                None => {
+                    unknown = true;
+                    None
+                }
+            };
         for s in &mut self.statements {
             s.context = context_of(Some(&s.name));
         }
@@ -538,6 +540,7 @@ pub async fn take_snapshot(
     };
     let mut failure = None;
     let mut context = vec![String::new(); CONTEXT_SETTINGS.len()];
+    let mut reset = vec![String::new(); CONTEXT_SETTINGS.len()];
     // Every answer is read, whatever the first one was, so none of it reaches the client.
     let batches = if sequence_sql.is_some() { 4 } else { 2 };
     let mut answered = 0;
@@ -546,7 +549,8 @@ pub async fn take_snapshot(
         let sequence_check = answered >= 2;
         match msg.tag() {
             b'D' if !sequence_check => {
-                absorb_row(&mut snap, &mut context, msg.body(), (login_user, limits))?
+                let values = (&mut context[..], &mut reset[..]);
+                absorb_row(&mut snap, values, msg.body(), (login_user, limits))?
             }
             b'N' if sequence_check
                 && frontend::error_fields(msg.body()).message == SEQUENCE_STATE_NOTICE =>
@@ -586,16 +590,16 @@ pub async fn take_snapshot(
     )
     .await?;
     snap.carry_stale(tracker, limits, &locked);
-    snap.carry_contexts(tracker, &context);
+    snap.carry_contexts(tracker, &context, &reset);
     snap.shrink();
     Ok(snap)
 }
 
 /// Takes in one row of the snapshot query (kind, name, value, extra); the values of the
-/// settings that decide how a statement is read go to `context`.
+/// settings that decide how a statement is read go to `context`, their login values to `reset`.
 fn absorb_row(
     snap: &mut Snapshot,
-    context: &mut [String],
+    (context, reset): (&mut [String], &mut [String]),
     body: &[u8],
     (login_user, limits): (&str, SnapshotLimits),
 ) -> Result<(), StateError> {
@@ -609,10 +613,19 @@ fn absorb_row(
     };
     let bytes = |i: usize| row[i].map(from_hex_utf8).unwrap_or_default();
     let kind = text(0);
-    if kind == "c" {
+    if kind == "c" || kind == "c0" {
         let name = bytes(1);
         if let Some(i) = CONTEXT_SETTINGS.iter().position(|n| *n == name) {
-            context[i] = bytes(2);
+            let value = match (kind.as_str(), name.as_str()) {
+                // The login's identity: not a setting pg_settings lists.
+                ("c0", "session_authorization") => login_user.to_owned(),
+                _ => bytes(2),
+            };
+            if kind == "c" {
+                context[i] = value;
+            } else {
+                reset[i] = value;
+            }
         }
         return Ok(());
     }
@@ -620,12 +633,16 @@ fn absorb_row(
     Ok(())
 }
 
-/// The snapshot's rows for the settings that decide how a statement is read, as they are now.
+/// The snapshot's rows for the settings that decide how a statement is read, as they are now
+/// (`c`) and as the login left them (`c0`: `pg_settings.reset_val`; `role` resets to `none`).
 fn context_sql() -> String {
     let names: Vec<String> = CONTEXT_SETTINGS.iter().map(|n| format!("'{n}'")).collect();
     format!(
         " UNION ALL SELECT 'c', n, pg_catalog.current_setting(n), NULL \
-         FROM pg_catalog.unnest(ARRAY[{}]::pg_catalog.text[]) AS c(n)",
+         FROM pg_catalog.unnest(ARRAY[{0}]::pg_catalog.text[]) AS c(n) \
+         UNION ALL SELECT 'c0', n, COALESCE((SELECT s.reset_val FROM pg_catalog.pg_settings s \
+         WHERE pg_catalog.lower(s.name) = n), CASE n WHEN 'role' THEN 'none' END), NULL \
+         FROM pg_catalog.unnest(ARRAY[{0}]::pg_catalog.text[]) AS c0(n)",
         names.join(",")
     )
 }
