@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Gateway, backend, connect_plain, verified_fixed_tenant};
+use common::{Gateway, backend, backend_pid, connect_plain, verified_fixed_tenant};
 
 /// Plaintext clients and a state check 100 ms after a session comes to rest.
 const CONFIG: &str = "allow_plaintext = true
@@ -45,14 +45,25 @@ async fn clients() -> (
     (through, direct, (gw, pg, dir))
 }
 
-async fn backend_pid(client: &tokio_postgres::Client) -> i32 {
-    client
-        .query_one("SELECT pg_backend_pid()", &[])
+/// Takes a lock on the direct connection with `lock_sql` (which opens a transaction), waits
+/// until the idle session's state check has begun under it, checks that the session's next
+/// query is answered, and rolls the lock back.
+async fn answers_while_locked(
+    through: &tokio_postgres::Client,
+    direct: &tokio_postgres::Client,
+    lock_sql: &str,
+) {
+    direct.batch_execute(lock_sql).await.unwrap();
+    // Quiet for ten times snapshot_after: the state check has begun while the lock is held.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let one: i32 = through
+        .query_one("SELECT 1", &[])
         .await
-        .unwrap()
-        .get(0)
+        .expect("the idle session answers while another session holds a lock")
+        .get(0);
+    assert_eq!(one, 1);
+    direct.batch_execute("ROLLBACK").await.unwrap();
 }
-
 /// A session that drew from a sequence and read it is checked for sequence state (`lastval`
 /// locks the sequence it names). Another connection drops that sequence in a transaction it
 /// keeps open; the idle session's next query is answered at once, its backend connection and
@@ -74,19 +85,7 @@ async fn state_check_does_not_wait_for_another_sessions_lock_on_a_sequence() {
         .get(0);
     assert_eq!(drawn, read);
     let pid = backend_pid(&through).await;
-    direct
-        .batch_execute("BEGIN; DROP SEQUENCE s")
-        .await
-        .unwrap();
-    // Quiet for ten times snapshot_after: the state check has begun while the lock is held.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let one: i32 = through
-        .query_one("SELECT 1", &[])
-        .await
-        .expect("the idle session answers while another session holds a lock")
-        .get(0);
-    assert_eq!(one, 1);
-    direct.batch_execute("ROLLBACK").await.unwrap();
+    answers_while_locked(&through, &direct, "BEGIN; DROP SEQUENCE s").await;
     let (now_pid, now_read): (i32, i64) = {
         let row = through
             .query_one("SELECT pg_backend_pid(), currval('s')", &[])
@@ -124,19 +123,7 @@ async fn state_check_does_not_wait_for_another_sessions_lock_on_a_table() {
         7
     );
     let pid = backend_pid(&through).await;
-    direct
-        .batch_execute("BEGIN; LOCK t IN ACCESS EXCLUSIVE MODE")
-        .await
-        .unwrap();
-    // Quiet for ten times snapshot_after: the state check has begun while the lock is held.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let one: i32 = through
-        .query_one("SELECT 1", &[])
-        .await
-        .expect("the idle session answers while another session holds a lock")
-        .get(0);
-    assert_eq!(one, 1);
-    direct.batch_execute("ROLLBACK").await.unwrap();
+    answers_while_locked(&through, &direct, "BEGIN; LOCK t IN ACCESS EXCLUSIVE MODE").await;
     assert_eq!(
         through
             .query_one(&stmt, &[])
