@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 pub mod fake_operator;
 pub mod kube;
+pub mod layout;
 
 /// Where the PostgreSQL server binaries live: `PGWAKE_PG_BIN`, else where the gateway's local
 /// backend finds them (the newest `/usr/lib/postgresql/<version>/bin`, else `PATH`).
