@@ -149,6 +149,9 @@ pub struct Metrics {
     pub startup_duration: Histogram,
     wake_duration: HistogramVec,
     auth_attempts: IntCounterVec,
+    /// Key derivations (PBKDF2) run to check a client's cleartext password, against a real
+    /// verifier or the stand-in of a user or tenant that does not exist.
+    pub password_hashes: IntCounter,
     wakes: IntCounterVec,
     waiters: IntGauge,
     tenants: IntGaugeVec,
@@ -247,6 +250,7 @@ impl Metrics {
         let (to_backend, to_client) = r.relayed_bytes();
         let pooling = Pooling::register(&r);
         let moving = Moving::register(&r);
+        let checking = Checking::register(&r);
         let metrics = Metrics {
             connections_accepted: r.counter(
                 "pgwake_connections_accepted_total",
@@ -315,11 +319,8 @@ impl Metrics {
                 "pgwake_predictive_sleeps_total",
                 "Sleeps before the idle timeout because the next run was predicted far away.",
             ),
-            auth_attempts: r.counter_vec(
-                "pgwake_auth_attempts_total",
-                "Client authentications at the gateway, by outcome (ok, failed, throttled, error).",
-                &["outcome"],
-            ),
+            auth_attempts: checking.auth_attempts,
+            password_hashes: checking.password_hashes,
             sessions_parked: moving.sessions_parked,
             parks: moving.parks,
             revivals: moving.revivals,
@@ -614,6 +615,31 @@ impl Moving {
                 "Time a successful revival took: wake (if any), login, restoring settings and \
                  statements.",
                 REVIVAL_BUCKETS,
+            ),
+        }
+    }
+}
+
+/// The metrics of the gateway's own checks of client passwords.
+struct Checking {
+    auth_attempts: IntCounterVec,
+    password_hashes: IntCounter,
+}
+
+impl Checking {
+    fn register(r: &Registrar) -> Checking {
+        Checking {
+            auth_attempts: r.counter_vec(
+                "pgwake_auth_attempts_total",
+                "Client authentications at the gateway, by outcome (ok, failed, throttled, error).",
+                &["outcome"],
+            ),
+            password_hashes: r.counter(
+                "pgwake_password_hashes_total",
+                "Key derivations (PBKDF2) run to check clients' cleartext passwords (/sql, \
+                 WebSocket, a tenant named in the password), for users and tenants that exist \
+                 and the same work for those that do not; a password verified moments before \
+                 is recalled without one.",
             ),
         }
     }

@@ -419,8 +419,9 @@ async fn one_tenant_cannot_take_all_the_spill_room() {
     drop(gw);
 }
 
-/// The SQLSTATE a wrong `/sql` password for `pgwake` on `tenant` from `source` is answered with.
-async fn wrong_sql_password(source: &str, http: u16, tenant: &str) -> String {
+/// The whole answer (status line, headers, body) to a wrong `/sql` password for `pgwake` on
+/// `tenant` from `source`.
+async fn wrong_sql_answer(source: &str, http: u16, tenant: &str) -> String {
     let body = br#"{"query":"select 1","params":[]}"#;
     let mut s = connect_from(source, http).await;
     let head = format!(
@@ -435,7 +436,12 @@ async fn wrong_sql_password(source: &str, http: u16, tenant: &str) -> String {
     s.write_all(body).await.unwrap();
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).await.unwrap();
-    let text = String::from_utf8_lossy(&raw);
+    String::from_utf8_lossy(&raw).into_owned()
+}
+
+/// The SQLSTATE a wrong `/sql` password for `pgwake` on `tenant` from `source` is answered with.
+async fn wrong_sql_password(source: &str, http: u16, tenant: &str) -> String {
+    let text = wrong_sql_answer(source, http, tenant).await;
     ["28P01", "28000"]
         .into_iter()
         .find(|code| text.contains(code))
@@ -545,6 +551,105 @@ async fn made_up_tenant_names_cannot_flush_a_backoff() {
         "28000",
         "the backoff survived the spray"
     );
+}
+
+/// The answer to a WebSocket login (startup, wrong cleartext password and a query pipelined,
+/// as the serverless driver sends them) as `pgwake` on `tenant` from `source`: its
+/// ErrorResponse.
+async fn wrong_websocket_password(source: &str, http: u16, tenant: &str) -> Vec<u8> {
+    use futures_util::SinkExt;
+    let tcp = connect_from(source, http).await;
+    let url = format!(
+        "ws://localhost:{http}/v2?address={tenant}.{}:5432",
+        common::SNI_SUFFIX
+    );
+    let (mut ws, _) = tokio_tungstenite::client_async(url, tcp)
+        .await
+        .expect("websocket handshake");
+    let login = common::pipelined_login("pgwake", "wrong", "select 1");
+    let login = tokio_tungstenite::tungstenite::Message::Binary(login.into());
+    ws.send(login).await.unwrap();
+    let got = common::read_until(&mut ws, |m| m.iter().any(|(t, _)| *t == b'E')).await;
+    let (_, body) = got.into_iter().find(|(t, _)| *t == b'E').expect("an error");
+    body
+}
+
+/// One wrong password for `pgwake` on `tenant` from `source` over `listener`: the answer as
+/// the client reads it, without what differs from one second to the next (the `date` header,
+/// the seconds of "retry in N s").
+async fn wrong_password(
+    gw: &Gateway,
+    http: u16,
+    listener: &str,
+    (tenant, source): (&str, &str),
+) -> String {
+    let answer = match listener {
+        "sql" => wrong_sql_answer(source, http, tenant).await,
+        "websocket" => {
+            let body = wrong_websocket_password(source, http, tenant).await;
+            String::from_utf8_lossy(&body).into_owned()
+        }
+        _ => scram_login(source, gw.port, tenant, "pgwake", "wrong").await,
+    };
+    let answer = answer
+        .split("\r\n")
+        .filter(|line| !line.to_ascii_lowercase().starts_with("date:"))
+        .collect::<Vec<_>>()
+        .join("\r\n");
+    match answer.split_once("retry in ") {
+        Some((head, tail)) => {
+            let seconds = tail.trim_start_matches(|c: char| c.is_ascii_digit());
+            format!("{head}retry in N{seconds}")
+        }
+        None => answer,
+    }
+}
+
+/// F8: `/sql` was found to answer a wrong password later when the tenant does not exist, so
+/// probing could tell which tenants exist. On every listener a tenant that does not exist gets
+/// what an existing one gets for the same wrong password: the same answers, throttled at the
+/// same attempt, and the same work: one key derivation per evaluated cleartext password
+/// (`/sql`, WebSocket; checked against a stand-in verifier when there is no tenant), none for
+/// an attempt refused by the throttle, none for SCRAM (its proof check is the same arithmetic
+/// against a stand-in). The work is counted, not timed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_tenant_costs_and_answers_what_a_known_one_does() {
+    let (gw, http) = throttle_gateway("throttle_free_failures = 3\nthrottle_base = \"30s\"").await;
+    let listeners = [
+        ("sql", ["127.0.0.81", "127.0.0.82"]),
+        ("websocket", ["127.0.0.83", "127.0.0.84"]),
+        ("tcp", ["127.0.0.85", "127.0.0.86"]),
+    ];
+    let mut report = Vec::new();
+    for (listener, sources) in listeners {
+        let mut seen = Vec::new();
+        for who in ["edge", "nosuch"].into_iter().zip(sources) {
+            let before = gw.metric("pgwake_password_hashes_total");
+            let mut answers = Vec::new();
+            for _ in 0..5 {
+                answers.push(wrong_password(&gw, http, listener, who).await);
+            }
+            let work = gw.metric("pgwake_password_hashes_total") - before;
+            let evaluated = answers.iter().filter(|a| a.contains("28P01")).count();
+            report.push(format!(
+                "{listener}, tenant {}: {evaluated} of 5 evaluated, {work} key derivations",
+                who.0
+            ));
+            seen.push((answers, evaluated, work));
+        }
+        let said = report.join("\n");
+        assert_eq!(
+            seen[0], seen[1],
+            "{listener}: known and unknown differ\n{said}"
+        );
+        let (answers, evaluated, work) = &seen[0];
+        assert!(*evaluated >= 1 && *evaluated < 5, "{answers:?}\n{said}");
+        let cleartext = listener != "tcp";
+        let expected = if cleartext { *evaluated as f64 } else { 0.0 };
+        assert_eq!(*work, expected, "{said}");
+    }
+    eprintln!("{}", report.join("\n"));
+    assert_eq!(gw.tenant_state("edge").0, "asleep", "no answer woke it");
 }
 
 /// A run history of `unconfigured` made-up tenants plus one old run of `h`, written to `path`.

@@ -186,6 +186,7 @@ impl Authenticator {
         let (reservation, result) = match reserved.await {
             Err(wait) => (None, Err(SessionError::Throttled(wait))),
             Ok(r) => {
+                self.metrics.password_hashes.inc();
                 let material = match credential {
                     Some(c) => self.passwords.check(tenant, user, c, password).await,
                     // The same key derivation as for a known user, so timing tells nothing.
