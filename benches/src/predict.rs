@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use async_trait::async_trait;
-use pgwake_routing::wake::predict::FEWEST_RUNS;
+use pgwake_routing::predict::FEWEST_RUNS;
 use pgwake_routing::{
     BackendError, ComputeBackend, ComputeState, Endpoint, PredictPolicy, PredictSettings, Tenant,
     TenantDirectory, TenantId, WakeCoordinator, WakeSettings,

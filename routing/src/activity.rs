@@ -15,7 +15,7 @@
 //!   knows the tenant was put to sleep since it last saw it awake.
 //! - `pgwake.io/runs`: the starts of the tenant's last runs as the replicas saw them (a JSON
 //!   array of seconds since the Unix epoch, oldest first), so that every replica predicts from
-//!   the same history ([`crate::wake::predict`]), a new one included. Each write of a replica's
+//!   the same history ([`crate::predict`]), a new one included. Each write of a replica's
 //!   entry merges in the runs it saw.
 //!
 //! Every write is a create or a replace carrying the `resourceVersion` that was read, so a
@@ -33,7 +33,7 @@ use thiserror::Error;
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::TenantId;
-use crate::wake::predict::RunHistory;
+use crate::predict::RunHistory;
 
 const HOLDERS: &str = "pgwake.io/holders";
 const SLEEPING: &str = "pgwake.io/sleeping";

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use crate::wake::PredictPolicy;
+use crate::predict::PredictPolicy;
 use crate::{ComputeBackend, TenantId};
 
 /// One tenant the gateway serves.

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::backend::{CnpgBackend, CnpgCluster, cluster_resource};
-use crate::wake::PredictPolicy;
+use crate::predict::PredictPolicy;
 use crate::{Tenant, TenantDirectory, TenantId};
 
 /// The label naming the tenant a Cluster serves.

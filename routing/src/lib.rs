@@ -6,6 +6,7 @@ pub mod backend;
 pub mod directory;
 pub mod discovery;
 pub mod lease;
+pub mod predict;
 pub mod private_file;
 pub mod probe;
 pub mod resolver;
@@ -14,9 +15,10 @@ pub mod wake;
 
 pub use backend::{BackendError, ComputeBackend, ComputeState, Endpoint};
 pub use directory::{Tenant, TenantDirectory};
+pub use predict::{Pattern, PredictPolicy};
 pub use resolver::{ResolveError, Resolved, ResolverConfig, Rule, Source, TenantResolver};
 pub use tenant::{InvalidTenantId, TenantId};
 pub use wake::{
-    Admission, ParkedMark, Pattern, Phase, PredictPolicy, PredictSettings, RunStatus, TenantStatus,
-    WAKE_HISTORY, WakeClaim, WakeCoordinator, WakeError, WakeEvent, WakeRecord, WakeSettings,
+    Admission, ParkedMark, Phase, PredictSettings, RunStatus, TenantStatus, WAKE_HISTORY,
+    WakeClaim, WakeCoordinator, WakeError, WakeEvent, WakeRecord, WakeSettings,
 };

@@ -27,10 +27,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::coordinator::WakeCoordinator;
-use super::predict::{Pattern, PredictPolicy, RunHistory};
 use super::slot::{Inner, Slot};
 use super::{Phase, PredictSettings, RunStatus};
 use crate::TenantId;
+use crate::predict::{Pattern, PredictPolicy, RunHistory};
 use crate::private_file;
 
 /// Successful wakes the lead is taken from: enough that one quick wake does not cut it short,

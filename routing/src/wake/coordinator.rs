@@ -12,11 +12,11 @@ use tracing::{info, warn};
 
 use super::ahead::{Ahead, Clock, Histories, PredictionCounts, load_histories};
 use super::pinned::PinnedSessions;
-use super::predict::RunHistory;
 use super::shared::Shared;
 use super::slot::{Inner, Slot};
 use super::{AwakeBecause, Phase, TenantStatus, WakeError, WakeEvent, WakeSettings};
 use crate::activity::{Release, SharedActivity};
+use crate::predict::RunHistory;
 use crate::{BackendError, Tenant, TenantDirectory, TenantId};
 
 type OnWake = Arc<dyn Fn(&WakeEvent) + Send + Sync>;

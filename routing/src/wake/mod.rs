@@ -12,12 +12,11 @@
 //! - `sleeper`: the idle sleeper, which puts unused tenants to sleep;
 //! - `shared`: the sleep decision replicas share through the Kubernetes API;
 //! - `pinned`: the sessions that cannot leave their backend connections, per tenant;
-//! - [`predict`]: the sans-io run predictor; `ahead`: what the coordinator does with it.
+//! - `ahead`: what the coordinator does with the run predictions of [`crate::predict`].
 
 mod ahead;
 mod coordinator;
 mod pinned;
-pub mod predict;
 mod queue;
 mod shared;
 mod sleeper;
@@ -32,11 +31,11 @@ use serde::Serialize;
 use thiserror::Error;
 
 use crate::TenantId;
+use crate::predict::{Pattern, PredictPolicy};
 
 pub use ahead::PredictionCounts;
 pub use coordinator::WakeCoordinator;
 pub use pinned::{PinnedSession, PinnedSessions, SessionClient};
-pub use predict::{Pattern, PredictPolicy};
 pub use queue::Admission;
 pub use slot::{ParkedMark, WakeClaim};
 
@@ -225,7 +224,7 @@ pub struct RunStatus {
     pub pattern: Option<Pattern>,
     /// When the next run is expected, seconds since the Unix epoch.
     pub next_run: Option<f64>,
-    /// Runs remembered (at most [`predict::HISTORY`]).
+    /// Runs remembered (at most [`crate::predict::HISTORY`]).
     pub remembered: usize,
     /// Runs since the gateway started.
     pub seen: u64,

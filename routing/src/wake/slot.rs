@@ -12,8 +12,8 @@ use pgwake_protocol::Pins;
 
 use super::ahead::{Ahead, Forecast};
 use super::pinned::{PinnedSessions, SessionClient};
-use super::predict::{PredictPolicy, RunHistory};
 use super::{Phase, WAKE_HISTORY, WakeRecord};
+use crate::predict::{PredictPolicy, RunHistory};
 use crate::{Endpoint, Tenant};
 
 pub(super) struct Inner {

@@ -5,9 +5,9 @@ pub(super) use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 
-use super::predict::PredictPolicy;
 use super::{Admission, PredictSettings, TenantStatus, WakeCoordinator, WakeError, WakeEvent};
 use crate::backend::FixedBackend;
+use crate::predict::PredictPolicy;
 use crate::{Endpoint, Tenant, TenantDirectory};
 
 // What most of the tests use, so each module's tests start with one import.
