@@ -8,7 +8,6 @@ pub mod discovery;
 pub mod lease;
 pub mod predict;
 pub mod private_file;
-pub mod probe;
 pub mod resolver;
 pub mod tenant;
 pub mod wake;

@@ -19,9 +19,9 @@ use tokio::time::{Instant, sleep, timeout_at};
 use tracing::info;
 
 use super::primary::{PrimaryRoutes, Route};
+use super::probe::{Probe, probe};
 use super::{BackendError, ComputeBackend, ComputeState, Endpoint};
 use crate::TenantId;
-use crate::probe::{Probe, probe};
 
 /// Annotation on a Cluster naming the `host:port` to reach it at instead of its `-rw`
 /// service (for gateways outside the cluster network, and for tests).

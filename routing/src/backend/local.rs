@@ -27,10 +27,10 @@ use tokio::sync::{Mutex, RwLock};
 use tokio::time::{Instant, sleep};
 use tracing::{debug, info, warn};
 
+use super::probe::{Probe, probe};
 use super::{BackendError, ComputeBackend, ComputeState, Endpoint};
 use crate::TenantId;
 use crate::private_file::{self, check_private_dir};
-use crate::probe::{Probe, probe};
 
 /// Settings of the local backend.
 #[derive(Clone, Debug)]

@@ -7,6 +7,7 @@ mod fixed;
 mod local;
 mod pool;
 mod primary;
+mod probe;
 
 use std::fmt;
 use std::time::Duration;
@@ -113,7 +114,7 @@ pub trait ComputeBackend: Send + Sync {
     /// Short name of the implementation, for logs and metrics.
     fn kind(&self) -> &'static str;
     /// Makes the tenant's database accept logins and returns its address once a login is
-    /// possible (backends probe with [`crate::probe`]); idempotent.
+    /// possible (backends try a login, `probe`); idempotent.
     async fn wake(&self, tenant: &TenantId) -> Result<Endpoint, BackendError>;
     /// Puts the tenant's database to sleep; idempotent.
     async fn sleep(&self, tenant: &TenantId) -> Result<(), BackendError>;

@@ -22,9 +22,9 @@ use tokio::time::{Instant, sleep};
 use tracing::{debug, info, warn};
 
 use super::cnpg::{CnpgSettings, api_error, cluster_awake};
+use super::probe::{Probe, probe};
 use super::{BackendError, ComputeState, Endpoint};
 use crate::TenantId;
-use crate::probe::{Probe, probe};
 
 /// How a gateway reaches a woken cluster's primary.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

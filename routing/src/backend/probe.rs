@@ -8,7 +8,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
 
-use crate::Endpoint;
+use super::Endpoint;
 
 /// SQLSTATE `57P03` cannot_connect_now: the server is starting up, shutting down or in recovery.
 const CANNOT_CONNECT_NOW: &[u8] = b"57P03";
