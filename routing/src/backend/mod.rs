@@ -1,5 +1,6 @@
 //! Compute backends: where a tenant's database runs, and how to wake it and put it to sleep.
 
+mod cluster;
 mod cnpg;
 #[cfg(test)]
 pub(crate) mod fake;
@@ -15,16 +16,16 @@ use std::time::Duration;
 use async_trait::async_trait;
 use thiserror::Error;
 
-pub use cnpg::{
-    CnpgBackend, CnpgCluster, CnpgSettings, ENDPOINT_ANNOTATION, HIBERNATION_ANNOTATION,
-    cluster_awake, cluster_hibernated, cluster_resource,
+pub use cluster::{
+    CnpgCluster, CnpgSettings, ENDPOINT_ANNOTATION, HIBERNATION_ANNOTATION, Route, cluster_awake,
+    cluster_hibernated, cluster_resource,
 };
+pub use cnpg::CnpgBackend;
 pub use fixed::FixedBackend;
 pub use local::{ClaimError, LocalBackend, LocalSettings, can_enter, find_bin_dir, server_account};
 pub use pool::{
     POOL_LABEL, PoolBackend, PoolClass, Release, STATE_LABEL, TemplateError, cluster_template,
 };
-pub use primary::Route;
 
 use crate::TenantId;
 

@@ -49,8 +49,8 @@ use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::cnpg::{CnpgCluster, ENDPOINT_ANNOTATION};
-use super::cnpg::{
+use super::cluster::{CnpgCluster, ENDPOINT_ANNOTATION};
+use super::cluster::{
     FIELD_MANAGER, api_error, hibernation_requested, probe_until_ready, set_hibernation, wait_awake,
 };
 use super::primary::PrimaryRoutes;

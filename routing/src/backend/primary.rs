@@ -21,21 +21,10 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::time::{Instant, sleep};
 use tracing::{debug, info, warn};
 
-use super::cnpg::{CnpgSettings, api_error, cluster_awake};
+use super::cluster::{CnpgSettings, Route, api_error, cluster_awake};
 use super::probe::{Probe, probe};
 use super::{BackendError, ComputeState, Endpoint};
 use crate::TenantId;
-
-/// How a gateway reaches a woken cluster's primary.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Route {
-    /// The primary pod's IP as soon as Postgres accepts logins there, the `-rw` Service when
-    /// the pod cannot be read; certificates are still checked against the Service's name.
-    #[default]
-    PrimaryPod,
-    /// The `-rw` Service only, once the operator reports the cluster ready.
-    Service,
-}
 
 /// The pod a tenant was routed to directly.
 #[derive(Clone, Debug)]
@@ -268,7 +257,7 @@ impl PrimaryRoutes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cnpg::tests::cluster;
+    use crate::backend::cluster::tests::cluster;
     use serde_json::json;
 
     #[test]
