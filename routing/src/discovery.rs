@@ -18,9 +18,6 @@ use crate::backend::{CnpgBackend, CnpgCluster, cluster_resource};
 use crate::predict::PredictPolicy;
 use crate::{Tenant, TenantDirectory, TenantId};
 
-/// The label naming the tenant a Cluster serves.
-pub const TENANT_LABEL: &str = "pgwake.io/tenant";
-
 /// What discovered tenants get, and where to look for them.
 #[derive(Clone, Debug)]
 pub struct DiscoverySettings {

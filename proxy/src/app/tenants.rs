@@ -6,9 +6,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pgwake_routing::discovery::{
-    ClusterDiscovery, DiscoveryEvent, DiscoverySettings, TENANT_LABEL,
-};
+use pgwake_routing::backend::TENANT_LABEL;
+use pgwake_routing::discovery::{ClusterDiscovery, DiscoveryEvent, DiscoverySettings};
 use pgwake_routing::{TenantDirectory, TenantId, WakeCoordinator};
 use tokio_util::sync::CancellationToken;
 use tracing::info;

@@ -18,6 +18,9 @@ use super::{BackendError, Endpoint};
 pub const ENDPOINT_ANNOTATION: &str = "pgwake.io/endpoint";
 /// The annotation CloudNativePG hibernates a cluster by.
 pub const HIBERNATION_ANNOTATION: &str = "cnpg.io/hibernation";
+/// The label naming the tenant a Cluster serves: discovery reads it, the warm pool writes it
+/// on the cluster it binds.
+pub const TENANT_LABEL: &str = "pgwake.io/tenant";
 /// Field manager name for the gateway's patches.
 pub(super) const FIELD_MANAGER: &str = "pgwake";
 

@@ -17,8 +17,8 @@ use async_trait::async_trait;
 use thiserror::Error;
 
 pub use cluster::{
-    CnpgCluster, CnpgSettings, ENDPOINT_ANNOTATION, HIBERNATION_ANNOTATION, Route, cluster_awake,
-    cluster_hibernated, cluster_resource,
+    CnpgCluster, CnpgSettings, ENDPOINT_ANNOTATION, HIBERNATION_ANNOTATION, Route, TENANT_LABEL,
+    cluster_awake, cluster_hibernated, cluster_resource,
 };
 pub use cnpg::CnpgBackend;
 pub use fixed::FixedBackend;

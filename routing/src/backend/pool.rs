@@ -49,7 +49,7 @@ use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::cluster::{CnpgCluster, ENDPOINT_ANNOTATION};
+use super::cluster::{CnpgCluster, ENDPOINT_ANNOTATION, TENANT_LABEL};
 use super::cluster::{
     FIELD_MANAGER, api_error, hibernation_requested, probe_until_ready, set_hibernation, wait_awake,
 };
@@ -57,7 +57,6 @@ use super::primary::PrimaryRoutes;
 use super::{BackendError, CnpgSettings, ComputeBackend, ComputeState, Endpoint};
 use super::{cluster_awake, cluster_resource};
 use crate::TenantId;
-use crate::discovery::TENANT_LABEL;
 use crate::lease::LeaderLease;
 
 /// Label naming the pool class a cluster belongs to.
