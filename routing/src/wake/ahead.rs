@@ -1,4 +1,6 @@
-//! Predictive wake and sleep: what the coordinator does with each tenant's run history.
+//! Predictive wake and sleep: the scheduler ([`LookAhead`]) the coordinator owns, and what it
+//! does with each tenant's run history. It sees the coordinator only through [`WakeStarter`]:
+//! the tenants' slots, and starting a wake through the same single flight a connection uses.
 //!
 //! Every client connection that arrives after a sleep, or after [`PredictSettings::run_gap`]
 //! without one, starts a run; its start goes into the tenant's [`RunHistory`] whatever the
@@ -18,195 +20,39 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, SystemTime};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::coordinator::WakeCoordinator;
+use super::forecast::{Clock, ForecastTimings, PreWake, PredictionCounts};
 use super::slot::{Inner, Slot};
-use super::{Phase, PredictSettings, RunStatus};
+use super::{Phase, PredictSettings, WakeSettings};
 use crate::TenantId;
 use crate::predict::{Pattern, PredictPolicy, RunHistory};
 use crate::private_file;
 
-/// Successful wakes the lead is taken from: enough that one quick wake does not cut it short,
-/// few enough that an unusually slow one (a local tenant's first, which runs initdb) soon stops
-/// counting.
-const LEAD_WAKES: usize = 3;
-
-/// Wall-clock seconds read through tokio's clock: the predictor works in seconds since the
-/// epoch, and a paused clock (tests, the simulated benchmark) moves them as it moves timers.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Clock {
-    epoch: SystemTime,
-    at: Instant,
+/// What the scheduler needs of the coordinator that owns it.
+pub(super) trait WakeStarter {
+    /// Every tenant's slot, as the coordinator holds them now.
+    fn slots(&self) -> Vec<Arc<Slot>>;
+    /// Starts a wake of the tenant through the coordinator's single flight; the caller holds
+    /// the slot's lock.
+    fn start(&self, slot: &Arc<Slot>, inner: &mut Inner);
 }
 
-impl Clock {
-    /// A clock reading the wall clock's time now.
-    pub(super) fn start() -> Clock {
-        Clock {
-            epoch: SystemTime::now(),
-            at: Instant::now(),
-        }
-    }
-
-    /// Seconds since the Unix epoch.
-    pub(super) fn seconds(&self) -> u64 {
-        (self.epoch + self.at.elapsed())
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs())
-    }
-}
-
-/// What every slot needs of the predictive settings: copied in, so a claim can work out its
-/// idle timeout without the coordinator.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Ahead {
-    pub(super) margin: Duration,
-    pub(super) sleep_grace: Duration,
-    pub(super) clock: Clock,
-}
-
-impl Ahead {
-    pub(super) fn new(settings: &PredictSettings, clock: Clock) -> Ahead {
-        Ahead {
-            margin: settings.margin,
-            sleep_grace: settings.sleep_grace,
-            clock,
-        }
-    }
-}
-
-/// A wake started ahead of a predicted run, until the run comes or its window closes.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct PreWake {
-    /// When it started, seconds since the epoch.
-    since: u64,
-    /// The end of the predicted run's window, seconds since the epoch.
-    until: u64,
-}
-
-/// A tenant's runs and what came of the predictions made from them.
-#[derive(Debug)]
-pub(super) struct Forecast {
-    pub(super) history: RunHistory,
-    /// When a client connection last came or (unless parked for a sleep) went.
-    pub(super) last_client: Option<Instant>,
-    pub(super) prewake: Option<PreWake>,
-    pub(super) counts: RunCounts,
-}
-
-/// What a tenant's runs and predictions came to since the gateway started.
-#[derive(Clone, Copy, Debug, Default)]
-pub(super) struct RunCounts {
-    pub(super) seen: u64,
-    pub(super) found_awake: u64,
-    pub(super) prewakes_used: u64,
-    pub(super) prewakes_wasted: u64,
-    pub(super) predictive_sleeps: u64,
-}
-
-impl Forecast {
-    pub(super) fn new(history: RunHistory) -> Forecast {
-        Forecast {
-            history,
-            last_client: None,
-            prewake: None,
-            counts: RunCounts::default(),
-        }
-    }
-}
-
-/// The gateway's totals of runs and predictions, for metrics: they outlive removed tenants.
-#[derive(Debug, Default)]
-pub struct PredictionCounts {
-    /// Runs whose first connection found the tenant awake.
-    pub runs_found_awake: AtomicU64,
-    /// Runs whose first connection had to wait for a wake.
-    pub runs_found_asleep: AtomicU64,
-    /// Wakes ahead of a predicted run that the run used.
-    pub prewakes_used: AtomicU64,
-    /// Wakes ahead of a predicted run that did not come.
-    pub prewakes_wasted: AtomicU64,
-    /// Sleeps before the idle timeout because the next run was predicted far away.
-    pub predictive_sleeps: AtomicU64,
-}
-
-impl Slot {
-    /// How far ahead of a run to start waking: the slowest of the last [`LEAD_WAKES`]
-    /// successful wakes, plus the margin.
-    pub(super) fn lead(&self, inner: &Inner) -> Duration {
-        let slowest_ms = inner
-            .wakes
-            .iter()
-            .rev()
-            .filter(|w| w.ok)
-            .take(LEAD_WAKES)
-            .map(|w| w.ms)
-            .fold(0.0, f64::max);
-        Duration::from_secs_f64(slowest_ms / 1000.0) + self.ahead.margin
-    }
-
-    /// How long the tenant may go without connections (or with only idle ones) before it
-    /// sleeps, as of now: its idle timeout, or with `wake_and_sleep` the short grace when the
-    /// next run is predicted further away than the idle timeout.
-    pub(super) fn idle_timeout_now(&self, inner: &Inner) -> Duration {
-        let idle = self.tenant.idle_timeout;
-        if self.early_sleep_allowed(inner) {
-            self.ahead.sleep_grace
-        } else {
-            idle
-        }
-    }
-
-    fn early_sleep_allowed(&self, inner: &Inner) -> bool {
-        self.tenant.predict == PredictPolicy::WakeAndSleep
-            && inner.forecast.prewake.is_none()
-            && self.ahead.sleep_grace < self.tenant.idle_timeout
-            && inner.forecast.history.may_sleep_early(
-                self.ahead.clock.seconds(),
-                self.tenant.idle_timeout,
-                self.lead(inner),
-            )
-    }
-
-    /// True when the tenant, idle since `inner.idle_since`, is due to sleep now.
-    pub(super) fn idle_long_enough(&self, inner: &Inner) -> bool {
-        inner.forecast.prewake.is_none()
-            && inner.idle_since.elapsed() >= self.idle_timeout_now(inner)
-    }
-
-    /// Counts a sleep that starts now as predictive when the ordinary idle timeout has not
-    /// passed yet; returns whether it was.
-    pub(super) fn note_sleep(&self, inner: &mut Inner, counts: &PredictionCounts) -> bool {
-        let early = inner.idle_since.elapsed() < self.tenant.idle_timeout;
-        if early {
-            inner.forecast.counts.predictive_sleeps += 1;
-            counts.predictive_sleeps.fetch_add(1, Ordering::Relaxed);
-        }
-        early
-    }
-
-    /// What the status shows of the tenant's runs.
-    pub(super) fn run_status(&self, inner: &Inner) -> RunStatus {
-        let f = &inner.forecast;
-        let now = self.ahead.clock.seconds();
-        RunStatus {
-            pattern: f.history.pattern(),
-            next_run: f.history.next_run(now).map(|t| t as f64),
-            remembered: f.history.starts().len(),
-            seen: f.counts.seen,
-            found_awake: f.counts.found_awake,
-            prewakes_used: f.counts.prewakes_used,
-            prewakes_wasted: f.counts.prewakes_wasted,
-            predictive_sleeps: f.counts.predictive_sleeps,
-        }
-    }
+/// The scheduler of predictive wakes: the clock predictions read, run histories not yet in a
+/// slot and the history file, the gateway's totals, and the look-ahead loop.
+pub(super) struct LookAhead {
+    settings: PredictSettings,
+    /// How often the loop looks ahead (the idle check's interval).
+    interval: Duration,
+    clock: Clock,
+    histories: Histories,
+    counts: PredictionCounts,
 }
 
 /// The run histories of a history file.
@@ -219,7 +65,7 @@ struct HistoryFile {
 /// Reads the run histories kept in `path` for the tenants `configured` says are configured; a
 /// missing file holds none, and one that cannot be read (larger than `max_bytes`, or a link)
 /// is logged and left to be rewritten.
-pub(super) fn load_histories(
+fn load_histories(
     path: Option<&Path>,
     max_bytes: u64,
     configured: impl Fn(&TenantId) -> bool,
@@ -279,15 +125,62 @@ fn save_histories(
 
 /// Run histories not (yet) in a slot, and whether any changed since they were last saved.
 #[derive(Default)]
-pub(super) struct Histories {
+struct Histories {
     /// Read from the history file, for tenants that have no slot yet.
-    pub(super) unclaimed: std::sync::Mutex<HashMap<TenantId, RunHistory>>,
-    pub(super) dirty: AtomicBool,
+    unclaimed: std::sync::Mutex<HashMap<TenantId, RunHistory>>,
+    dirty: AtomicBool,
     /// The last write failed: the next failure is not warned about again until one succeeds.
-    pub(super) failing: AtomicBool,
+    failing: AtomicBool,
 }
 
-impl WakeCoordinator {
+impl LookAhead {
+    /// A scheduler with the histories of the history file for the tenants `configured` says
+    /// are configured.
+    pub(super) fn new(
+        settings: &WakeSettings,
+        configured: impl Fn(&TenantId) -> bool,
+    ) -> LookAhead {
+        let predict = &settings.predict;
+        let unclaimed = load_histories(
+            predict.history_file.as_deref(),
+            predict.history_max_bytes,
+            configured,
+        );
+        LookAhead {
+            settings: predict.clone(),
+            interval: settings.idle_check_interval,
+            clock: Clock::start(),
+            histories: Histories {
+                unclaimed: std::sync::Mutex::new(unclaimed),
+                ..Histories::default()
+            },
+            counts: PredictionCounts::default(),
+        }
+    }
+
+    /// What a new slot copies of the settings, with this scheduler's clock.
+    pub(super) fn timings(&self) -> ForecastTimings {
+        ForecastTimings::new(&self.settings, self.clock)
+    }
+
+    /// The history read for a tenant that gets its first slot (empty when none was kept).
+    pub(super) fn take_history(&self, tenant: &TenantId) -> RunHistory {
+        self.histories
+            .unclaimed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(tenant)
+            .unwrap_or_default()
+    }
+
+    /// Takes in run starts other replicas saw (from the tenant's shared activity record).
+    pub(super) fn take_runs(&self, inner: &mut Inner, runs: &[u64]) {
+        let gap = self.settings.run_gap.as_secs();
+        if inner.forecast.history.merge(runs, gap) {
+            self.histories.dirty.store(true, Ordering::Relaxed);
+        }
+    }
+
     /// Notes a client connection arriving at the tenant; the caller holds the slot's lock.
     pub(super) fn note_arrival(&self, slot: &Slot, inner: &mut Inner) {
         let now = Instant::now();
@@ -295,7 +188,7 @@ impl WakeCoordinator {
         let gap = inner
             .forecast
             .last_client
-            .is_none_or(|t| now.duration_since(t) >= self.settings.predict.run_gap);
+            .is_none_or(|t| now.duration_since(t) >= self.settings.run_gap);
         let slept = !matches!(inner.phase, Phase::Awake | Phase::Waking);
         // The first client after a wake ahead of a predicted run is that run, however soon
         // after the last one it comes: the tenant is up only because of the prediction.
@@ -306,9 +199,9 @@ impl WakeCoordinator {
         }
         let awake = inner.phase == Phase::Awake;
         let f = &mut inner.forecast;
-        f.history.record_run(slot.ahead.clock.seconds());
+        f.history.record_run(slot.timings.clock.seconds());
         f.counts.seen += 1;
-        let counts = &self.predictions;
+        let counts = &self.counts;
         if awake {
             f.counts.found_awake += 1;
             counts.runs_found_awake.fetch_add(1, Ordering::Relaxed);
@@ -325,27 +218,27 @@ impl WakeCoordinator {
     /// Wakes tenants ahead of their predicted runs and closes the windows of runs that did not
     /// come, every `idle_check_interval`; keeps the history file up to date. Runs until `stop`
     /// fires (the gateway began to shut down: nothing is woken ahead any more).
-    pub(super) async fn look_ahead(&self, stop: &CancellationToken) {
+    pub(super) async fn run(&self, coordinator: &impl WakeStarter, stop: &CancellationToken) {
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
-                _ = sleep(self.settings.idle_check_interval) => {}
+                _ = sleep(self.interval) => {}
             }
-            let slots: Vec<Arc<Slot>> = self.read_slots().values().cloned().collect();
+            let slots = coordinator.slots();
             for slot in &slots {
                 if slot.tenant.predict != PredictPolicy::Off {
-                    self.look_ahead_at(slot);
+                    self.look_ahead_at(coordinator, slot);
                 }
             }
-            self.save_if_changed().await;
+            self.save_if_changed(&coordinator.slots()).await;
         }
-        self.save_if_changed().await;
+        self.save_if_changed(&coordinator.slots()).await;
     }
 
-    fn look_ahead_at(&self, slot: &Arc<Slot>) {
+    fn look_ahead_at(&self, coordinator: &impl WakeStarter, slot: &Arc<Slot>) {
         let id = &slot.tenant.id;
         let mut inner = slot.lock();
-        let now = slot.ahead.clock.seconds();
+        let now = slot.timings.clock.seconds();
         if let Some(prewake) = inner.forecast.prewake
             && now > prewake.until
         {
@@ -360,15 +253,11 @@ impl WakeCoordinator {
                 .is_some_and(|&s| s >= prewake.since);
             if came {
                 inner.forecast.counts.prewakes_used += 1;
-                self.predictions
-                    .prewakes_used
-                    .fetch_add(1, Ordering::Relaxed);
+                self.counts.prewakes_used.fetch_add(1, Ordering::Relaxed);
             } else {
                 info!(tenant = %id, "the predicted run did not come: the tenant sleeps after its idle timeout");
                 inner.forecast.counts.prewakes_wasted += 1;
-                self.predictions
-                    .prewakes_wasted
-                    .fetch_add(1, Ordering::Relaxed);
+                self.counts.prewakes_wasted.fetch_add(1, Ordering::Relaxed);
             }
         }
         if inner.phase != Phase::Asleep
@@ -401,12 +290,12 @@ impl WakeCoordinator {
             since: now,
             until: run + pattern.jitter(),
         });
-        self.start_wake(slot, &mut inner);
+        coordinator.start(slot, &mut inner);
     }
 
     /// Writes the history file when a history changed since the last write.
-    async fn save_if_changed(&self) {
-        let Some(path) = self.settings.predict.history_file.clone() else {
+    async fn save_if_changed(&self, slots: &[Arc<Slot>]) {
+        let Some(path) = self.settings.history_file.clone() else {
             return;
         };
         if !self.histories.dirty.swap(false, Ordering::Relaxed) {
@@ -420,14 +309,14 @@ impl WakeCoordinator {
             .iter()
             .map(|(id, h)| (id.to_string(), h.starts().to_vec()))
             .collect();
-        for slot in self.read_slots().values() {
+        for slot in slots {
             let inner = slot.lock();
             let starts = inner.forecast.history.starts();
             if !starts.is_empty() {
                 all.insert(slot.tenant.id.to_string(), starts.to_vec());
             }
         }
-        let max_bytes = self.settings.predict.history_max_bytes;
+        let max_bytes = self.settings.history_max_bytes;
         let written = tokio::task::spawn_blocking({
             let path = path.clone();
             move || save_histories(&path, all, max_bytes)
@@ -449,14 +338,14 @@ impl WakeCoordinator {
         }
     }
 
-    /// Seconds since the Unix epoch on the coordinator's clock, which the run predictions read.
-    pub fn clock_seconds(&self) -> u64 {
+    /// Seconds since the Unix epoch on the clock the run predictions read.
+    pub(super) fn clock_seconds(&self) -> u64 {
         self.clock.seconds()
     }
 
     /// The gateway's totals of runs and predictions.
-    pub fn prediction_counts(&self) -> &PredictionCounts {
-        &self.predictions
+    pub(super) fn counts(&self) -> &PredictionCounts {
+        &self.counts
     }
 }
 

@@ -10,10 +10,10 @@ use tokio::sync::Notify;
 use tokio::time::{Instant, sleep, timeout_at};
 use tracing::{info, warn};
 
-use super::ahead::{Ahead, Clock, Histories, PredictionCounts, load_histories};
+use super::ahead::{LookAhead, WakeStarter};
+use super::forecast::PredictionCounts;
 use super::pinned::PinnedSessions;
-use super::shared::Shared;
-use super::slot::{Inner, Slot};
+use super::slot::{Inner, Shared, Slot};
 use super::{AwakeBecause, Phase, TenantStatus, WakeError, WakeEvent, WakeSettings};
 use crate::activity::{Release, SharedActivity};
 use crate::predict::RunHistory;
@@ -42,12 +42,9 @@ pub struct WakeCoordinator {
     /// Tenants whose databases outlive this process that were looked at once for being left
     /// awake ([`WakeCoordinator::take_over_left_awake`]).
     pub(super) looked_at: Mutex<HashSet<TenantId>>,
-    /// The clock run predictions read.
-    pub(super) clock: Clock,
-    /// Run histories waiting for their tenants' slots, and whether any changed.
-    pub(super) histories: Histories,
-    /// Totals of runs and predictions.
-    pub(super) predictions: PredictionCounts,
+    /// The scheduler of predictive wakes, with the clock run predictions read, the run
+    /// histories and the totals of runs and predictions.
+    pub(super) ahead: LookAhead,
     /// Every tenant's pinned sessions, as their sessions report them.
     pub(super) pinned: Arc<PinnedSessions>,
 }
@@ -71,19 +68,10 @@ impl WakeCoordinator {
         activity: Option<Arc<SharedActivity>>,
         on_wake: impl Fn(&WakeEvent) + Send + Sync + 'static,
     ) -> Arc<WakeCoordinator> {
-        let histories = Histories {
-            unclaimed: Mutex::new(load_histories(
-                settings.predict.history_file.as_deref(),
-                settings.predict.history_max_bytes,
-                |id| directory.get(id).is_some(),
-            )),
-            ..Histories::default()
-        };
+        let ahead = LookAhead::new(&settings, |id| directory.get(id).is_some());
         Arc::new(WakeCoordinator {
             activity,
-            histories,
-            clock: Clock::start(),
-            predictions: PredictionCounts::default(),
+            ahead,
             directory,
             slots: RwLock::new(HashMap::new()),
             settings,
@@ -120,22 +108,15 @@ impl WakeCoordinator {
                 }
             })
             .or_insert_with(|| {
-                let runs = self
-                    .histories
-                    .unclaimed
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .remove(tenant)
-                    .unwrap_or_default();
+                let runs = self.ahead.take_history(tenant);
                 Arc::new(self.new_slot(&current, self.started, runs))
             });
         Ok(slot.clone())
     }
 
     fn new_slot(&self, tenant: &Arc<Tenant>, since: SystemTime, runs: RunHistory) -> Slot {
-        let ahead = Ahead::new(&self.settings.predict, self.clock);
         let reports = (self.sleeper.clone(), self.pinned.clone());
-        Slot::new(tenant.clone(), reports, since, ahead, runs)
+        Slot::new(tenant.clone(), reports, since, self.ahead.timings(), runs)
     }
 
     pub(super) fn read_slots(
@@ -349,6 +330,16 @@ impl WakeCoordinator {
         })
     }
 
+    /// Seconds since the Unix epoch on the coordinator's clock, which the run predictions read.
+    pub fn clock_seconds(&self) -> u64 {
+        self.ahead.clock_seconds()
+    }
+
+    /// The gateway's totals of runs and predictions.
+    pub fn prediction_counts(&self) -> &PredictionCounts {
+        self.ahead.counts()
+    }
+
     /// How many tenants the coordinator serves now.
     pub fn tenant_count(&self) -> usize {
         self.directory.len()
@@ -403,6 +394,17 @@ impl WakeCoordinator {
                 slot.lock().awake().as_secs_f64();
         }
         out
+    }
+}
+
+/// The scheduler's handle on its coordinator.
+impl WakeStarter for WakeCoordinator {
+    fn slots(&self) -> Vec<Arc<Slot>> {
+        self.read_slots().values().cloned().collect()
+    }
+
+    fn start(&self, slot: &Arc<Slot>, inner: &mut Inner) {
+        self.start_wake(slot, inner);
     }
 }
 

@@ -6,16 +6,24 @@
 //! wake task runs; the task outlives any one waiter, so a client giving up never cancels a wake
 //! others wait for.
 //!
-//! - `slot`: one tenant's state, and the claims and marks connections hold on it;
-//! - `coordinator`: the tenants' slots, waking and putting to sleep, the admin API;
 //! - `queue`: admission, the accept queue;
+//! - `coordinator`: the tenants' slots, waking and putting to sleep, the admin API;
 //! - `sleeper`: the idle sleeper, which puts unused tenants to sleep;
 //! - `shared`: the sleep decision replicas share through the Kubernetes API;
-//! - `pinned`: the sessions that cannot leave their backend connections, per tenant;
-//! - `ahead`: what the coordinator does with the run predictions of [`crate::predict`].
+//! - `ahead`: the scheduler of predictive wakes, which the coordinator owns and which sees it
+//!   only through a narrow handle (the slots, and starting a wake);
+//! - `slot`: one tenant's state, and the claims and marks connections hold on it;
+//! - `forecast`: the values run predictions are made of (a tenant's runs and pre-wake, the
+//!   clock, the totals), where the slot and the scheduler meet without knowing each other;
+//! - `pinned`: the sessions that cannot leave their backend connections, per tenant.
+//!
+//! `queue`, `sleeper` and `shared` are the coordinator's own methods in files of their own;
+//! nothing below the coordinator uses it, and the run predictor itself is sans-io
+//! ([`crate::predict`]).
 
 mod ahead;
 mod coordinator;
+mod forecast;
 mod pinned;
 mod queue;
 mod shared;
@@ -33,8 +41,8 @@ use thiserror::Error;
 use crate::TenantId;
 use crate::predict::{Pattern, PredictPolicy};
 
-pub use ahead::PredictionCounts;
 pub use coordinator::WakeCoordinator;
+pub use forecast::PredictionCounts;
 pub use pinned::{PinnedSession, PinnedSessions, SessionClient};
 pub use queue::Admission;
 pub use slot::{ParkedMark, WakeClaim};

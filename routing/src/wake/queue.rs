@@ -63,7 +63,7 @@ impl WakeCoordinator {
                 // Under the lock that admits it or queues it, so that of connections arriving
                 // together only the first can start a run.
                 if std::mem::take(&mut arrival) {
-                    self.note_arrival(slot, &mut inner);
+                    self.ahead.note_arrival(slot, &mut inner);
                 }
                 // A replica enters itself in the shared record before it uses or wakes the
                 // tenant, so no other replica puts it to sleep meanwhile. Checked under the

@@ -4,7 +4,6 @@
 //! does, and takes it out to put the tenant to sleep.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use tokio::time::{Instant, sleep, timeout_at};
 use tokio_util::sync::CancellationToken;
@@ -13,11 +12,8 @@ use tracing::{debug, info, warn};
 use super::Phase;
 use super::WakeError;
 use super::coordinator::WakeCoordinator;
-use super::slot::{Inner, Slot};
+use super::slot::{Inner, Shared, Slot};
 use crate::activity::{ActivityError, Release, SharedActivity};
-
-/// A tenant's shared activity record: this replica's side of it and its namespace.
-pub(super) type Shared = (Arc<SharedActivity>, String);
 
 impl WakeCoordinator {
     /// The tenant's shared activity record, when replicas share its backend.
@@ -83,7 +79,7 @@ impl WakeCoordinator {
                 inner.shared.next_look = None;
                 inner.shared.held_elsewhere = false;
                 Self::note_sleeps(slot, &mut inner, holding.sleeps);
-                self.take_runs(&mut inner, &holding.runs);
+                self.ahead.take_runs(&mut inner, &holding.runs);
                 Ok(())
             }
             Err(ActivityError::SleepUnderWay) => Err(timed_out()),
@@ -92,14 +88,6 @@ impl WakeCoordinator {
                 inner.shared.failed_at = Some(Instant::now());
                 Ok(())
             }
-        }
-    }
-
-    /// Takes in the run starts the record holds, which other replicas saw too.
-    pub(super) fn take_runs(&self, inner: &mut Inner, runs: &[u64]) {
-        let gap = self.settings.predict.run_gap.as_secs();
-        if inner.forecast.history.merge(runs, gap) {
-            self.histories.dirty.store(true, Ordering::Relaxed);
         }
     }
 
@@ -158,7 +146,7 @@ impl WakeCoordinator {
             Ok(Release::Sleep { sleeps }) => {
                 inner.shared.sleeps = Some(*sleeps);
                 inner.shared.next_look = None;
-                let early = !forced && slot.note_sleep(&mut inner, &self.predictions);
+                let early = !forced && slot.note_sleep(&mut inner, self.ahead.counts());
                 info!(tenant = %id, idle = ?slot.tenant.idle_timeout, early, "no replica uses the tenant: putting it to sleep");
                 Self::start_sleep(
                     slot,
@@ -226,7 +214,7 @@ impl WakeCoordinator {
                         inner.shared.renewed_at = Some(Instant::now());
                         inner.shared.failed_at = None;
                         Self::note_sleeps(slot, &mut inner, holding.sleeps);
-                        self.take_runs(&mut inner, &holding.runs);
+                        self.ahead.take_runs(&mut inner, &holding.runs);
                     }
                     Err(e) => {
                         warn!(tenant = %id, error = %e, "cannot renew this replica's activity record");

@@ -40,7 +40,7 @@ impl WakeCoordinator {
         tokio::join!(
             self.look_for_idle_tenants(&stop),
             renewals,
-            self.look_ahead(&draining)
+            self.ahead.run(self.as_ref(), &draining)
         );
     }
 
@@ -102,7 +102,7 @@ impl WakeCoordinator {
                         && slot.idle_long_enough(&inner)
                     {
                         if shared.is_none() {
-                            let early = slot.note_sleep(&mut inner, &self.predictions);
+                            let early = slot.note_sleep(&mut inner, self.ahead.counts());
                             let idle_s = inner.idle_since.elapsed().as_secs_f64();
                             info!(tenant = %slot.tenant.id, idle_s, idle_timeout = ?slot.tenant.idle_timeout, early, "idle: putting tenant to sleep");
                             Self::start_sleep(slot, &mut inner, None);
@@ -214,7 +214,7 @@ impl WakeCoordinator {
             if let Some(runs) = runs.filter(|r| !r.is_empty())
                 && let Ok(slot) = self.slot(&tenant.id)
             {
-                self.take_runs(&mut slot.lock(), &runs);
+                self.ahead.take_runs(&mut slot.lock(), &runs);
             }
             if !matches!(state, Ok(ComputeState::Awake)) {
                 continue;

@@ -10,9 +10,10 @@ use tokio::time::Instant;
 
 use pgwake_protocol::Pins;
 
-use super::ahead::{Ahead, Forecast};
+use super::forecast::{Forecast, ForecastTimings, PredictionCounts};
 use super::pinned::{PinnedSessions, SessionClient};
-use super::{Phase, WAKE_HISTORY, WakeRecord};
+use super::{Phase, RunStatus, WAKE_HISTORY, WakeRecord};
+use crate::activity::SharedActivity;
 use crate::predict::{PredictPolicy, RunHistory};
 use crate::{Endpoint, Tenant};
 
@@ -86,7 +87,7 @@ pub(super) struct Slot {
     /// sleeper's release and a connection's announcement of the same replica never interleave.
     pub(super) hold_lock: tokio::sync::Mutex<()>,
     /// The timings predictive wake and sleep use, and the clock they read.
-    pub(super) ahead: Ahead,
+    pub(super) timings: ForecastTimings,
     /// Every tenant's pinned sessions; this tenant's sessions write theirs through their
     /// claims.
     pub(super) pinned: Arc<PinnedSessions>,
@@ -102,12 +103,12 @@ impl Slot {
         tenant: Arc<Tenant>,
         (sleeper, pinned): (Arc<Notify>, Arc<PinnedSessions>),
         since: SystemTime,
-        ahead: Ahead,
+        timings: ForecastTimings,
         runs: RunHistory,
     ) -> Slot {
         Slot {
             sleeper,
-            ahead,
+            timings,
             tenant,
             pinned,
             in_transaction: AtomicUsize::new(0),
@@ -178,6 +179,87 @@ impl Slot {
         self.changed.send_modify(|g| *g = g.wrapping_add(1));
     }
 }
+
+/// Successful wakes the lead is taken from: enough that one quick wake does not cut it short,
+/// few enough that an unusually slow one (a local tenant's first, which runs initdb) soon stops
+/// counting.
+const LEAD_WAKES: usize = 3;
+
+/// What a tenant's forecast says about its sleep and its next wake.
+impl Slot {
+    /// How far ahead of a run to start waking: the slowest of the last [`LEAD_WAKES`]
+    /// successful wakes, plus the margin.
+    pub(super) fn lead(&self, inner: &Inner) -> Duration {
+        let slowest_ms = inner
+            .wakes
+            .iter()
+            .rev()
+            .filter(|w| w.ok)
+            .take(LEAD_WAKES)
+            .map(|w| w.ms)
+            .fold(0.0, f64::max);
+        Duration::from_secs_f64(slowest_ms / 1000.0) + self.timings.margin
+    }
+
+    /// How long the tenant may go without connections (or with only idle ones) before it
+    /// sleeps, as of now: its idle timeout, or with `wake_and_sleep` the short grace when the
+    /// next run is predicted further away than the idle timeout.
+    pub(super) fn idle_timeout_now(&self, inner: &Inner) -> Duration {
+        let idle = self.tenant.idle_timeout;
+        if self.early_sleep_allowed(inner) {
+            self.timings.sleep_grace
+        } else {
+            idle
+        }
+    }
+
+    fn early_sleep_allowed(&self, inner: &Inner) -> bool {
+        self.tenant.predict == PredictPolicy::WakeAndSleep
+            && inner.forecast.prewake.is_none()
+            && self.timings.sleep_grace < self.tenant.idle_timeout
+            && inner.forecast.history.may_sleep_early(
+                self.timings.clock.seconds(),
+                self.tenant.idle_timeout,
+                self.lead(inner),
+            )
+    }
+
+    /// True when the tenant, idle since `inner.idle_since`, is due to sleep now.
+    pub(super) fn idle_long_enough(&self, inner: &Inner) -> bool {
+        inner.forecast.prewake.is_none()
+            && inner.idle_since.elapsed() >= self.idle_timeout_now(inner)
+    }
+
+    /// Counts a sleep that starts now as predictive when the ordinary idle timeout has not
+    /// passed yet; returns whether it was.
+    pub(super) fn note_sleep(&self, inner: &mut Inner, counts: &PredictionCounts) -> bool {
+        let early = inner.idle_since.elapsed() < self.tenant.idle_timeout;
+        if early {
+            inner.forecast.counts.predictive_sleeps += 1;
+            counts.predictive_sleeps.fetch_add(1, Ordering::Relaxed);
+        }
+        early
+    }
+
+    /// What the status shows of the tenant's runs.
+    pub(super) fn run_status(&self, inner: &Inner) -> RunStatus {
+        let f = &inner.forecast;
+        let now = self.timings.clock.seconds();
+        RunStatus {
+            pattern: f.history.pattern(),
+            next_run: f.history.next_run(now).map(|t| t as f64),
+            remembered: f.history.starts().len(),
+            seen: f.counts.seen,
+            found_awake: f.counts.found_awake,
+            prewakes_used: f.counts.prewakes_used,
+            prewakes_wasted: f.counts.prewakes_wasted,
+            predictive_sleeps: f.counts.predictive_sleeps,
+        }
+    }
+}
+
+/// A tenant's shared activity record: this replica's side of it and its namespace.
+pub(super) type Shared = (Arc<SharedActivity>, String);
 
 /// A wake claim: proof that a connection counts against its tenant; dropping it ends the claim
 /// and starts the idle clock when it was the last one.
