@@ -22,6 +22,7 @@ mod peers;
 mod pgbench;
 mod predict;
 mod process;
+mod progress;
 mod queued;
 mod raw_login;
 mod report;
@@ -35,12 +36,14 @@ mod whole;
 mod zoo;
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand};
+
+// Every section prints its progress as `crate::progress(…)`.
+pub(crate) use crate::progress::progress;
 
 use crate::kube_wake::KubeOptions;
 use crate::process::{ProcSample, clock_ticks_per_second, command_output, load_average};
@@ -367,7 +370,7 @@ const SETTLE: Duration = Duration::from_secs(1);
 const CPU_TAIL: Duration = Duration::from_millis(300);
 
 fn main() -> Result<()> {
-    let started = *STARTED.get_or_init(Instant::now);
+    let started = progress::started();
     let command = Cli::parse().command;
     if let Cmd::Report(args) = command {
         return report(&args);
@@ -821,16 +824,6 @@ fn run_queued(binary: Result<&Path, &str>, opts: QueuedOptions, command: &str) -
         progress(format_args!("queued connections failed: {e}"));
     }
     queued::render(&local_facts(command), &outcome)
-}
-
-/// When the harness started, for the timestamps of its progress lines.
-static STARTED: OnceLock<Instant> = OnceLock::new();
-
-/// Prints a progress line on stderr (stdout carries only the report), stamped with the seconds
-/// since start so slow phases show.
-pub(crate) fn progress(message: impl std::fmt::Display) {
-    let t = STARTED.get_or_init(Instant::now).elapsed().as_secs_f64();
-    eprintln!("[{t:6.1}s] {message}");
 }
 
 /// The pgbench comparison; returns its report section.
