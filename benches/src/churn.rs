@@ -24,10 +24,11 @@ use std::time::Duration;
 use anyhow::{Result, anyhow, bail};
 
 use crate::peers::floor_binary;
+use crate::pgbench::Auth;
 use crate::pgbench::Endpoint;
 use crate::process::{Guarded, ProcSample, clock_ticks_per_second, load_average};
 use crate::report::{Facts, median};
-use crate::targets::{Auth, Environment, Target, TargetKind, Variant};
+use crate::targets::{Environment, Target, TargetKind, Variant};
 
 /// What the issue asks of pgwake with reuse, per group: the row and its ratio over PgBouncer.
 const GOALS: [(&str, f64); 2] = [(REUSE_ON, 2.0), (PASSTHROUGH_REUSE, 1.0)];

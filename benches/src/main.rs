@@ -33,6 +33,7 @@ mod sql_http;
 mod targets;
 mod wake;
 mod whole;
+mod workspace;
 mod zoo;
 
 use std::path::{Path, PathBuf};
@@ -46,6 +47,7 @@ use clap::{Args, Parser, Subcommand};
 pub(crate) use crate::progress::progress;
 
 use crate::kube_wake::KubeOptions;
+use crate::pgbench::Auth;
 use crate::process::{ProcSample, clock_ticks_per_second, command_output, load_average};
 use crate::queued::QueuedOptions;
 use crate::report::{
@@ -55,7 +57,7 @@ use crate::report::{
 };
 use crate::revive::ReviveOptions;
 use crate::scenarios::{Durations, Metric, Scenario};
-use crate::targets::{Auth, Environment, PgwakeSource, Target, TargetKind};
+use crate::targets::{Environment, PgwakeSource, Target, TargetKind};
 use crate::wake::WakeOptions;
 
 #[derive(Parser)]
@@ -390,7 +392,9 @@ fn main() -> Result<()> {
 }
 
 fn results_path() -> PathBuf {
-    targets::workspace_root().join("benches").join("RESULTS.md")
+    workspace::workspace_root()
+        .join("benches")
+        .join("RESULTS.md")
 }
 
 /// The whole run: refuses a dirty tree unless allowed, builds pgwake once, runs every section's
@@ -398,7 +402,7 @@ fn results_path() -> PathBuf {
 /// `--write` writes, the composed RESULTS.md.
 fn report(args: &ReportArgs) -> Result<()> {
     let started = Instant::now();
-    let root = targets::workspace_root();
+    let root = workspace::workspace_root();
     let tree = whole::Tree::read(&root);
     if !tree.changed.is_empty() && !args.allow_dirty {
         bail!(

@@ -24,10 +24,11 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage, Statement};
 
 use crate::peers::{PGCAT_PREPARED_CACHE, Peer, PeerPool};
+use crate::pgbench::Auth;
 use crate::pgbench::Endpoint;
 use crate::process::load_average;
 use crate::report::{Facts, percentile};
-use crate::targets::{Auth, BouncerPool, Environment, Target, TargetKind};
+use crate::targets::{BouncerPool, Environment, Target, TargetKind};
 
 /// How much to run.
 #[derive(Clone, Copy, Debug)]

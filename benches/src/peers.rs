@@ -20,9 +20,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use pgwake_testkit::free_port;
 
-use crate::pgbench::Endpoint;
+use crate::pgbench::{Auth, Endpoint};
 use crate::process::Guarded;
-use crate::targets::Auth;
 
 /// Worker threads every peer gets: the machine's two CPUs, as pgwake's session threads.
 const WORKERS: u32 = 2;
@@ -328,7 +327,7 @@ fn pgdog_users(pool: PeerPool, backend: &Endpoint) -> String {
 /// A bare floor from this crate's examples (`relay_floor`, `login_floor`): its binary in the
 /// release target folder, or why there is none.
 pub fn floor_binary(example: &str) -> Result<PathBuf, String> {
-    let dir = crate::targets::target_dir().map_err(|e| format!("{e:#}"))?;
+    let dir = crate::workspace::target_dir().map_err(|e| format!("{e:#}"))?;
     let path = dir.join("release").join("examples").join(example);
     if path.is_file() {
         Ok(path)
@@ -347,7 +346,7 @@ pub fn build_floors() -> Result<()> {
         "building the floors (cargo build --release -p pgwake-bench --example relay_floor \
          --example login_floor) ..."
     ));
-    let status = crate::targets::cargo()
+    let status = crate::workspace::cargo()
         .args([
             "build",
             "--release",

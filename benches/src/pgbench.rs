@@ -3,10 +3,31 @@
 //! pgbench generates all the load; the harness only spawns it, waits, and parses the few summary
 //! lines it prints at the end.
 
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, anyhow, bail};
+
+/// How clients log in, the same on all three targets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Auth {
+    /// No password check anywhere (Postgres `trust`, PgBouncer `auth_type = trust`): connection
+    /// churn then measures connection handling, not SCRAM's deliberately slow key derivation.
+    Trust,
+    /// SCRAM-SHA-256: Postgres checks direct and relayed (pgwake) logins, PgBouncer checks its
+    /// own clients against the auth file. Realistic, but churn becomes mostly PBKDF2 time.
+    Scram,
+}
+
+impl fmt::Display for Auth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Auth::Trust => "trust",
+            Auth::Scram => "scram-sha-256",
+        })
+    }
+}
 
 /// Where pgbench connects and how it logs in. Passed as libpq environment variables so the
 /// command line stays the one documented for each scenario.

@@ -236,7 +236,7 @@ impl Facts {
 
 /// The workspace commit, marked when the gateway's folders have uncommitted changes.
 fn pgwake_commit() -> String {
-    let root = crate::targets::workspace_root();
+    let root = crate::workspace::workspace_root();
     let root = root.to_string_lossy();
     let Some(head) = command_output("git", &["-C", &root, "rev-parse", "--short", "HEAD"]) else {
         return "unknown".into();
@@ -277,7 +277,7 @@ pub struct ReportInput<'a> {
     /// pgbench scale of the data.
     pub scale: u32,
     /// How clients logged in.
-    pub auth: crate::targets::Auth,
+    pub auth: crate::pgbench::Auth,
 }
 
 /// The Markdown report: facts, the results table, what was skipped and what went wrong.
@@ -747,7 +747,7 @@ mod tests {
             skipped: &skipped,
             reps: 3,
             scale: 10,
-            auth: crate::targets::Auth::Trust,
+            auth: crate::pgbench::Auth::Trust,
         };
         let text = render(&input, &results);
         assert!(

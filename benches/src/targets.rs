@@ -17,8 +17,9 @@ use pgwake_testkit::{
 };
 
 use crate::peers::{Peer, PeerPool};
-use crate::pgbench::{Endpoint, Pgbench, write_scripts};
+use crate::pgbench::{Auth, Endpoint, Pgbench, write_scripts};
 use crate::process::{Guarded, command_output};
+use crate::workspace::{cargo, target_dir};
 
 /// What pgbench talks to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -85,26 +86,6 @@ pub struct Target {
     pub endpoint: Endpoint,
     /// PID of the proxy process.
     pub proxy_pid: Option<u32>,
-}
-
-/// How clients log in, the same on all three targets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Auth {
-    /// No password check anywhere (Postgres `trust`, PgBouncer `auth_type = trust`): connection
-    /// churn then measures connection handling, not SCRAM's deliberately slow key derivation.
-    Trust,
-    /// SCRAM-SHA-256: Postgres checks direct and relayed (pgwake) logins, PgBouncer checks its
-    /// own clients against the auth file. Realistic, but churn becomes mostly PBKDF2 time.
-    Scram,
-}
-
-impl fmt::Display for Auth {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Auth::Trust => "trust",
-            Auth::Scram => "scram-sha-256",
-        })
-    }
 }
 
 /// How to find pgwake.
@@ -856,38 +837,6 @@ fn wait_until(
     }
 }
 
-/// Where this workspace is: the bench crate's parent folder.
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("benches/ has a parent")
-        .to_path_buf()
-}
-
-pub(crate) fn cargo() -> Command {
-    // `cargo run` sets CARGO to the cargo that built us; use the same one.
-    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cmd.current_dir(workspace_root());
-    // `cargo run` also describes this package in CARGO_PKG_*, CARGO_MANIFEST_* and the like.
-    // Build scripts watch some of them (ring's does), so a nested build that inherits them
-    // rebuilds ring and everything above it, and the next `cargo run` rebuilds them back.
-    for (key, _) in std::env::vars_os() {
-        let key_text = key.to_string_lossy();
-        if key_text.starts_with("CARGO_PKG_")
-            || key_text.starts_with("CARGO_MANIFEST_")
-            || [
-                "CARGO_CRATE_NAME",
-                "CARGO_BIN_NAME",
-                "CARGO_PRIMARY_PACKAGE",
-            ]
-            .contains(&key_text.as_ref())
-        {
-            cmd.env_remove(key);
-        }
-    }
-    cmd
-}
-
 fn build_pgwake() -> Result<()> {
     crate::progress(format_args!(
         "building pgwake (cargo build --release -p pgwake) ..."
@@ -900,28 +849,4 @@ fn build_pgwake() -> Result<()> {
         bail!("cargo build --release -p pgwake failed ({status})");
     }
     Ok(())
-}
-
-/// The cargo target directory: `CARGO_TARGET_DIR`, else what `cargo metadata` says.
-pub(crate) fn target_dir() -> Result<PathBuf> {
-    if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR") {
-        // Cargo reads a relative CARGO_TARGET_DIR against the directory it was started in.
-        return std::path::absolute(dir).context("resolve CARGO_TARGET_DIR");
-    }
-    let out = cargo()
-        .args(["metadata", "--format-version", "1", "--no-deps"])
-        .output()
-        .context("run cargo metadata")?;
-    if !out.status.success() {
-        bail!(
-            "cargo metadata failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let meta: serde_json::Value =
-        serde_json::from_slice(&out.stdout).context("parse cargo metadata")?;
-    meta["target_directory"]
-        .as_str()
-        .map(PathBuf::from)
-        .ok_or_else(|| anyhow!("cargo metadata has no target_directory"))
 }
