@@ -276,6 +276,45 @@ fn psql(url: &str, sql: &str) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
+/// What psql printed on stderr for `sql` on `url`, which must fail.
+fn psql_refused(url: &str, sql: &str) -> String {
+    let out = Command::new(pg_bin_dir().unwrap().join("psql"))
+        .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
+        .arg(url)
+        .env_remove("PGSSLROOTCERT")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "psql {url} ran {sql:?}");
+    String::from_utf8_lossy(&out.stderr).trim().to_owned()
+}
+
+/// `url` (one the banner printed) logged in as the superuser instead, as the banner says: its
+/// name and `local.password` from the folder's `pgwake.toml`.
+fn as_superuser(qs: &Quickstart, url: &str) -> String {
+    let config = std::fs::read_to_string(qs.dir().join("pgwake.toml")).unwrap();
+    let value = |key: &str| {
+        config
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(key)?
+                    .trim()
+                    .strip_prefix('=')?
+                    .trim()
+                    .strip_prefix('"')
+            })
+            .and_then(|v| v.strip_suffix('"'))
+            .unwrap_or_else(|| panic!("no {key} in\n{config}"))
+            .to_owned()
+    };
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let (_, at) = rest.split_once('@').unwrap();
+    format!(
+        "{scheme}://{}:{}@{at}",
+        value("superuser"),
+        value("password")
+    )
+}
+
 /// Runs a client script and returns its one-line verdict (`ok …` or `error …`).
 fn verdict(cmd: &mut Command) -> String {
     let out = cmd.output().unwrap();
@@ -347,10 +386,17 @@ fn quickstart_as_root_in_a_closed_home_serves_what_it_prints() {
 
     for tenant in ["alpha", "beta"] {
         let p = qs.printed(tenant);
+        // The printed role may not read the data directory's path; the superuser may.
         let sql = "select current_database() || ' ' || current_setting('data_directory')";
         let want = format!("postgres {}", data.join(tenant).join("data").display());
-        assert_eq!(psql(&p.url, sql), want, "psql, printed URL");
-        assert_eq!(psql(&p.verified, sql), want, "psql, verified URL");
+        assert_eq!(
+            psql(&as_superuser(&qs, &p.url), sql),
+            want,
+            "psql, superuser"
+        );
+        let sql = "select current_database() || ' ' || current_user";
+        assert_eq!(psql(&p.url, sql), "postgres app", "psql, printed URL");
+        assert_eq!(psql(&p.verified, sql), "postgres app", "psql, verified URL");
         // A second client, through its own libpq (the psycopg binary wheel bundles one).
         assert_eq!(python("psycopg", &p.url), "ok postgres", "psycopg");
         assert_eq!(python("psycopg", &p.verified), "ok postgres", "psycopg");
@@ -367,9 +413,10 @@ fn quickstart_as_root_in_a_closed_home_serves_what_it_prints() {
         .trim_end_matches(");")
         .trim_matches('\'')
         .to_owned();
+    let superuser_url = as_superuser(&qs, &neon_url);
     let out = Command::new("curl")
         .args(["-sS", "--fail-with-body", "--cacert", &qs.ca(), &fetch])
-        .args(["-H", &format!("Neon-Connection-String: {neon_url}")])
+        .args(["-H", &format!("Neon-Connection-String: {superuser_url}")])
         .args([
             "-d",
             r#"{"query":"select current_setting('data_directory') as d"}"#,
@@ -983,6 +1030,43 @@ fn the_file_limit_lowering_caps_is_news_only_for_caps_someone_chose() {
     );
 }
 
+/// Clients log in as an owner role, not as a superuser (as Neon's `<database>_owner` and
+/// CloudNativePG's `app`): the printed role owns each tenant's database and can create and
+/// drop what it holds there, but cannot run programs on the server (`COPY … TO PROGRAM`) or
+/// read its files; the superuser is one login away for whoever holds `pgwake.toml`.
+#[test]
+fn printed_role_owns_the_database_and_is_no_superuser() {
+    let qs = Quickstart::start("alpha");
+    let url = qs.printed("alpha").url;
+    let role = "select rolname, rolsuper, rolcreaterole, rolcreatedb from pg_roles \
+                where rolname = current_user";
+    assert_eq!(psql(&url, role), "app|f|f|f");
+    let owner =
+        "select pg_get_userbyid(datdba) from pg_database where datname = current_database()";
+    assert_eq!(psql(&url, owner), "app", "the role owns the database");
+    let owns = "do $$ begin create table t(n int); create schema s; create table s.u(n int); \
+                drop schema s cascade; drop table t; end $$";
+    assert_eq!(
+        psql(&url, owns),
+        "DO",
+        "it creates and drops in its database"
+    );
+    let refused = psql_refused(&url, "copy (select 1) to program 'cat > /dev/null'");
+    assert!(
+        refused.contains("pg_execute_server_program"),
+        "COPY TO PROGRAM is refused: {refused}"
+    );
+    let refused = psql_refused(&url, "select pg_read_file('postgresql.conf')");
+    assert!(refused.contains("permission denied"), "{refused}");
+    assert!(qs.banner.contains("for a superuser"), "{}", qs.banner);
+    let superuser = as_superuser(&qs, &url);
+    assert_eq!(psql(&superuser, role), "pgwake|t|t|t");
+    assert_eq!(
+        psql(&superuser, "copy (select 1) to program 'cat > /dev/null'"),
+        "COPY 1"
+    );
+}
+
 #[test]
 fn printed_strings_work_in_every_driver() {
     let qs = Quickstart::start("alpha");
@@ -996,9 +1080,17 @@ fn printed_strings_work_in_every_driver() {
     assert_eq!(python("psycopg", &p.url), ok, "psycopg");
     assert_eq!(python("psycopg", &p.verified), ok, "psycopg verified");
     // The sni rule with libpq's separate name and address, verified against the wildcard name.
+    let user = p
+        .url
+        .split("://")
+        .nth(1)
+        .unwrap()
+        .split(':')
+        .next()
+        .unwrap();
     let password = p.url.split(':').nth(2).unwrap().split('@').next().unwrap();
     let sni = format!(
-        "host=alpha.db.localtest hostaddr=127.0.0.1 port={} user=pgwake password={password} \
+        "host=alpha.db.localtest hostaddr=127.0.0.1 port={} user={user} password={password} \
          dbname=postgres sslmode=verify-full sslrootcert={ca}",
         qs.ports[0]
     );

@@ -17,7 +17,10 @@ use pgwake_routing::{
     WakeSettings,
 };
 
+use pgwake_protocol::scram::ScramSecret;
+
 use super::BuildError;
+use crate::auth::SCRAM_ITERATIONS;
 use crate::config::{
     Config, CredentialsConfig, KubeRoute, KubernetesConfig, LocalConfig, PoolClassConfig,
     PoolRelease, TenantBackend,
@@ -32,6 +35,11 @@ pub fn local_settings(local: &LocalConfig, start_timeout: Duration) -> LocalSett
         run_as: local.run_as.clone(),
         superuser: local.superuser.clone(),
         password: local.password.clone(),
+        owner: local.owner_login().map(|(role, password)| {
+            let salt: [u8; 16] = rand::random();
+            let verifier = ScramSecret::from_password(password, &salt, SCRAM_ITERATIONS);
+            (role.to_owned(), verifier.to_string())
+        }),
         settings: local
             .settings
             .iter()

@@ -42,6 +42,9 @@ const DEFAULT_ADMIN_PORT: u16 = 9090;
 /// Default port of the HTTPS listener (also given to folders written before it existed).
 pub const DEFAULT_HTTP_PORT: u16 = 8443;
 const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// The role a new folder's clients log in as: it owns each tenant's `postgres` database and is
+/// not a superuser (CloudNativePG's name for its application owner).
+const OWNER: &str = "app";
 
 /// Where data directories go when the server account cannot enter the quickstart folder.
 const SHARED_DATA_ROOT: &str = "/var/lib/pgwake";
@@ -179,11 +182,14 @@ pub async fn remove(dir: &Path) -> anyhow::Result<String> {
 /// Writes the `pgwake.toml` of a new folder.
 fn write_config(dir: &Path, config_path: &Path, opts: &QuickstartOptions) -> anyhow::Result<()> {
     let data_dir = choose_data_dir(dir)?;
-    let password: String = rand::rng()
-        .sample_iter(rand::distr::Alphanumeric)
-        .take(20)
-        .map(char::from)
-        .collect();
+    let secret = || -> String {
+        rand::rng()
+            .sample_iter(rand::distr::Alphanumeric)
+            .take(20)
+            .map(char::from)
+            .collect()
+    };
+    let (password, owner_password) = (secret(), secret());
     let default_tenants = [TenantId::parse(DEFAULT_TENANT)?];
     let tenants: String = opts
         .tenants
@@ -216,6 +222,9 @@ idle_timeout = "{idle}"
 data_dir = "{data_dir}"
 superuser = "pgwake"
 password = "{password}"
+# The printed URLs log in as the owner: it owns each tenant's database, not the server.
+owner = "{OWNER}"
+owner_password = "{owner_password}"
 {tenants}"#,
         port = opts.port.unwrap_or(DEFAULT_PORT),
         admin = opts.admin_port.unwrap_or(DEFAULT_ADMIN_PORT),
@@ -507,13 +516,17 @@ pub struct TenantUrls {
 }
 
 /// The connection strings for `tenant`, with the database name `<tenant>.postgres` naming it
-/// (no DNS name needed).
+/// (no DNS name needed), logged in as the owner role (as the superuser in a folder written
+/// before the quickstart made one).
 pub fn tenant_urls(config: &Config, dir: &Path, tenant: &TenantId) -> TenantUrls {
     let pg = config.listen.postgres;
     let (user, password) = config
         .local
         .as_ref()
-        .map(|l| (l.superuser.as_str(), l.password.as_str()))
+        .map(|l| {
+            l.owner_login()
+                .unwrap_or((l.superuser.as_str(), l.password.as_str()))
+        })
         .unwrap_or(("postgres", ""));
     let enc = |s: &str| {
         percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
@@ -565,6 +578,13 @@ pub fn banner(config: &Config, dir: &Path) -> String {
             false => " (outside the quickstart folder, which the server account cannot enter)",
         };
         out.push_str(&format!("  data:     {}{why}\n", local.data_dir.display()));
+        if let Some((owner, _)) = local.owner_login() {
+            out.push_str(&format!(
+                "  role:     {owner} owns each tenant's database and is not a superuser; for a \
+                 superuser, log in as {} with local.password from pgwake.toml\n",
+                local.superuser
+            ));
+        }
     }
     out.push_str(&format!(
         "  CA:       {} (signed the server certificate; pin it for verified TLS)\n",

@@ -106,10 +106,11 @@ pub(super) fn credential_source(
                 }
             })?))
         }
-        Some(CredentialsConfig::Local) => config
-            .local
-            .as_ref()
-            .map(|l| Arc::new(LocalSource::new(&l.superuser, &l.password)) as _),
+        Some(CredentialsConfig::Local) => config.local.as_ref().map(|l| {
+            let superuser = (l.superuser.as_str(), l.password.as_str());
+            let users: Vec<_> = std::iter::once(superuser).chain(l.owner_login()).collect();
+            Arc::new(LocalSource::new(&users)) as _
+        }),
         Some(CredentialsConfig::AuthQuery {
             user,
             password,

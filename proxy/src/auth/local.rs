@@ -1,4 +1,5 @@
-//! The `local` credential source: the superuser the local backend created, with its password.
+//! The `local` credential source: the superuser the local backend created and, when
+//! configured, the owner role it created beside it, with their passwords.
 
 use std::sync::Arc;
 
@@ -6,19 +7,23 @@ use async_trait::async_trait;
 
 use super::{Credential, CredentialError, CredentialSource};
 
-/// One user, known from `[local]`.
+/// The users known from `[local]`.
 pub struct LocalSource {
-    user: String,
-    credential: Arc<Credential>,
+    users: Vec<(String, Arc<Credential>)>,
 }
 
 impl LocalSource {
-    /// The source for this superuser (computes its verifier: call it at start-up).
-    pub fn new(user: &str, password: &str) -> LocalSource {
-        LocalSource {
-            user: user.to_owned(),
-            credential: Arc::new(Credential::from_password(password)),
-        }
+    /// The source for these (user, password) pairs (computes their verifiers: call it at
+    /// start-up).
+    pub fn new(users: &[(&str, &str)]) -> LocalSource {
+        let users = users
+            .iter()
+            .map(|(user, password)| {
+                let credential = Arc::new(Credential::from_password(password));
+                ((*user).to_owned(), credential)
+            })
+            .collect();
+        LocalSource { users }
     }
 }
 
@@ -29,6 +34,7 @@ impl CredentialSource for LocalSource {
     }
 
     async fn lookup(&self, user: &str) -> Result<Option<Arc<Credential>>, CredentialError> {
-        Ok((user == self.user).then(|| self.credential.clone()))
+        let known = self.users.iter().find(|(name, _)| name == user);
+        Ok(known.map(|(_, credential)| credential.clone()))
     }
 }

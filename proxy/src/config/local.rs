@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::{ConfigError, invalid};
+
 /// `[local]`: Postgres servers this gateway starts and stops itself.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -22,6 +24,14 @@ pub struct LocalConfig {
     pub superuser: String,
     /// Its password.
     pub password: String,
+    /// A role created with each tenant's cluster that owns its `postgres` database without
+    /// being a superuser (as Neon's `<database>_owner` and CloudNativePG's `app`), for clients
+    /// that need no superuser; the gateway checks its password as the superuser's.
+    #[serde(default)]
+    pub owner: Option<String>,
+    /// The owner's password (given with `owner`).
+    #[serde(default)]
+    pub owner_password: Option<String>,
     /// Extra `postgresql.conf` settings, written when a data directory is created.
     #[serde(default)]
     pub settings: std::collections::BTreeMap<String, String>,
@@ -32,6 +42,35 @@ pub struct LocalConfig {
     /// Time between readiness probes while a server starts.
     #[serde(default = "default_probe_interval", with = "super::duration")]
     pub probe_interval: Duration,
+}
+
+impl LocalConfig {
+    /// The owner role and its password given together, and not the superuser's name.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        match (&self.owner, &self.owner_password) {
+            (Some(owner), Some(_)) if owner.is_empty() => {
+                Err(invalid("local.owner", "must not be empty"))
+            }
+            (Some(owner), Some(_)) if *owner == self.superuser => Err(invalid(
+                "local.owner",
+                format!("must differ from local.superuser (\"{owner}\")"),
+            )),
+            (Some(_), None) => Err(invalid(
+                "local.owner_password",
+                "missing: local.owner needs a password",
+            )),
+            (None, Some(_)) => Err(invalid(
+                "local.owner",
+                "missing: local.owner_password is given without a role",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The owner role and its password, when configured.
+    pub fn owner_login(&self) -> Option<(&str, &str)> {
+        self.owner.as_deref().zip(self.owner_password.as_deref())
+    }
 }
 
 fn default_superuser() -> String {

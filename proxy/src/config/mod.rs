@@ -249,6 +249,9 @@ impl Config {
         self.revival.validate()?;
         self.reuse.validate()?;
         self.peer.validate(self.listen.peer)?;
+        if let Some(local) = &self.local {
+            local.validate()?;
+        }
         let classes = pool_class::validate_all(&self.pool_classes)?;
         let tenants = tenant::validate_all(&self.tenants, self.local.is_some(), &classes)?;
         // A discovered tenant can be the default; it is known only once its cluster is listed.
@@ -435,6 +438,19 @@ backend = { kind = "fixed", address = "127.0.0.1:5433" }
         assert_eq!(c.tenants[0].idle_timeout, Some(Duration::from_secs(30)));
         assert!(c.local.unwrap().data_dir.is_absolute());
         assert_eq!(c.wake.wake_timeout, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn a_local_owner_comes_with_its_password_and_is_not_the_superuser() {
+        let local = |extra: &str| {
+            format!("{EXAMPLE}[local]\ndata_dir = \"data\"\npassword = \"pw\"\n{extra}")
+        };
+        refused(&local("owner = \"app\"\n"), "local.owner_password");
+        refused(&local("owner_password = \"o\"\n"), "local.owner");
+        let same = local("owner = \"pgwake\"\nowner_password = \"o\"\n");
+        refused(&same, "must differ from local.superuser");
+        let c = load(&local("owner = \"app\"\nowner_password = \"o\"\n")).unwrap();
+        assert_eq!(c.local.unwrap().owner_login(), Some(("app", "o")));
     }
 
     #[test]

@@ -46,6 +46,10 @@ pub struct LocalSettings {
     pub superuser: String,
     /// Its password (host connections use SCRAM-SHA-256).
     pub password: String,
+    /// A role created with each cluster, not a superuser, that owns its `postgres` database:
+    /// its name and the SCRAM-SHA-256 verifier of its password (so no password reaches the
+    /// server in the clear).
+    pub owner: Option<(String, String)>,
     /// Extra `postgresql.conf` settings, after the fast-wake defaults.
     pub settings: Vec<(String, String)>,
     /// How long a fast shutdown may take before an immediate one (for a server still starting:
@@ -324,6 +328,13 @@ impl LocalBackend {
                 String::from_utf8_lossy(&out.stderr).trim()
             )));
         }
+        if let Some(owner) = &self.settings.owner
+            && let Err(e) = self.create_owner(&data, owner).await
+        {
+            // A cluster without its owner would be taken as ready by the next wake: made again.
+            let _ = fs::remove_dir_all(&data);
+            return Err(e);
+        }
         let mut conf = String::from("\n# pgwake: fast wake\n");
         let sock_dir = format!("'{}'", sock.display());
         let defaults = FAST_WAKE_CONF
@@ -340,6 +351,53 @@ impl LocalBackend {
             .and_then(|mut f| std::io::Write::write_all(&mut f, conf.as_bytes()))
             .map_err(|e| io_error("append to postgresql.conf", e))?;
         info!(tenant = %tenant, data = %data.display(), "initialized data directory");
+        Ok(())
+    }
+
+    /// Creates the `owner` role (name, verifier) in the new cluster at `data` and gives it the
+    /// `postgres` database, in single-user mode: no server listens yet, so nothing else can log
+    /// in before the role exists.
+    async fn create_owner(
+        &self,
+        data: &Path,
+        (role, verifier): &(String, String),
+    ) -> Result<(), BackendError> {
+        let role = format!("\"{}\"", role.replace('"', "\"\""));
+        let verifier = verifier.replace('\'', "''");
+        // One statement per line: single-user mode runs each line as it reads it.
+        let sql = format!(
+            "CREATE ROLE {role} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD '{verifier}'\n\
+             ALTER DATABASE postgres OWNER TO {role}\n"
+        );
+        let mut child = self
+            .command("postgres")
+            .arg("--single")
+            .arg("-D")
+            .arg(data)
+            .arg("postgres")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| io_error("run postgres --single", e))?;
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        let written = tokio::io::AsyncWriteExt::write_all(&mut stdin, sql.as_bytes()).await;
+        drop(stdin);
+        let out = child
+            .wait_with_output()
+            .await
+            .map_err(|e| io_error("run postgres --single", e))?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        // Single-user mode reports a failed statement on stderr and still exits with 0. Only
+        // the errors are told: the STATEMENT lines beside them hold the verifier.
+        let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("ERROR:")).collect();
+        if written.is_err() || !out.status.success() || !errors.is_empty() {
+            return Err(BackendError::StartFailed(format!(
+                "creating the owner role failed ({}): {}",
+                out.status,
+                errors.join("; ")
+            )));
+        }
         Ok(())
     }
 
