@@ -34,6 +34,8 @@ pub struct Spec<'a> {
     pub settings: Vec<String>,
     /// Lines of `[revival]`.
     pub revival: Vec<String>,
+    /// Lines of `[auth]` (e.g. the throttle's settings).
+    pub auth: Vec<String>,
 }
 
 /// One tenant as `GET /v1/tenants` shows it.
@@ -157,6 +159,8 @@ impl LocalGateway {
              \n\
              [revival]\n{revival}\n\
              \n\
+             [auth]\n{auth}\n\
+             \n\
              [local]\n\
              data_dir = \"data\"\n\
              password = \"{PASSWORD}\"\n\
@@ -165,6 +169,7 @@ impl LocalGateway {
             limits = lines(&spec.limits),
             wake = lines(&spec.wake),
             revival = lines(&spec.revival),
+            auth = lines(&spec.auth),
             settings = lines(&spec.settings),
         );
         for (id, extra) in tenants {

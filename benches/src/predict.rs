@@ -712,6 +712,7 @@ fn real_time(binary: &std::path::Path, traces: &[Trace]) -> Result<(Vec<[Outcome
         limits: vec![],
         settings: vec![],
         revival: vec![],
+        auth: vec![],
     };
     let tenants: Vec<(String, PredictPolicy)> = (0..traces.len())
         .flat_map(|m| POLICIES.map(|p| (real_tenant(m, p), p)))

@@ -107,6 +107,7 @@ pub fn run(binary: &Path, opts: QueuedOptions) -> Result<QueuedResults> {
             limits: vec![],
             settings: vec![format!("pre_auth_delay = \"'{}s'\"", HOLD.as_secs())],
             revival: vec![],
+            auth: vec![],
         },
         &[],
         &[format!("max_backend_connections = {BACKEND_CAP}")],

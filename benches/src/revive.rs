@@ -125,6 +125,7 @@ pub(crate) fn spec(idle: Duration, check: Duration, snapshot: Duration) -> Spec<
         limits: vec!["shutdown_grace = \"1s\"".into()],
         settings: vec![],
         revival: vec![format!("snapshot_after = \"{}ms\"", snapshot.as_millis())],
+        auth: vec![],
     }
 }
 

@@ -243,6 +243,7 @@ pub fn run(binary: &Path, opts: ScaleOptions) -> Result<ScaleResults> {
                 format!("snapshot_after = \"{}ms\"", SNAPSHOT_AFTER.as_millis()),
                 format!("park_session_after = \"{}ms\"", PARK_AFTER.as_millis()),
             ],
+            auth: vec![],
         },
         &tenants[1..],
         &[format!("max_backend_connections = {backend_cap}")],

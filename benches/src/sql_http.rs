@@ -4,6 +4,9 @@
 //! endpoint (Postgres over WebSocket, as the serverless driver's `Pool`/`Client` use it), in the
 //! same run.
 //!
+//! Beside them, `POST /sql` with a wrong password for the tenant and for a tenant that does not
+//! exist, side by side: what a client probing for tenant names could compare (issue 42, F8).
+//!
 //! Every client runs requests back to back for a fixed time and records each one's latency;
 //! requests/s is the count over the time, p50/p99 come from the recorded latencies. All three
 //! ways do one round trip to Postgres per query (tokio-postgres with a prepared statement; the
@@ -46,6 +49,10 @@ pub enum Way {
     GatewayHttp,
     /// tokio-postgres over a WebSocket to the gateway's HTTP listener.
     GatewayWs,
+    /// `POST /sql` with a wrong password, for the tenant.
+    WrongPassword,
+    /// `POST /sql` with a wrong password, for a tenant that does not exist.
+    WrongPasswordNoTenant,
 }
 
 impl Way {
@@ -55,7 +62,16 @@ impl Way {
             Way::GatewayTcp => "pgwake Postgres listener (tokio-postgres)",
             Way::GatewayHttp => "pgwake `POST /sql` (HTTP/1.1 keep-alive)",
             Way::GatewayWs => "pgwake WebSocket (tokio-postgres over tokio-tungstenite)",
+            Way::WrongPassword => "pgwake `POST /sql`, wrong password, tenant exists",
+            Way::WrongPasswordNoTenant => {
+                "pgwake `POST /sql`, wrong password, tenant does not exist"
+            }
         }
+    }
+
+    /// A refused login rather than a query: not compared with Postgres direct.
+    fn refused(self) -> bool {
+        matches!(self, Way::WrongPassword | Way::WrongPasswordNoTenant)
     }
 }
 
@@ -87,6 +103,8 @@ pub struct HttpResults {
 }
 
 const TENANT: &str = "sqlbench";
+/// A tenant the gateway does not have, for the wrong-password rows.
+const NO_TENANT: &str = "nosuchbench";
 /// Unmeasured time per way before its rows: wakes the tenant, fills the pool, warms caches.
 const WARMUP: Duration = Duration::from_secs(1);
 
@@ -102,6 +120,12 @@ pub fn run(binary: &std::path::Path, opts: &HttpOptions) -> Result<HttpResults> 
             limits: vec![],
             settings: vec![],
             revival: vec![],
+            // Every wrong password is evaluated, so the rows measure the check, not the
+            // throttle's refusals.
+            auth: vec![
+                "throttle_free_failures = 4000000000".into(),
+                "throttle_source_free_failures = 4000000000".into(),
+            ],
         },
         &[format!("http = \"127.0.0.1:{http_port}\"")],
     )?;
@@ -117,10 +141,12 @@ pub fn run(binary: &std::path::Path, opts: &HttpOptions) -> Result<HttpResults> 
     ))
     .with_context(|| format!("first connection: {}", gw.log_tail(5)))?;
     let direct = gw.direct_login(postgres_port(&gw)?);
-    let conn_string = format!(
-        "postgresql://{}:{}@localhost/{}",
-        login.user, login.password, login.dbname
-    );
+    let conn_string = |password: &str, database: &str| {
+        format!(
+            "postgresql://{}:{password}@localhost/{database}",
+            login.user
+        )
+    };
     let clk_tck = clock_ticks_per_second();
     let mut rows = Vec::new();
     let ways = [
@@ -128,15 +154,21 @@ pub fn run(binary: &std::path::Path, opts: &HttpOptions) -> Result<HttpResults> 
         Way::GatewayTcp,
         Way::GatewayHttp,
         Way::GatewayWs,
+        Way::WrongPassword,
+        Way::WrongPasswordNoTenant,
     ];
     for way in ways {
+        let http = |password: &str, database: &str| Target::Http {
+            port: http_port,
+            conn_string: conn_string(password, database),
+            refused: way.refused(),
+        };
         let target = match way {
             Way::Direct => Target::Postgres(direct.clone()),
             Way::GatewayTcp => Target::Postgres(login.clone()),
-            Way::GatewayHttp => Target::Http {
-                port: http_port,
-                conn_string: conn_string.clone(),
-            },
+            Way::GatewayHttp => http(&login.password, &login.dbname),
+            Way::WrongPassword => http("wrong", &login.dbname),
+            Way::WrongPasswordNoTenant => http("wrong", &format!("{NO_TENANT}.postgres")),
             Way::GatewayWs => Target::Ws {
                 port: http_port,
                 login: login.clone(),
@@ -197,8 +229,16 @@ fn postgres_port(gw: &LocalGateway) -> Result<u16> {
 #[derive(Clone)]
 enum Target {
     Postgres(Login),
-    Http { port: u16, conn_string: String },
-    Ws { port: u16, login: Login },
+    /// `refused`: the password is wrong, so the answer must be a 400 with SQLSTATE 28P01.
+    Http {
+        port: u16,
+        conn_string: String,
+        refused: bool,
+    },
+    Ws {
+        port: u16,
+        login: Login,
+    },
 }
 
 /// Runs `clients` loops for `duration`; returns the queries done, their latencies in µs and
@@ -216,9 +256,11 @@ async fn measure(
             tokio::spawn(async move {
                 match target {
                     Target::Postgres(login) => postgres_loop(&login, deadline).await,
-                    Target::Http { port, conn_string } => {
-                        http_loop(port, &conn_string, deadline).await
-                    }
+                    Target::Http {
+                        port,
+                        conn_string,
+                        refused,
+                    } => http_loop(port, (&conn_string, refused), deadline).await,
                     Target::Ws { port, login } => ws_loop(port, &login, deadline).await,
                 }
             })
@@ -352,7 +394,13 @@ impl tokio::io::AsyncWrite for WsBytes {
     }
 }
 
-async fn http_loop(port: u16, conn_string: &str, deadline: Instant) -> Result<Vec<f64>> {
+/// `POST /sql` of `SELECT 1` until `deadline` on one kept-alive connection, with `conn_string`;
+/// every answer must be the query's result, or when `refused`, a wrong password's 400.
+async fn http_loop(
+    port: u16,
+    (conn_string, refused): (&str, bool),
+    deadline: Instant,
+) -> Result<Vec<f64>> {
     let body = br#"{"query":"SELECT 1","params":[]}"#;
     let request = format!(
         "POST /sql HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
@@ -373,32 +421,72 @@ async fn http_loop(port: u16, conn_string: &str, deadline: Instant) -> Result<Ve
         conn.get_mut().write_all(&request).await?;
         line.clear();
         conn.read_line(&mut line).await?;
-        if !line.starts_with("HTTP/1.1 200") {
+        let status = if refused {
+            "HTTP/1.1 400"
+        } else {
+            "HTTP/1.1 200"
+        };
+        if !line.starts_with(status) {
             bail!("answer {:?}", line.trim_end());
         }
-        let mut length = None;
-        loop {
-            line.clear();
-            conn.read_line(&mut line).await?;
-            let header = line.trim_end();
-            if header.is_empty() {
-                break;
-            }
-            if let Some((name, value)) = header.split_once(':')
-                && name.eq_ignore_ascii_case("content-length")
-            {
-                length = value.trim().parse::<usize>().ok();
-            }
-        }
-        let length = length.ok_or_else(|| anyhow!("no Content-Length in the answer"))?;
-        response.resize(length, 0);
-        conn.read_exact(&mut response).await?;
+        read_body(&mut conn, &mut line, &mut response).await?;
         latencies.push(t.elapsed().as_secs_f64() * 1e6);
-        if !response.windows(18).any(|w| w == br#""command":"SELECT""#) {
+        let expected: &[u8] = match refused {
+            true => br#""code":"28P01""#,
+            false => br#""command":"SELECT""#,
+        };
+        if !response.windows(expected.len()).any(|w| w == expected) {
             bail!("unexpected body {:?}", String::from_utf8_lossy(&response));
         }
     }
     Ok(latencies)
+}
+
+/// Reads an answer's headers and then its body into `response`: `Content-Length` bytes, or
+/// the chunks of a chunked body (how the gateway sends its error answers).
+async fn read_body(
+    conn: &mut BufReader<TcpStream>,
+    line: &mut String,
+    response: &mut Vec<u8>,
+) -> Result<()> {
+    let (mut length, mut chunked) = (None, false);
+    loop {
+        line.clear();
+        conn.read_line(line).await?;
+        let header = line.trim_end();
+        if header.is_empty() {
+            break;
+        }
+        let Some((name, value)) = header.split_once(':') else {
+            continue;
+        };
+        if name.eq_ignore_ascii_case("content-length") {
+            length = value.trim().parse::<usize>().ok();
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            chunked = value.trim().eq_ignore_ascii_case("chunked");
+        }
+    }
+    response.clear();
+    if !chunked {
+        let length = length.ok_or_else(|| anyhow!("no Content-Length in the answer"))?;
+        response.resize(length, 0);
+        conn.read_exact(response).await?;
+        return Ok(());
+    }
+    loop {
+        line.clear();
+        conn.read_line(line).await?;
+        let size = usize::from_str_radix(line.trim_end(), 16)
+            .with_context(|| format!("chunk size {:?}", line.trim_end()))?;
+        let start = response.len();
+        // The chunk and the line end after it; the last (empty) chunk has only the line end.
+        response.resize(start + size + 2, 0);
+        conn.read_exact(&mut response[start..]).await?;
+        response.truncate(start + size);
+        if size == 0 {
+            return Ok(());
+        }
+    }
 }
 
 /// The report section.
@@ -420,7 +508,11 @@ pub fn render(facts: &Facts, opts: &HttpOptions, outcome: &Result<HttpResults, S
          serverless driver does; tokio-postgres uses a prepared statement, over TCP or tunnelled \
          through a WebSocket to the HTTP listener (binary frames, as the driver's `Pool` sends). Ratio: requests/s \
          relative to Postgres direct with the same number of clients. Gateway CPU: user + \
-         system time of the pgwake process per query.\n",
+         system time of the pgwake process per query. The two wrong-password rows send \
+         `POST /sql` with a wrong password for the tenant and for a tenant that does not \
+         exist (the throttle's free failures raised so that every attempt is evaluated): \
+         each answer is the 400 with SQLSTATE 28P01, and a gap between them would tell a \
+         client probing names which tenants exist.\n",
         opts.duration.as_secs_f64()
     );
     let _ = writeln!(
@@ -433,7 +525,10 @@ pub fn render(facts: &Facts, opts: &HttpOptions, outcome: &Result<HttpResults, S
             .iter()
             .find(|d| d.way == Way::Direct && d.clients == row.clients)
             .map(|d| d.rps);
-        let ratio = direct.map_or("–".into(), |d| format!("{:.2}", row.rps / d));
+        let ratio = match (direct, row.way.refused()) {
+            (Some(d), false) => format!("{:.2}", row.rps / d),
+            _ => "–".into(),
+        };
         let cpu = row.gateway_cpu_us.map_or("–".into(), |c| format!("{c:.0}"));
         let _ = writeln!(
             out,
@@ -446,8 +541,38 @@ pub fn render(facts: &Facts, opts: &HttpOptions, outcome: &Result<HttpResults, S
             row.p99_us
         );
     }
+    out.push_str(&probing(&r.rows));
     out.push_str(&goals(&r.rows));
     out
+}
+
+/// The wrong-password rows compared: a tenant that does not exist over one that does.
+fn probing(rows: &[Row]) -> String {
+    let mut out = String::from(
+        "\nWrong password, tenant that does not exist ÷ tenant that exists (issue 42, F8):\n\n\
+         | clients | p50 | p99 | gateway CPU per request |\n|---|---:|---:|---:|\n",
+    );
+    let find =
+        |way: Way, clients: usize| rows.iter().find(|r| r.way == way && r.clients == clients);
+    let mut any = false;
+    for known in rows.iter().filter(|r| r.way == Way::WrongPassword) {
+        let Some(unknown) = find(Way::WrongPasswordNoTenant, known.clients) else {
+            continue;
+        };
+        any = true;
+        let cpu = unknown
+            .gateway_cpu_us
+            .zip(known.gateway_cpu_us)
+            .map_or("–".into(), |(u, k)| format!("{:.2}×", u / k));
+        let _ = writeln!(
+            out,
+            "| {} | {:.2}× | {:.2}× | {cpu} |",
+            known.clients,
+            unknown.p50_us / known.p50_us,
+            unknown.p99_us / known.p99_us,
+        );
+    }
+    if any { out } else { String::new() }
 }
 
 /// Issue 29's `/sql` goals: with one client, at least this share of the gateway's own Postgres
@@ -523,5 +648,16 @@ mod tests {
         );
         let text = goals(&rows[..3]);
         assert!(text.contains("| – | not measured |"), "{text}");
+    }
+
+    #[test]
+    fn probing_compares_the_wrong_password_rows_per_client_count() {
+        let mut known = row(Way::WrongPassword, 1, 500.0, Some(2000.0));
+        let mut unknown = row(Way::WrongPasswordNoTenant, 1, 480.0, Some(2100.0));
+        (known.p50_us, known.p99_us) = (2000.0, 4000.0);
+        (unknown.p50_us, unknown.p99_us) = (2200.0, 4000.0);
+        let text = probing(&[known.clone(), unknown]);
+        assert!(text.contains("| 1 | 1.10× | 1.00× | 1.05× |"), "{text}");
+        assert_eq!(probing(&[known]), "", "no pair, no table");
     }
 }

@@ -116,6 +116,7 @@ pub fn run(binary: &std::path::Path, opts: WakeOptions) -> Result<WakeResults> {
             limits: vec![],
             settings: vec![],
             revival: vec![],
+            auth: vec![],
         },
     )?;
     let login = gw.login();
