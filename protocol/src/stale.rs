@@ -93,6 +93,14 @@ pub struct Remake {
     /// Its SQL `PREPARE`, spliced in front of the statement of a simple Query that executes it;
     /// `None` when it was made with a protocol Parse (an `EXECUTE` of it then finds nothing).
     pub prepare: Option<Box<str>>,
+    /// A batch of its own (ending in Sync, a Describe of it last) that makes it again while the
+    /// session is at rest, under the settings it was prepared under and waiting only briefly
+    /// for a lock, so that it is back before the client's next request whether or not that uses
+    /// it; empty when it is no longer tried at rest.
+    pub at_rest: Box<[u8]>,
+    /// How its rows were described to the client (`Some(None)`: no rows), when known: made
+    /// again with other rows, its uses answer that its result changed.
+    pub told: Option<Option<u64>>,
 }
 
 impl Remake {
@@ -214,6 +222,39 @@ impl StaleStatements {
     /// The client closed or deallocated `name`: a statement of that name is fresh from now on.
     pub fn forget(&mut self, name: &str) {
         self.names.remove(name);
+    }
+
+    /// Statements to make again while the session is at rest, each with the batch that does it.
+    pub fn at_rest(&self) -> impl Iterator<Item = (&str, &[u8])> {
+        self.names.iter().filter_map(|(n, s)| match &s.answer {
+            StaleAnswer::Remake(r) if !r.at_rest.is_empty() => Some((&**n, &*r.at_rest)),
+            _ => None,
+        })
+    }
+
+    /// A try at rest made `name` again: its uses go to the backend as they are, unless its rows
+    /// now look otherwise than the client was told (`same_rows` false), when its uses answer as
+    /// Postgres answers a cached plan whose result changed.
+    pub fn made_at_rest(&mut self, name: &str, same_rows: bool) {
+        match self.names.get_mut(name) {
+            Some(s) if !same_rows => s.answer = StaleAnswer::ResultChanged,
+            Some(_) => {
+                self.names.remove(name);
+            }
+            None => {}
+        }
+    }
+
+    /// A try at rest met an error that does not pass: it is not tried at rest again, and its
+    /// first use makes it (answering that error, or the one of the moment).
+    pub fn stop_trying_at_rest(&mut self, name: &str) {
+        if let Some(StaleStatement {
+            answer: StaleAnswer::Remake(r),
+            ..
+        }) = self.names.get_mut(name)
+        {
+            r.at_rest = Box::default();
+        }
     }
 
     /// Every statement was deallocated.
@@ -919,6 +960,8 @@ mod tests {
             answer: StaleAnswer::Remake(Remake {
                 messages: messages.into(),
                 prepare: prepare.map(Into::into),
+                at_rest: Box::default(),
+                told: None,
             }),
             param_types: [23].into(),
         }

@@ -877,6 +877,33 @@ impl SessionTracker {
         }
     }
 
+    /// Statements a revival left to be made at their first use that are tried again while the
+    /// session is at rest, each with the batch that does it (see [`crate::stale::Remake::at_rest`]).
+    pub fn remakes_at_rest(&self) -> impl Iterator<Item = (&str, &[u8])> {
+        self.stale.at_rest()
+    }
+
+    /// A try at rest made statement `name` again, its rows looking as `rows` (`None`: no rows):
+    /// it exists on the backend connection again, and its uses go there as they are unless its
+    /// rows look otherwise than the client was told.
+    pub fn made_at_rest(&mut self, name: &str, rows: Option<u64>) {
+        if !self.stale.contains(name) {
+            return;
+        }
+        let same_rows = self.told.get(name).is_none_or(|told| *told == rows);
+        self.stale.made_at_rest(name, same_rows);
+        if self.statements.len() < self.limits.max_statements {
+            self.statements.insert(name.into());
+        } else if !self.statements.contains(name) {
+            self.pins.insert(Pins::UNTRACKED_STATEMENTS);
+        }
+    }
+
+    /// A try at rest of statement `name` met an error that does not pass: its first use makes it.
+    pub fn stop_trying_at_rest(&mut self, name: &str) {
+        self.stale.stop_trying_at_rest(name);
+    }
+
     /// The stale statements and what their use answers.
     pub fn stale_statements(&self) -> impl Iterator<Item = (&str, &StaleStatement)> {
         self.stale.names()

@@ -172,6 +172,13 @@ async fn drive(gw: &Sessions, client: &mut Stream, start: Box<SessionStart>) -> 
         // Boxed too: the relay's state is freed while the session is parked.
         let end = Box::pin(s.relay_run(client, plan)).await;
         s.cancel_if_abandoned(&end);
+        if let RelayEnd::ClientAtRest(bytes) = end {
+            if let Err(ended) = Box::pin(s.remake_at_rest(client)).await {
+                return ended;
+            }
+            s.preload = bytes;
+            continue;
+        }
         if let RelayEnd::ClientLeft = end {
             Box::pin(s.client_left()).await;
             return Ok(RelayEnd::ClientClosed);
@@ -279,6 +286,7 @@ impl<'g> Live<'g> {
         let claim = &self.current.claim;
         let mut on_activity = || claim.set_idle(false);
         let mut on_transaction = |open| claim.set_in_transaction(open);
+        let client_at_rest = self.tracker.remakes_at_rest().next().is_some();
         let watch = SessionWatch {
             tracker: &mut self.tracker,
             quiet_after: plan.quiet_after,
@@ -298,6 +306,7 @@ impl<'g> Live<'g> {
                 .cancel
                 .as_ref()
                 .and_then(|c| NotifyPid::new(c.target()?.pid, c.pid)),
+            client_at_rest,
         };
         let counters = (
             gw.metrics.bytes_client_to_backend.clone(),
@@ -309,6 +318,22 @@ impl<'g> Live<'g> {
             when_idle: &gw.end_idle,
         };
         relay(client, stream, settings, counters, ending, watch).await
+    }
+
+    /// Tries again the statements a revival left to be made at their first use, before the
+    /// client's next request (see [`snapshot::remake_at_rest`]); `Err` when the backend or the
+    /// client link broke meanwhile.
+    async fn remake_at_rest(&mut self, client: &mut Stream) -> Result<(), Ended> {
+        let gw = self.gw;
+        let stream = &mut self.current.stream;
+        let max = gw.relay.max_message as usize;
+        let tried =
+            snapshot::remake_at_rest(stream, client, &mut self.tracker, max, gw.snapshot_timeout);
+        if let Err(e) = tried.await {
+            end_with(client, Some(stream), None).await;
+            return Err(Err(("backend_io", format!("remaking statements: {e}"))));
+        }
+        Ok(())
     }
 
     /// Cancels the query of a client that went away mid-query: Postgres would run it to its end.

@@ -56,6 +56,9 @@ pub enum RelayEnd {
     /// The client left (Terminate or end of stream) while the watch asked to keep the backend:
     /// the client side is closed, the backend connection untouched (its Terminate withheld).
     ClientLeft,
+    /// The client sent bytes (given here, not forwarded) while the session was at rest and the
+    /// watch asked for them ([`SessionWatch::client_at_rest`]).
+    ClientAtRest(Vec<u8>),
     /// The backend began an ErrorResponse (its bytes so far in `held`, not forwarded) or closed
     /// (`held` empty) while the session was at rest: usually a shutdown or restart.
     BackendEnded {
@@ -74,6 +77,7 @@ impl RelayEnd {
             | RelayEnd::Quiet
             | RelayEnd::Park
             | RelayEnd::Migrate
+            | RelayEnd::ClientAtRest(_)
             | RelayEnd::BackendEnded { .. } => None,
             RelayEnd::ClientIo(_) => Some("client_io"),
             RelayEnd::BackendIo(_) => Some("backend_io"),
@@ -444,6 +448,9 @@ pub struct SessionWatch<'a> {
     /// The session runs on a backend other than the one whose process id its client was
     /// given: its notifications get the client's id back.
     pub notify_pid: Option<NotifyPid>,
+    /// Return [`RelayEnd::ClientAtRest`] with the client's next bytes when they come while the
+    /// session is at rest, before they reach the backend.
+    pub client_at_rest: bool,
 }
 
 impl<'a> SessionWatch<'a> {
@@ -461,6 +468,7 @@ impl<'a> SessionWatch<'a> {
             preload: Vec::new(),
             keep_backend: false,
             notify_pid: None,
+            client_at_rest: false,
         }
     }
 }
@@ -507,6 +515,7 @@ pub async fn relay(
         preload,
         keep_backend,
         notify_pid,
+        client_at_rest,
     } = watch;
     let mut in_transaction = None;
     let ways = (keep_backend, notify_pid);
@@ -525,14 +534,15 @@ pub async fn relay(
         c2b.moved = false;
         b2c.moved = false;
         let mut clock = Clock::default();
+        let stop = client_at_rest && !shutdown.started();
         let client_poll = match shutdown.client_cut {
             true => Poll::Pending,
-            false => c2b.poll_copy(
+            false => poll_client(
                 cx,
-                Pin::new(&mut *client),
-                Pin::new(&mut *backend),
-                &mut ClientTap(tracker, &mut clock),
-                false,
+                (&mut c2b, &b2c),
+                (client, backend),
+                (tracker, &mut clock),
+                stop,
             ),
         };
         if c2b.moved
@@ -540,8 +550,10 @@ pub async fn relay(
         {
             f();
         }
-        if let Poll::Ready(r) = client_poll {
-            return Poll::Ready(client_end(r));
+        match client_poll {
+            Poll::Ready(Ok(Some(bytes))) => return Poll::Ready(RelayEnd::ClientAtRest(bytes)),
+            Poll::Ready(r) => return Poll::Ready(client_end(r.map(|_| ()))),
+            Poll::Pending => {}
         }
         if c2b.scanner.last_tag() == Some(b'X') {
             // The client said goodbye; the backend closing next is no failure.
@@ -561,12 +573,7 @@ pub async fn relay(
         ) {
             return Poll::Ready(backend_end(r, &b2c, shutdown.why()));
         }
-        if let Some(report) = on_transaction.as_mut() {
-            let now = tracker.status() != TxStatus::Idle;
-            if in_transaction.replace(now) != Some(now) {
-                report(now);
-            }
-        }
+        report_transaction(on_transaction.as_deref_mut(), &mut in_transaction, tracker);
         if shutdown.started() {
             return Poll::Pending;
         }
@@ -587,6 +594,47 @@ pub async fn relay(
     .await;
     finish(end, client, backend, &c2b, keep_backend).await
 }
+
+/// Tells `report` whether the session is inside a transaction block when that changed since
+/// it was last told (`told`).
+fn report_transaction<F: FnMut(bool) + ?Sized>(
+    report: Option<&mut F>,
+    told: &mut Option<bool>,
+    tracker: &SessionTracker,
+) {
+    if let Some(report) = report {
+        let now = tracker.status() != TxStatus::Idle;
+        if told.replace(now) != Some(now) {
+            report(now);
+        }
+    }
+}
+
+/// One turn of the client's direction: its bytes go to the backend, unless the session is at
+/// rest and `stop_at_rest` asks for them, when they are read and handed back (`Some`; `None` at
+/// the end of the client's stream).
+fn poll_client(
+    cx: &mut Context<'_>,
+    (c2b, b2c): (&mut Pump, &Pump),
+    (client, backend): (&mut Stream, &mut Stream),
+    (tracker, clock): (&mut SessionTracker, &mut Clock),
+    stop_at_rest: bool,
+) -> Poll<Result<Option<Vec<u8>>, PumpError>> {
+    if stop_at_rest && stillness(tracker, c2b, b2c) == Stillness::AtRest {
+        let mut buf = vec![0u8; CLIENT_AT_REST_READ];
+        let mut rb = ReadBuf::new(&mut buf);
+        ready!(Pin::new(client).poll_read(cx, &mut rb)).map_err(PumpError::Read)?;
+        let n = rb.filled().len();
+        buf.truncate(n);
+        return Poll::Ready(Ok((n > 0).then_some(buf)));
+    }
+    let tap = &mut ClientTap(tracker, clock);
+    let copied = c2b.poll_copy(cx, Pin::new(client), Pin::new(backend), tap, false);
+    copied.map_ok(|()| None)
+}
+
+/// Most bytes read at once for [`RelayEnd::ClientAtRest`]; the rest follows through the relay.
+const CLIENT_AT_REST_READ: usize = 8192;
 
 /// Where a session stands while both directions wait.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -888,7 +936,11 @@ async fn finish(
 ) -> RelayEnd {
     if matches!(
         end,
-        RelayEnd::Quiet | RelayEnd::Park | RelayEnd::Migrate | RelayEnd::BackendEnded { .. }
+        RelayEnd::Quiet
+            | RelayEnd::Park
+            | RelayEnd::Migrate
+            | RelayEnd::ClientAtRest(_)
+            | RelayEnd::BackendEnded { .. }
     ) {
         return end;
     }

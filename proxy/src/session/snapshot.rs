@@ -218,11 +218,56 @@ const OWN_REMAKE: &str = "\u{7f}pgwake remake";
 
 impl PreparedStatement {
     /// How its first use makes it again: a Close of its name, then its Parse (for one made with
-    /// SQL, its `PREPARE` run under the gateway's own statement).
-    fn remake(&self) -> Remake {
+    /// SQL, its `PREPARE` run under the gateway's own statement); and the batch that tries it
+    /// while the session is at rest, under `context` (the settings it was prepared under),
+    /// waiting at most `lock_wait` for a lock.
+    fn remake(&self, context: Option<&PrepareContext>, lock_wait: Duration) -> Remake {
+        let messages = self.remake_messages();
+        let mut at_rest = Vec::with_capacity(messages.len() + 512);
+        // Local to the batch's own transaction: at its Sync the session's values are back.
+        frontend::parse(&mut at_rest, OWN_LOCK_WAIT, LOCK_WAIT_SQL, &[]);
+        frontend::bind_text(&mut at_rest, OWN_LOCK_WAIT, &[&lock_timeout(lock_wait)]);
+        frontend::execute(&mut at_rest);
+        frontend::close_statement(&mut at_rest, OWN_LOCK_WAIT);
+        for (name, value) in context.into_iter().flat_map(PrepareContext::settings) {
+            frontend::parse(
+                &mut at_rest,
+                OWN_CONTEXT,
+                LOCAL_SETTING_SQL,
+                &[BYTEA, BYTEA],
+            );
+            frontend::bind_text(
+                &mut at_rest,
+                OWN_CONTEXT,
+                &[&hex_bytes(name), &hex_bytes(value)],
+            );
+            frontend::execute(&mut at_rest);
+            frontend::close_statement(&mut at_rest, OWN_CONTEXT);
+        }
+        at_rest.extend_from_slice(&messages);
+        frontend::describe_statement(&mut at_rest, &self.name);
+        frontend::sync(&mut at_rest);
+        // A batch of its own, so that it runs whatever the first met: the client must not see
+        // the gateway's statement in pg_prepared_statements.
+        frontend::close_statement(&mut at_rest, OWN_REMAKE);
+        frontend::sync(&mut at_rest);
+        Remake {
+            messages: messages.into(),
+            // On a line of its own: a comment at its end must not swallow what follows.
+            prepare: self.from_sql.then(|| format!("{}\n", self.text).into()),
+            at_rest: at_rest.into(),
+            told: self.described.told(),
+        }
+    }
+
+    /// The messages that make it again in a batch of the client's (see [`Remake::messages`]).
+    fn remake_messages(&self) -> Vec<u8> {
         let mut out = Vec::new();
         frontend::close_statement(&mut out, &self.name);
         if self.from_sql {
+            // An earlier try whose PREPARE failed left its own statement behind (the batch
+            // skipped to its Sync past the Close).
+            frontend::close_statement(&mut out, OWN_REMAKE);
             frontend::parse(&mut out, OWN_REMAKE, &self.text, &[]);
             frontend::bind_text(&mut out, OWN_REMAKE, &[]);
             frontend::execute(&mut out);
@@ -230,11 +275,7 @@ impl PreparedStatement {
         } else {
             frontend::parse(&mut out, &self.name, &self.text, &self.param_types);
         }
-        Remake {
-            messages: out.into(),
-            // On a line of its own: a comment at its end must not swallow what follows.
-            prepare: self.from_sql.then(|| format!("{}\n", self.text).into()),
-        }
+        out
     }
 
     /// This statement, not to be used as the new backend connection holds it.
@@ -665,6 +706,10 @@ async fn next_message(
 /// its Sync); its parameter is the wait.
 const LOCK_WAIT_SQL: &str = "SELECT pg_catalog.set_config('lock_timeout', $1, true)";
 
+/// Sets a setting (name and value as UTF-8 bytes) for the current transaction alone.
+const LOCAL_SETTING_SQL: &str = "SELECT pg_catalog.set_config(pg_catalog.convert_from($1, 'UTF8'), \
+     pg_catalog.convert_from($2, 'UTF8'), true)";
+
 /// The gateway's own statement that shortens the lock wait while the snapshot looks at the
 /// session's statements (the unnamed one is the session's).
 const OWN_LOCK_WAIT: &str = "\u{7f}pgwake lock wait";
@@ -882,6 +927,10 @@ enum Step<'a> {
     /// Closing the unnamed statement the restore itself (or an earlier user of a kept
     /// connection) left, as the session had none to carry.
     NoUnnamed,
+    /// A statement an earlier revival left to be made at its first use, tried again as at rest
+    /// ([`Remake::at_rest`]), then the clean-up batch after it.
+    Carried(&'a str, &'a StaleStatement, &'a Remake),
+    CarriedCleanup,
 }
 
 /// The outcome of a restore: which statements the new backend connection holds.
@@ -1001,7 +1050,29 @@ fn restore_requests(snap: &Snapshot, lock_wait: Duration) -> (Vec<u8>, Vec<Step<
     }
     frontend::sync(&mut out);
     in_force.leave(&mut out, &mut steps);
+    try_carried(snap, &mut out, &mut steps);
     (out, steps)
+}
+
+/// Tries again the statements an earlier revival left to be made at their first use, last:
+/// each batch sets what it needs for itself alone.
+fn try_carried<'a>(snap: &'a Snapshot, out: &mut Vec<u8>, steps: &mut Vec<Step<'a>>) {
+    for (name, stale, remake) in carried_remakes(snap) {
+        out.extend_from_slice(&remake.at_rest);
+        steps.push(Step::Carried(name, stale, remake));
+        steps.push(Step::CarriedCleanup);
+    }
+}
+
+/// The statements an earlier revival left to be made at their first use and that are still
+/// tried before it.
+fn carried_remakes(snap: &Snapshot) -> impl Iterator<Item = (&str, &StaleStatement, &Remake)> {
+    snap.failed
+        .iter()
+        .filter_map(|(name, stale)| match &stale.answer {
+            StaleAnswer::Remake(r) if !r.at_rest.is_empty() => Some((name.as_str(), stale, r)),
+            _ => None,
+        })
 }
 
 /// The session's statements, those prepared under its settings of now first, then each group
@@ -1150,7 +1221,13 @@ pub async fn restore(
     // client_encoding: only a text that reads the same there can be.
     let utf8 = snap.client_encoding.is_empty() || snap.client_encoding.eq_ignore_ascii_case("UTF8");
     let mut restored = Restored::default();
-    restored.stale.extend(snap.failed.iter().cloned());
+    // Those tried again are judged with the rest.
+    let carried: Vec<&str> = carried_remakes(snap).map(|(n, ..)| n).collect();
+    let left = snap
+        .failed
+        .iter()
+        .filter(|(n, _)| !carried.contains(&n.as_str()));
+    restored.stale.extend(left.cloned());
     backend.write_all(&out).await?;
     backend.flush().await?;
     let wait = deadline.saturating_duration_since(Instant::now());
@@ -1175,7 +1252,13 @@ pub async fn restore(
                     failure.take(),
                     std::mem::replace(&mut described, Described::Failed),
                 );
-                judge(current, answer, (utf8, &mut context_refused), &mut restored)?;
+                let how = Judging {
+                    utf8,
+                    context_refused: &mut context_refused,
+                    context: snap.context.as_deref(),
+                    lock_wait,
+                };
+                judge(current, answer, how, &mut restored)?;
                 step = steps.next();
             }
             _ => {}
@@ -1197,14 +1280,31 @@ pub async fn restore(
     Ok(restored)
 }
 
+/// What [`judge`] weighs an answer with.
+struct Judging<'a> {
+    /// The connection reads UTF-8 (else only an ASCII text is made again in the client's bytes).
+    utf8: bool,
+    /// The refusal of the setting that the statements being made need, if one was refused.
+    context_refused: &'a mut Option<Vec<u8>>,
+    /// The session's own settings, under which a statement left for its first use was made.
+    context: Option<&'a PrepareContext>,
+    /// How long a try at rest waits for a lock.
+    lock_wait: Duration,
+}
+
 /// Takes in the answer to one restore step: the error it met, and for a protocol statement how
 /// its rows are described now.
 fn judge(
     step: Step<'_>,
     (failure, described): (Option<(ErrorFields, Vec<u8>)>, Described),
-    (utf8, context_refused): (bool, &mut Option<Vec<u8>>),
+    how: Judging<'_>,
     restored: &mut Restored,
 ) -> Result<(), StateError> {
+    let Judging {
+        utf8,
+        context_refused,
+        ..
+    } = how;
     if let Step::Context(_, true) = step {
         *context_refused = None;
     }
@@ -1245,10 +1345,11 @@ fn judge(
         {
             // A lock (or the like) that the session would not have waited for now: made at
             // its first use, where an error is the one Postgres gives then.
-            debug!(statement = %s.name, code = %e.code, "a prepared statement is made again at its first use");
+            debug!(statement = %s.name, code = %e.code, "a prepared statement is made again at rest or at its first use");
+            let remake = s.remake(how.context, how.lock_wait);
             restored
                 .stale
-                .push((s.name.clone(), s.stale(StaleAnswer::Remake(s.remake()))));
+                .push((s.name.clone(), s.stale(StaleAnswer::Remake(remake))));
         }
         (Step::Statement(s), Some((e, bytes))) => {
             // Postgres would meet the same error when it next used the statement.
@@ -1258,7 +1359,11 @@ fn judge(
                 .stale
                 .push((s.name.clone(), s.stale(StaleAnswer::Failed(bytes.into()))));
         }
-        (Step::NoUnnamed, _) => {}
+        (Step::NoUnnamed, _) | (Step::CarriedCleanup, _) => {}
+        (Step::Carried(name, stale, remake), failure) => {
+            let failure = failure.map(|(e, _)| e.code);
+            judge_carried((name, stale, remake), failure, described, restored);
+        }
         (Step::Unnamed(_), Some((e, _))) => {
             debug!(code = %e.code, "the unnamed statement could not be made again; left out");
             restored.left_out += 1;
@@ -1282,6 +1387,100 @@ fn judge(
         }
     }
     Ok(())
+}
+
+/// Takes in the answer to a carried statement's try: made again with the rows the client was
+/// told, it is there again; with others, its uses answer that its result changed; a lock still
+/// in the way leaves it to be tried again; another error leaves it to its first use.
+fn judge_carried(
+    (name, stale, remake): (&str, &StaleStatement, &Remake),
+    failure: Option<String>,
+    described: Described,
+    restored: &mut Restored,
+) {
+    let mut stale = stale.clone();
+    match (failure, described.told()) {
+        (None, Some(rows)) => {
+            restored.statements.push(name.to_owned());
+            if remake.told.is_none_or(|told| told == rows) {
+                return;
+            }
+            stale.answer = StaleAnswer::ResultChanged;
+        }
+        (Some(code), _) if transient(&code) => {}
+        _ => {
+            if let StaleAnswer::Remake(r) = &mut stale.answer {
+                r.at_rest = Box::default();
+            }
+        }
+    }
+    restored.stale.push((name.to_owned(), stale));
+}
+
+/// Batches in each statement's [`Remake::at_rest`]: the try, then the clean-up.
+const AT_REST_BATCHES: usize = 2;
+
+/// Tries again, while the session is at rest, the statements a revival left to be made at
+/// their first use, each in a batch of its own (see [`Remake::at_rest`]): one made again is in
+/// `pg_prepared_statements` again before the client's next request runs, whatever that request
+/// is; one that still meets a lock is tried at the next rest; one that meets another error is
+/// left to its first use, which answers it. Notices and parameter changes the backend sends
+/// meanwhile go on to the client.
+pub async fn remake_at_rest(
+    backend: &mut Stream,
+    client: &mut Stream,
+    tracker: &mut SessionTracker,
+    max_message: usize,
+    wait: Duration,
+) -> Result<(), StateError> {
+    let deadline = Instant::now() + wait;
+    let mut out = Vec::new();
+    let mut names = Vec::new();
+    for (name, batch) in tracker.remakes_at_rest() {
+        out.extend_from_slice(batch);
+        names.push(name.to_owned());
+    }
+    backend.write_all(&out).await?;
+    backend.flush().await?;
+    for name in names {
+        let mut failure = None;
+        let mut described = Described::Failed;
+        let mut batches = 0;
+        while batches < AT_REST_BATCHES {
+            let msg = next_message(backend, max_message, deadline, wait).await?;
+            match msg.tag() {
+                b'E' if failure.is_none() && batches == 0 => {
+                    failure = Some(frontend::error_fields(msg.body()))
+                }
+                b'T' => {
+                    described =
+                        frontend::row_shape(msg.body()).map_or(Described::Failed, Described::Rows)
+                }
+                b'n' => described = Described::NoRows,
+                b'N' | b'A' | b'S' => client
+                    .write_all(&msg.bytes)
+                    .await
+                    .map_err(StateError::ClientIo)?,
+                b'Z' => batches += 1,
+                _ => {}
+            }
+        }
+        match (failure, described.told()) {
+            (Some(e), _) if transient(&e.code) => {
+                debug!(statement = %name, code = %e.code, "a prepared statement still cannot be made again; tried at the next rest");
+            }
+            (None, Some(rows)) => {
+                debug!(statement = %name, "a prepared statement was made again at rest");
+                tracker.made_at_rest(&name, rows);
+            }
+            (failure, _) => {
+                let code = failure.map(|e| e.code);
+                debug!(statement = %name, code = ?code, "a prepared statement is left to its first use");
+                tracker.stop_trying_at_rest(&name);
+            }
+        }
+    }
+    client.flush().await.map_err(StateError::ClientIo)
 }
 
 #[cfg(test)]

@@ -83,8 +83,30 @@ pub fn all() -> Vec<Scenario> {
         close("s"),
         statements(),
     ]);
+    // Never used after the lock: listed again once it is gone, made under the settings it was
+    // prepared under although the session changed them during the lock.
+    let mut listed = vec![
+        q("SET DateStyle = 'ISO, MDY'"),
+        prep("d", "SELECT '03/04/2024'::date AS d, a FROM lk", &[]),
+        exec("d", &[]),
+    ];
+    listed.extend(statements_on_lk());
+    listed.extend(locked_for(2));
+    listed.extend([
+        q("SELECT 'unrelated'"),
+        q("SET DateStyle = 'ISO, DMY'"),
+        finish(0),
+        statements(),
+        exec("d", &[]),
+        force(MoveKind::Migrate),
+        q("SELECT 'moved again'"),
+        statements(),
+        exec("d", &[]),
+        q("EXECUTE p"),
+    ]);
     vec![
         sc_setup("lock_during_revival_with_lock_timeout", SETUP, short),
+        sc_setup("lock_during_revival_listed_once_gone", SETUP, listed),
         sc_setup(
             "lock_during_revival_longer_than_revive_timeout",
             SETUP,
