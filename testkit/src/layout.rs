@@ -62,6 +62,8 @@ pub struct Layout {
     pub files: Vec<SourceFile>,
     /// Every use of another file.
     pub uses: Vec<Use>,
+    /// Files a folder's `mod.rs` declares `pub mod`: handles of the folder like its re-exports.
+    pub public_files: BTreeSet<String>,
 }
 
 impl Layout {
@@ -87,7 +89,21 @@ impl Layout {
         let mut uses: Vec<Use> = files.iter().flat_map(|f| index.uses(f)).collect();
         uses.sort();
         uses.dedup();
-        Layout { files, uses }
+        let public_files = files
+            .iter()
+            .filter(|f| f.file == "mod" && !is_root(&f.module))
+            .flat_map(|f| {
+                f.raw.lines().filter_map(|l| {
+                    let name = l.trim().strip_prefix("pub mod ")?.strip_suffix(';')?;
+                    Some(format!("{}/{name}", f.module))
+                })
+            })
+            .collect();
+        Layout {
+            files,
+            uses,
+            public_files,
+        }
     }
 
     /// The crate at `manifest_dir` (`env!("CARGO_MANIFEST_DIR")` of a test).
@@ -147,12 +163,67 @@ impl Layout {
             .any(|f| f.module == module && f.file != "mod")
     }
 
-    /// Every circle of the module graph and of each folder's file graph: the sets of modules
-    /// (or files) that reach each other, each with one path around it.
-    pub fn circles(&self) -> Vec<Vec<String>> {
-        let mut out = circles(&self.modules());
-        for graph in self.folders().values() {
-            out.extend(circles(graph));
+    /// Every circle of the module graph and of each folder's file graph, in words: the modules
+    /// (or files) that reach each other, and one way round them.
+    pub fn circles(&self) -> Vec<String> {
+        let mut graphs = vec![self.modules()];
+        graphs.extend(self.folders().into_values());
+        let mut out = Vec::new();
+        for graph in &graphs {
+            for path in circles(graph) {
+                let members = reaching_each_other(graph, &path[0]);
+                let members: Vec<&str> = members.iter().map(String::as_str).collect();
+                out.push(format!(
+                    "{} reach each other (one way round: {})",
+                    members.join(", "),
+                    path.join(" → ")
+                ));
+            }
+        }
+        out
+    }
+
+    /// Uses that name a file of another module's folder instead of what the folder's `mod.rs`
+    /// exports (its handles), as `from: path`.
+    pub fn reaches_in(&self) -> Vec<String> {
+        self.uses
+            .iter()
+            .filter(|u| u.names_file && !u.from.starts_with(&format!("{}/", u.module)))
+            .filter(|u| {
+                !self
+                    .public_files
+                    .contains(&format!("{}/{}", u.module, u.file))
+            })
+            .map(|u| format!("{}: crate::{}", u.from, u.path))
+            .collect()
+    }
+
+    /// What the rules every crate keeps find wrong: a circle between its top-level modules or
+    /// between the files of a folder, a module reaching into another folder's files instead of
+    /// using its handles, an arrow running back up against `levels` (see [`against`]).
+    pub fn problems(&self, levels: &[&[&str]]) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .circles()
+            .iter()
+            .map(|c| format!("import circle: {c}"))
+            .collect();
+        out.extend(
+            self.reaches_in()
+                .into_iter()
+                .map(|r| format!("reaches into another folder's file: {r}")),
+        );
+        out.extend(
+            against(&self.modules(), levels)
+                .into_iter()
+                .map(|(from, to)| format!("arrow running back up: {from} → {to}")),
+        );
+        if !levels.is_empty() {
+            out.extend(
+                self.modules()
+                    .keys()
+                    .filter(|m| !levels.iter().any(|l| l.contains(&m.as_str())))
+                    .map(|m| format!("module {m} is on no level: place it")),
+            );
         }
         out
     }
@@ -570,24 +641,35 @@ pub fn against(graph: &Graph, levels: &[&[&str]]) -> Vec<(String, String)> {
     out
 }
 
+/// Everything `from` reaches in `graph`.
+fn reach(graph: &Graph, from: &str) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    let mut stack = vec![from.to_owned()];
+    while let Some(n) = stack.pop() {
+        for next in graph.get(&n).into_iter().flatten() {
+            if seen.insert(next.clone()) {
+                stack.push(next.clone());
+            }
+        }
+    }
+    seen
+}
+
+/// The members of `graph` that `node` reaches and that reach it back (itself included when it
+/// is on a circle).
+fn reaching_each_other(graph: &Graph, node: &str) -> BTreeSet<String> {
+    reach(graph, node)
+        .into_iter()
+        .filter(|m| reach(graph, m).contains(node))
+        .collect()
+}
+
 /// The strongly connected parts of `graph` with more than one member, each as one path around
 /// it (first member repeated at the end).
 pub fn circles(graph: &Graph) -> Vec<Vec<String>> {
     let nodes: Vec<&String> = graph.keys().collect();
-    let reach = |from: &str| -> BTreeSet<String> {
-        let mut seen = BTreeSet::new();
-        let mut stack = vec![from.to_owned()];
-        while let Some(n) = stack.pop() {
-            for next in graph.get(&n).into_iter().flatten() {
-                if seen.insert(next.clone()) {
-                    stack.push(next.clone());
-                }
-            }
-        }
-        seen
-    };
     let reaches: BTreeMap<&String, BTreeSet<String>> =
-        nodes.iter().map(|n| (*n, reach(n))).collect();
+        nodes.iter().map(|n| (*n, reach(graph, n))).collect();
     let mut placed = BTreeSet::new();
     let mut out = Vec::new();
     for n in &nodes {
