@@ -139,26 +139,11 @@ pub async fn build(
     };
     let local = backends::local_backend(config)?;
     let kube = backends::KubeBackends::build(config).await?;
-    let tenants = backends::tenant_list(config, local.as_ref(), &kube);
-    // The backend kinds in use: the configured tenants', and cnpg's when discovery may add
-    // tenants on it later.
-    let backend_kinds: Vec<&'static str> = tenants
-        .iter()
-        .map(|t| t.backend.kind())
-        .chain(kube.cnpg.as_ref().map(|c| c.kind()))
-        .collect();
-    let directory = Arc::new(TenantDirectory::new(tenants));
-    let metrics = Arc::new(Metrics::new());
-    for kind in backend_kinds {
-        metrics.backend_in_use(kind);
-    }
-    let coordinator = backends::wake_coordinator(
-        &directory,
-        config,
-        local.as_ref(),
-        kube.activity.clone(),
-        &metrics,
-    )?;
+    let WakeStage {
+        directory,
+        coordinator,
+        metrics,
+    } = wake_stage(config, local.as_ref(), &kube)?;
     let mut secrets = tenants::SecretStores::new(config.limits.login_timeout, terminate.clone());
     let profiles = tenants::tenant_profiles(config, &coordinator, &kube, &mut secrets)?;
     let profiles: Profiles = Arc::new(RwLock::new(profiles));
@@ -193,9 +178,67 @@ pub async fn build(
         metrics: metrics.clone(),
         draining: CancellationToken::new(),
     });
-    let front = Front {
+    Ok(Gateway {
+        front: Arc::new(front(
+            config,
+            certificates.clone(),
+            pipeline,
+            metrics,
+            terminate,
+        )),
+        certificates,
+        local,
+        pool: kube.pool,
+    })
+}
+
+/// The tenants' directory with their backends, the metrics (naming the backend kinds in use)
+/// and the wake coordinator over the directory.
+struct WakeStage {
+    directory: Arc<TenantDirectory>,
+    coordinator: Arc<WakeCoordinator>,
+    metrics: Arc<Metrics>,
+}
+
+fn wake_stage(
+    config: &Config,
+    local: Option<&Arc<LocalBackend>>,
+    kube: &backends::KubeBackends,
+) -> Result<WakeStage, BuildError> {
+    let tenants = backends::tenant_list(config, local, kube);
+    // The backend kinds in use: the configured tenants', and cnpg's when discovery may add
+    // tenants on it later.
+    let backend_kinds: Vec<&'static str> = tenants
+        .iter()
+        .map(|t| t.backend.kind())
+        .chain(kube.cnpg.as_ref().map(|c| c.kind()))
+        .collect();
+    let directory = Arc::new(TenantDirectory::new(tenants));
+    let metrics = Arc::new(Metrics::new());
+    for kind in backend_kinds {
+        metrics.backend_in_use(kind);
+    }
+    let coordinator =
+        backends::wake_coordinator(&directory, config, local, kube.activity.clone(), &metrics)?;
+    Ok(WakeStage {
+        directory,
+        coordinator,
+        metrics,
+    })
+}
+
+/// The first stage: the listener's negotiation, PROXY header and caps, handing connections to
+/// the pipeline.
+fn front(
+    config: &Config,
+    certificates: Option<Arc<ServerCertificates>>,
+    pipeline: Arc<Pipeline>,
+    metrics: Arc<Metrics>,
+    terminate: CancellationToken,
+) -> Front {
+    Front {
         negotiate: NegotiateSettings {
-            tls: certificates.clone(),
+            tls: certificates,
             allow_plaintext: config.listen.allow_plaintext,
             max_startup_message: config.limits.max_startup_message.as_u64() as usize,
         },
@@ -208,13 +251,7 @@ pub async fn build(
         pipeline,
         metrics,
         terminate,
-    };
-    Ok(Gateway {
-        front: Arc::new(front),
-        certificates,
-        local,
-        pool: kube.pool,
-    })
+    }
 }
 
 /// The one way to backend connections, naming the sessions the coordinator hears are pinned
