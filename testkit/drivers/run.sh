@@ -14,11 +14,27 @@ modes="relay"
 reruns=2
 workdir=""
 pgwake_bin=""
-psycopg_files="tests/pq tests/test_connection.py tests/test_connection_async.py \
+psycopg_sslmode=require
+# psycopg's test files by name: `default` the protocol-heavy ones (about 1,100 tests), `wide`
+# every file of the areas issue 46 names (about 2,700 tests: every cursor kind, concurrency,
+# two-phase commit, waiting, errors, the DB-API compliance suite too).
+psycopg_default="tests/pq tests/test_connection.py tests/test_connection_async.py \
 tests/test_cursor.py tests/test_cursor_async.py tests/test_copy.py tests/test_copy_async.py \
 tests/test_pipeline.py tests/test_pipeline_async.py tests/test_prepared.py \
 tests/test_prepared_async.py tests/test_notify.py tests/test_notify_async.py \
 tests/test_transaction.py tests/test_transaction_async.py"
+psycopg_wide="tests/pq tests/test_connection.py tests/test_connection_async.py \
+tests/test_connection_info.py tests/test_cursor.py tests/test_cursor_async.py \
+tests/test_cursor_client.py tests/test_cursor_client_async.py tests/test_cursor_common.py \
+tests/test_cursor_common_async.py tests/test_cursor_raw.py tests/test_cursor_raw_async.py \
+tests/test_cursor_server.py tests/test_cursor_server_async.py tests/test_copy.py \
+tests/test_copy_async.py tests/test_pipeline.py tests/test_pipeline_async.py \
+tests/test_prepared.py tests/test_prepared_async.py tests/test_notify.py \
+tests/test_notify_async.py tests/test_concurrency.py tests/test_concurrency_async.py \
+tests/test_tpc.py tests/test_tpc_async.py tests/test_transaction.py \
+tests/test_transaction_async.py tests/test_waiting.py tests/test_waiting_async.py \
+tests/test_errors.py tests/test_xid.py tests/test_psycopg_dbapi20.py"
+psycopg_files=$psycopg_default
 
 usage() {
     cat <<EOF
@@ -26,7 +42,10 @@ usage: $0 [options]
   --suites pgx,psycopg     suites to run (default: $suites)
   --pgx VERSION            pgx v5 version from the Go module proxy (default: $pgx_version)
   --psycopg-tests DIR      a psycopg source checkout (its tests/ folder is run; see README.md)
-  --psycopg-files "F ..."  test files or folders under the checkout (default: the protocol-heavy ones)
+  --psycopg-files "F ..."  test files or folders under the checkout, or a named set: default
+                           (the protocol-heavy files) or wide (the areas issue 46 names)
+  --psycopg-sslmode MODE   sslmode of psycopg's connections (default: $psycopg_sslmode;
+                           disable tells a client-side TLS cause from the gateway's)
   --modes relay,parked     through pgwake as configured by default (relay) and/or with
                            park_session_after = 200ms, snapshot_after = 100ms (parked)
   --reruns N               run each test whose outcome differs N more times on each side, to
@@ -42,7 +61,14 @@ while [ $# -gt 0 ]; do
         --suites) suites=$2; shift 2 ;;
         --pgx) pgx_version=$2; shift 2 ;;
         --psycopg-tests) psycopg_tests=$(cd "$2" && pwd); shift 2 ;;
-        --psycopg-files) psycopg_files=$2; shift 2 ;;
+        --psycopg-files)
+            case "$2" in
+                default) psycopg_files=$psycopg_default ;;
+                wide) psycopg_files=$psycopg_wide ;;
+                *) psycopg_files=$2 ;;
+            esac
+            shift 2 ;;
+        --psycopg-sslmode) psycopg_sslmode=$2; shift 2 ;;
         --modes) modes=$2; shift 2 ;;
         --reruns) reruns=$2; shift 2 ;;
         --pgwake) pgwake_bin=$2; shift 2 ;;
@@ -164,7 +190,7 @@ backend = { kind = "fixed", address = "127.0.0.1:$pg_port" }
 credentials = { kind = "static", file = "users.txt" }
 EOF
     PGWAKE_LOG=${PGWAKE_LOG:-info} "$pgwake_bin" serve --config "$dir/pgwake.toml" \
-        >"$dir/pgwake.log" 2>&1 &
+        >>"$dir/pgwake.log" 2>&1 &
     pids+=($!)
     for _ in $(seq 100); do
         curl -sf "http://127.0.0.1:$admin/readyz" >/dev/null 2>&1 && return 0
@@ -172,6 +198,15 @@ EOF
     done
     echo "pgwake did not start: $dir/pgwake.log" >&2
     exit 1
+}
+
+# Stops the gateway started last and waits for it to exit, so the backend connections it kept
+# for reuse are gone before the suite runs directly again (a kept backend shows in
+# pg_stat_activity with the client's application_name, which some tests look up).
+gateway_stop() {
+    local pid=${pids[-1]}
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
 }
 
 # Connection settings of a run: directly (port of Postgres) or through pgwake.
@@ -250,7 +285,7 @@ psycopg_pytest() {
     python3 -c 'import pytest_timeout' 2>/dev/null && timeout=(--timeout 120)
     (
         cd "$psycopg_tests"
-        PSYCOPG_TEST_DSN="$(conninfo "$target" postgres psycopg_test sslmode=require)" \
+        PSYCOPG_TEST_DSN="$(conninfo "$target" postgres psycopg_test "sslmode=$psycopg_sslmode")" \
             python3 -m pytest "$@" -p no:randomly "${timeout[@]}" \
             -o cache_dir="$workdir/pytest-cache-$label" --junitxml="$xml" -q || true
     )
@@ -282,10 +317,12 @@ for suite in ${suites//,/ }; do
         for _ in $(seq "$reruns"); do
             [ -s "$ids" ] || break
             echo "$suite $mode: $(wc -l <"$ids") tests differ; running them again on each side"
+            gateway_stop
             "${suite}_rerun" direct direct "$ids"
+            gateway_start "$mode"
             "${suite}_rerun" gateway "pgwake-$mode" "$ids"
         done
-        kill "${pids[-1]}" 2>/dev/null || true
+        gateway_stop
         python3 "$here/outcomes.py" diff "$suite" "$workdir/$suite-direct.tsv" \
             "$workdir/$suite-pgwake-$mode.tsv" "$here/expected-differences.tsv" "$mode" || status=1
     done
