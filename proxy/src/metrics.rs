@@ -251,6 +251,7 @@ impl Metrics {
         let pooling = Pooling::register(&r);
         let moving = Moving::register(&r);
         let checking = Checking::register(&r);
+        let waking = Waking::register(&r);
         let metrics = Metrics {
             connections_accepted: r.counter(
                 "pgwake_connections_accepted_total",
@@ -277,48 +278,21 @@ impl Metrics {
                 "Connections that ended in an error, by kind.",
                 &["kind"],
             ),
-            connections_active: r.gauge("pgwake_connections_active", "Client connections open now."),
+            connections_active: r
+                .gauge("pgwake_connections_active", "Client connections open now."),
             startup_duration: r.histogram(
                 "pgwake_startup_duration_seconds",
                 "Time from accepting a connection to the client's first ReadyForQuery.",
                 STARTUP_BUCKETS,
             ),
-            wake_duration: r.histogram_vec(
-                "pgwake_wake_duration_seconds",
-                "Time a wake took, by backend kind and outcome.",
-                WAKE_BUCKETS,
-                &["backend", "outcome"],
-            ),
-            wakes: r.counter_vec(
-                "pgwake_wakes_total",
-                "Wakes finished, by backend kind and outcome.",
-                &["backend", "outcome"],
-            ),
-            waiters: r.gauge(
-                "pgwake_wake_waiters",
-                "Connections waiting in accept queues for a tenant to wake.",
-            ),
-            tenants: r.gauge_vec("pgwake_tenants", "Tenants by state.", &["state"]),
-            tenant_awake: r.seconds_vec(
-                "pgwake_tenant_awake_seconds_total",
-                "Seconds tenants' databases spent waking, awake or going to sleep, by backend kind.",
-                &["backend"],
-            ),
-            runs: r.counter_vec(
-                "pgwake_runs_total",
-                "Runs (a tenant's first connection after a sleep or a quiet gap), by whether it \
-                 found the tenant awake or asleep.",
-                &["found"],
-            ),
-            prewakes: r.counter_vec(
-                "pgwake_prewakes_total",
-                "Wakes ahead of a predicted run, by outcome (used: the run came; wasted: it did not).",
-                &["outcome"],
-            ),
-            predictive_sleeps: r.counter(
-                "pgwake_predictive_sleeps_total",
-                "Sleeps before the idle timeout because the next run was predicted far away.",
-            ),
+            wake_duration: waking.wake_duration,
+            wakes: waking.wakes,
+            waiters: waking.waiters,
+            tenants: waking.tenants,
+            tenant_awake: waking.tenant_awake,
+            runs: waking.runs,
+            prewakes: waking.prewakes,
+            predictive_sleeps: waking.predictive_sleeps,
             auth_attempts: checking.auth_attempts,
             password_hashes: checking.password_hashes,
             sessions_parked: moving.sessions_parked,
@@ -567,6 +541,62 @@ const WAKE_BUCKETS: &[f64] = &[
 const REVIVAL_BUCKETS: &[f64] = &[
     0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
+
+/// The metrics of waking and sleeping: wakes, their waiters, tenants' states and running time,
+/// and the runs and predictions of predictive wake.
+struct Waking {
+    wake_duration: HistogramVec,
+    wakes: IntCounterVec,
+    waiters: IntGauge,
+    tenants: IntGaugeVec,
+    tenant_awake: CounterVec,
+    runs: IntCounterVec,
+    prewakes: IntCounterVec,
+    predictive_sleeps: IntCounter,
+}
+
+impl Waking {
+    fn register(r: &Registrar) -> Waking {
+        Waking {
+            wake_duration: r.histogram_vec(
+                "pgwake_wake_duration_seconds",
+                "Time a wake took, by backend kind and outcome.",
+                WAKE_BUCKETS,
+                &["backend", "outcome"],
+            ),
+            wakes: r.counter_vec(
+                "pgwake_wakes_total",
+                "Wakes finished, by backend kind and outcome.",
+                &["backend", "outcome"],
+            ),
+            waiters: r.gauge(
+                "pgwake_wake_waiters",
+                "Connections waiting in accept queues for a tenant to wake.",
+            ),
+            tenants: r.gauge_vec("pgwake_tenants", "Tenants by state.", &["state"]),
+            tenant_awake: r.seconds_vec(
+                "pgwake_tenant_awake_seconds_total",
+                "Seconds tenants' databases spent waking, awake or going to sleep, by backend kind.",
+                &["backend"],
+            ),
+            runs: r.counter_vec(
+                "pgwake_runs_total",
+                "Runs (a tenant's first connection after a sleep or a quiet gap), by whether it \
+                 found the tenant awake or asleep.",
+                &["found"],
+            ),
+            prewakes: r.counter_vec(
+                "pgwake_prewakes_total",
+                "Wakes ahead of a predicted run, by outcome (used: the run came; wasted: it did not).",
+                &["outcome"],
+            ),
+            predictive_sleeps: r.counter(
+                "pgwake_predictive_sleeps_total",
+                "Sleeps before the idle timeout because the next run was predicted far away.",
+            ),
+        }
+    }
+}
 
 /// The metrics of sessions that leave their backend connection: parks, revivals, pins.
 struct Moving {
