@@ -39,12 +39,6 @@ pub(super) struct LoggedIn {
     pub asked_client: bool,
 }
 
-/// Logs in to `backend` with `params`: the gateway answers authentication requests when it has
-/// `auth`, else the client does; with a client the login is carried to it until the backend's
-/// first ReadyForQuery has reached it. A refusal the client saw nothing of and that may pass
-/// (`57P03`, or the connection cut mid-login by a crash restart) is `BackendNotReady`, to be
-/// retried; a detached login's refusal is the backend's ErrorResponse body. Callers bound it
-/// in time.
 /// The startup parameters with the settings the gateway imposes on every backend session: the
 /// idle-in-transaction limit (`limits.idle_in_transaction_timeout`) after anything the client
 /// asked for under that name, so that the gateway's value is the one Postgres keeps.
@@ -64,6 +58,16 @@ fn with_gateway_settings(link: &BackendLink, params: &[(String, String)]) -> Vec
     out
 }
 
+/// Logs in to `backend` with `params`: the gateway answers authentication requests when it has
+/// `auth`, else the client does; with a client the login is carried to it until the backend's
+/// first ReadyForQuery has reached it. A refusal the client saw nothing of and that may pass
+/// (`57P03`, or the connection cut mid-login by a crash restart) is `BackendNotReady`, to be
+/// retried; a detached login's refusal is the backend's ErrorResponse body. Callers bound it
+/// in time.
+///
+/// One loop over the backend's messages with an arm per step of `protocol::login`'s decisions:
+/// the arms share the backend stream, the client and the result being built, and the login
+/// reads best as that one conversation.
 pub(super) async fn log_in(
     link: &BackendLink,
     backend: &mut Stream,
@@ -79,18 +83,7 @@ pub(super) async fn log_in(
         (None, Some(_)) => LoginMode::Relay,
     };
     let mut login = BackendLogin::new(mode, keep_parameters);
-    let io = |login: &BackendLogin, e: std::io::Error| {
-        if login.relayed() || mode == LoginMode::Detached {
-            SessionError::BackendUnreachable {
-                endpoint: endpoint.to_string(),
-                source: e,
-            }
-        } else {
-            // A crash restart of Postgres ends every child, new ones mid-login included: for a
-            // client that has seen nothing yet, a server not ready.
-            SessionError::BackendNotReady(format!("the connection ended during the login: {e}"))
-        }
-    };
+    let io = |login: &BackendLogin, e| connection_lost(login, mode, endpoint, e);
     let params = with_gateway_settings(link, params);
     backend
         .write_all(&startup_packet(params.iter()))
@@ -132,12 +125,7 @@ pub(super) async fn log_in(
                     pid,
                     secret,
                 };
-                if let Some(c) = client.as_ref() {
-                    let reg = c.cancels.register(target.clone());
-                    login.hold(&backend_key_data(reg.pid, reg.secret));
-                    done.cancel = Some(reg);
-                }
-                done.target = Some(target);
+                keep_key(target, client.as_ref(), &mut login, &mut done);
             }
             Step::Ready => {
                 if let Some(c) = client.as_mut() {
@@ -160,6 +148,42 @@ pub(super) async fn log_in(
             }
         }
     }
+}
+
+/// What a connection cut during the login is: the backend unreachable once the client has seen
+/// part of the login (or for a detached login), else a server not ready yet.
+fn connection_lost(
+    login: &BackendLogin,
+    mode: LoginMode,
+    endpoint: &Endpoint,
+    e: std::io::Error,
+) -> SessionError {
+    if login.relayed() || mode == LoginMode::Detached {
+        SessionError::BackendUnreachable {
+            endpoint: endpoint.to_string(),
+            source: e,
+        }
+    } else {
+        // A crash restart of Postgres ends every child, new ones mid-login included: for a
+        // client that has seen nothing yet, a server not ready.
+        SessionError::BackendNotReady(format!("the connection ended during the login: {e}"))
+    }
+}
+
+/// Keeps the backend's cancel key; with a client, registers a gateway-issued key for it and
+/// holds that key's BackendKeyData for the client in place of the backend's.
+fn keep_key(
+    target: CancelTarget,
+    client: Option<&ToClient<'_>>,
+    login: &mut BackendLogin,
+    done: &mut LoggedIn,
+) {
+    if let Some(c) = client {
+        let reg = c.cancels.register(target.clone());
+        login.hold(&backend_key_data(reg.pid, reg.secret));
+        done.cancel = Some(reg);
+    }
+    done.target = Some(target);
 }
 
 /// A step the login's mode rules out (the mode follows from `auth` and the client, so this
