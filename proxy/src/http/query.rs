@@ -88,6 +88,10 @@ fn stale(fields: &Map<String, Value>, at: Option<usize>, plan: &[Prepared]) -> b
 /// Runs `statements` (in one transaction opened by `begin`, when given) and writes the response
 /// body to `out`: one result object, or `{"results": [...]}` for a batch. Rows go to `out` as
 /// they arrive; on an error whatever `out` holds is to be dropped.
+///
+/// The replies are read in one loop: what a message means depends on where in the request it
+/// falls (a reset, BEGIN or COMMIT, or which statement) and on whether an error came before, which
+/// the arms share.
 pub async fn run(
     conn: &mut BackendConn,
     statements: &[Statement],
@@ -174,8 +178,20 @@ pub async fn run(
         Ok::<_, QueryError>(())
     };
     while_writing(write, read).await?;
-    if let Some(e) = first_error {
-        let stale = stale(&e, error_at, &plan);
+    let failed = first_error.map(|e| (e, error_at));
+    finish(out, batch, failed, &plan)
+}
+
+/// The end of a response: the first error and the statement it came from (a cached statement
+/// gone stale told apart, so the request may run again uncached), or a batch's closing bracket.
+fn finish(
+    out: &mut SpillBuffer,
+    batch: bool,
+    failed: Option<(Map<String, Value>, Option<usize>)>,
+    plan: &[Prepared],
+) -> Result<(), QueryError> {
+    if let Some((e, error_at)) = failed {
+        let stale = stale(&e, error_at, plan);
         return Err(if stale {
             QueryError::StaleStatement(e)
         } else {
