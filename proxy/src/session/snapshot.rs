@@ -1340,13 +1340,12 @@ fn judge(
             debug!(code = %e.code, "the temporary schema could not be made; left out");
             restored.left_out += 1;
         }
-        (Step::Statement(s), Some((e, _)))
-            if transient(&e.code) && (utf8 || s.text.is_ascii()) && s.context.is_none() =>
-        {
-            // A lock (or the like) that the session would not have waited for now: made at
-            // its first use, where an error is the one Postgres gives then.
+        (Step::Statement(s), Some((e, _))) if transient(&e.code) && (utf8 || s.text.is_ascii()) => {
+            // A lock (or the like) that the session would not have waited for now: made again
+            // at rest under the settings it was prepared under, or at its first use, where an
+            // error is the one Postgres gives then.
             debug!(statement = %s.name, code = %e.code, "a prepared statement is made again at rest or at its first use");
-            let remake = s.remake(how.context, how.lock_wait);
+            let remake = s.remake(s.context.as_deref().or(how.context), how.lock_wait);
             restored
                 .stale
                 .push((s.name.clone(), s.stale(StaleAnswer::Remake(remake))));

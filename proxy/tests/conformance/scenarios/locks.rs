@@ -104,8 +104,36 @@ pub fn all() -> Vec<Scenario> {
         exec("d", &[]),
         q("EXECUTE p"),
     ]);
+    // Prepared under other settings than the session's at the move: made again under those
+    // once the lock is gone, never failing for good.
+    let mut other_settings = vec![
+        prep(
+            "d",
+            "SELECT '03/04/2024'::date AS d, 'a\\tb' AS e, a FROM lk",
+            &[],
+        ),
+        q("SELECT 'prepared, never used'"),
+        q("SET DateStyle = 'ISO, DMY'"),
+        q("SET standard_conforming_strings = off"),
+    ];
+    other_settings.extend(locked_for(2));
+    other_settings.extend([
+        q("SELECT 'unrelated'"),
+        finish(0),
+        statements(),
+        exec("d", &[]),
+        force(MoveKind::Migrate),
+        q("SELECT 'moved again'"),
+        statements(),
+        exec("d", &[]),
+    ]);
     vec![
         sc_setup("lock_during_revival_with_lock_timeout", SETUP, short),
+        sc_setup(
+            "lock_during_revival_prepared_under_other_settings",
+            SETUP,
+            other_settings,
+        ),
         sc_setup("lock_during_revival_listed_once_gone", SETUP, listed),
         sc_setup(
             "lock_during_revival_longer_than_revive_timeout",
