@@ -432,6 +432,29 @@ mod tests {
         );
     }
 
+    /// The gateway starts to drain (SIGINT) while its idle sleeper still runs: the tenant whose
+    /// next run is predicted is not woken ahead, as nobody could reach it.
+    #[tokio::test(start_paused = true)]
+    async fn no_tenant_is_woken_ahead_once_the_gateway_drains() {
+        let (lab, t, backend) = lab(PredictPolicy::Wake, None);
+        let draining = tokio_util::sync::CancellationToken::new();
+        let _sleeper = lab.run_idle_sleeper_until_draining(draining.clone());
+        let start = Instant::now();
+        for k in 0..4 {
+            run_at(&lab, &t, start + k * PERIOD).await;
+        }
+        assert!(lab.status(&t).runs.next_run.is_some(), "a pattern is known");
+        tokio::time::sleep_until(start + 3 * PERIOD + PERIOD / 2).await;
+        draining.cancel();
+        tokio::time::sleep_until(start + 4 * PERIOD + PERIOD / 2).await;
+        assert_eq!(
+            backend.wakes().len(),
+            4,
+            "no wake ahead after the drain began"
+        );
+        assert!(!lab.coordinator.is_awake(&t));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_periodic_tenant_is_woken_ahead_of_its_next_run() {
         let (lab, t, backend) = lab(PredictPolicy::Wake, None);

@@ -113,11 +113,20 @@ impl Lab {
 
     /// Starts the idle sleeper; it stops when the returned token is dropped.
     pub(super) fn run_idle_sleeper(&self) -> tokio_util::sync::DropGuard {
+        self.run_idle_sleeper_until_draining(CancellationToken::new())
+    }
+
+    /// Starts the idle sleeper, told the gateway drains when `draining` fires; it stops when
+    /// the returned token is dropped.
+    pub(super) fn run_idle_sleeper_until_draining(
+        &self,
+        draining: CancellationToken,
+    ) -> tokio_util::sync::DropGuard {
         let stop = CancellationToken::new();
         let sleeper = self
             .coordinator
             .clone()
-            .run_idle_sleeper(stop.clone(), stop.clone());
+            .run_idle_sleeper(stop.clone(), draining);
         tokio::spawn(sleeper);
         stop.drop_guard()
     }
