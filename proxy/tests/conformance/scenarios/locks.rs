@@ -50,6 +50,20 @@ fn after_the_lock() -> Vec<Step> {
     ]
 }
 
+/// Once the lock is gone, a statement `d` never used since the move: the statement list, `d`,
+/// and both again after one more move.
+fn d_once_the_lock_is_gone() -> Vec<Step> {
+    vec![
+        finish(0),
+        statements(),
+        exec("d", &[]),
+        force(MoveKind::Migrate),
+        q("SELECT 'moved again'"),
+        statements(),
+        exec("d", &[]),
+    ]
+}
+
 pub fn all() -> Vec<Scenario> {
     let mut short = vec![q("SET lock_timeout = '200ms'")];
     short.extend(statements_on_lk());
@@ -92,18 +106,9 @@ pub fn all() -> Vec<Scenario> {
     ];
     listed.extend(statements_on_lk());
     listed.extend(locked_for(2));
-    listed.extend([
-        q("SELECT 'unrelated'"),
-        q("SET DateStyle = 'ISO, DMY'"),
-        finish(0),
-        statements(),
-        exec("d", &[]),
-        force(MoveKind::Migrate),
-        q("SELECT 'moved again'"),
-        statements(),
-        exec("d", &[]),
-        q("EXECUTE p"),
-    ]);
+    listed.extend([q("SELECT 'unrelated'"), q("SET DateStyle = 'ISO, DMY'")]);
+    listed.extend(d_once_the_lock_is_gone());
+    listed.push(q("EXECUTE p"));
     // Prepared under other settings than the session's at the move: made again under those
     // once the lock is gone, never failing for good.
     let mut other_settings = vec![
@@ -117,16 +122,8 @@ pub fn all() -> Vec<Scenario> {
         q("SET standard_conforming_strings = off"),
     ];
     other_settings.extend(locked_for(2));
-    other_settings.extend([
-        q("SELECT 'unrelated'"),
-        finish(0),
-        statements(),
-        exec("d", &[]),
-        force(MoveKind::Migrate),
-        q("SELECT 'moved again'"),
-        statements(),
-        exec("d", &[]),
-    ]);
+    other_settings.push(q("SELECT 'unrelated'"));
+    other_settings.extend(d_once_the_lock_is_gone());
     vec![
         sc_setup("lock_during_revival_with_lock_timeout", SETUP, short),
         sc_setup(
