@@ -134,6 +134,15 @@ async fn watch_backends(gw: &Gateway, tenant: &str) -> Client {
     client
 }
 
+/// An error as a failure report shows it: the server's SQLSTATE and message when it sent one
+/// (tokio-postgres displays only "db error").
+fn why(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} {}", db.code().code(), db.message()),
+        None => e.to_string(),
+    }
+}
+
 /// One of the many sessions: its own application name, custom setting and named statement,
 /// then `QUERIES` queries at random times within `RUN`, each checking all three.
 async fn many_session(port: u16, n: usize, start: Instant) -> Result<(), String> {
@@ -143,17 +152,17 @@ async fn many_session(port: u16, n: usize, start: Instant) -> Result<(), String>
     );
     let (client, conn) = tokio_postgres::connect(&conninfo, NoTls)
         .await
-        .map_err(|e| format!("session {n} login: {e}"))?;
+        .map_err(|e| format!("session {n} login: {}", why(&e)))?;
     tokio::spawn(conn);
     let set = format!("SET application_name = 's{n}'; SET app.n = '{n}'");
     client
         .batch_execute(&set)
         .await
-        .map_err(|e| format!("{n} set: {e}"))?;
+        .map_err(|e| format!("{n} set: {}", why(&e)))?;
     let stmt = client
         .prepare(&format!("SELECT $1::int4 + {n}"))
         .await
-        .map_err(|e| format!("{n} prepare: {e}"))?;
+        .map_err(|e| format!("{n} prepare: {}", why(&e)))?;
     let mut times: Vec<Duration> = (0..QUERIES)
         .map(|_| RUN.mul_f64(rand::random::<f64>()))
         .collect();
@@ -163,7 +172,7 @@ async fn many_session(port: u16, n: usize, start: Instant) -> Result<(), String>
         let row = client
             .query_one(&stmt, &[&(i as i32)])
             .await
-            .map_err(|e| format!("{n} query {i}: {e}"))?;
+            .map_err(|e| format!("{n} query {i}: {}", why(&e)))?;
         let sum: i32 = row.get(0);
         if sum != i as i32 + n as i32 {
             return Err(format!("session {n} got {sum} from its statement"));
