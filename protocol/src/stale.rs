@@ -104,6 +104,12 @@ pub struct Remake {
 }
 
 impl Remake {
+    /// Whether the statement, made again with rows that look as `rows` (`None`: no rows), looks
+    /// as the client was told (or nobody knows how it was told).
+    pub fn same_rows(&self, rows: Option<u64>) -> bool {
+        self.told.is_none_or(|told| told == rows)
+    }
+
     /// The messages' tags, in order.
     fn tags(&self) -> impl Iterator<Item = u8> + '_ {
         let mut rest = &self.messages[..];
@@ -123,6 +129,16 @@ pub struct StaleStatement {
     /// Its parameter types as the client was told: Postgres describes them before it finds
     /// that the statement's result cannot be described, so a Describe answers them first.
     pub param_types: Box<[u32]>,
+}
+
+impl StaleStatement {
+    /// How it is made again while the session is at rest, if it still is tried there.
+    pub fn tried_at_rest(&self) -> Option<&Remake> {
+        match &self.answer {
+            StaleAnswer::Remake(r) if !r.at_rest.is_empty() => Some(r),
+            _ => None,
+        }
+    }
 }
 
 /// The answer owed to the first renamed use of a batch.
@@ -226,22 +242,24 @@ impl StaleStatements {
 
     /// Statements to make again while the session is at rest, each with the batch that does it.
     pub fn at_rest(&self) -> impl Iterator<Item = (&str, &[u8])> {
-        self.names.iter().filter_map(|(n, s)| match &s.answer {
-            StaleAnswer::Remake(r) if !r.at_rest.is_empty() => Some((&**n, &*r.at_rest)),
-            _ => None,
-        })
+        self.names
+            .iter()
+            .filter_map(|(n, s)| Some((&**n, &*s.tried_at_rest()?.at_rest)))
     }
 
-    /// A try at rest made `name` again: its uses go to the backend as they are, unless its rows
-    /// now look otherwise than the client was told (`same_rows` false), when its uses answer as
-    /// Postgres answers a cached plan whose result changed.
-    pub fn made_at_rest(&mut self, name: &str, same_rows: bool) {
-        match self.names.get_mut(name) {
-            Some(s) if !same_rows => s.answer = StaleAnswer::ResultChanged,
-            Some(_) => {
+    /// A try at rest made `name` again, its rows looking as `rows`: its uses go to the backend
+    /// as they are, unless its rows now look otherwise than the client was told
+    /// ([`Remake::same_rows`]), when its uses answer as Postgres answers a cached plan whose
+    /// result changed.
+    pub fn made_at_rest(&mut self, name: &str, rows: Option<u64>) {
+        let Some(s) = self.names.get_mut(name) else {
+            return;
+        };
+        match &s.answer {
+            StaleAnswer::Remake(r) if !r.same_rows(rows) => s.answer = StaleAnswer::ResultChanged,
+            _ => {
                 self.names.remove(name);
             }
-            None => {}
         }
     }
 

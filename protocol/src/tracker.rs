@@ -890,8 +890,7 @@ impl SessionTracker {
         if !self.stale.contains(name) {
             return;
         }
-        let same_rows = self.told.get(name).is_none_or(|told| *told == rows);
-        self.stale.made_at_rest(name, same_rows);
+        self.stale.made_at_rest(name, rows);
         if self.statements.len() < self.limits.max_statements {
             self.statements.insert(name.into());
         } else if !self.statements.contains(name) {

@@ -1069,10 +1069,7 @@ fn try_carried<'a>(snap: &'a Snapshot, out: &mut Vec<u8>, steps: &mut Vec<Step<'
 fn carried_remakes(snap: &Snapshot) -> impl Iterator<Item = (&str, &StaleStatement, &Remake)> {
     snap.failed
         .iter()
-        .filter_map(|(name, stale)| match &stale.answer {
-            StaleAnswer::Remake(r) if !r.at_rest.is_empty() => Some((name.as_str(), stale, r)),
-            _ => None,
-        })
+        .filter_map(|(name, stale)| Some((name.as_str(), stale, stale.tried_at_rest()?)))
 }
 
 /// The session's statements, those prepared under its settings of now first, then each group
@@ -1222,11 +1219,10 @@ pub async fn restore(
     let utf8 = snap.client_encoding.is_empty() || snap.client_encoding.eq_ignore_ascii_case("UTF8");
     let mut restored = Restored::default();
     // Those tried again are judged with the rest.
-    let carried: Vec<&str> = carried_remakes(snap).map(|(n, ..)| n).collect();
     let left = snap
         .failed
         .iter()
-        .filter(|(n, _)| !carried.contains(&n.as_str()));
+        .filter(|(_, s)| s.tried_at_rest().is_none());
     restored.stale.extend(left.cloned());
     backend.write_all(&out).await?;
     backend.flush().await?;
@@ -1360,8 +1356,8 @@ fn judge(
         }
         (Step::NoUnnamed, _) | (Step::CarriedCleanup, _) => {}
         (Step::Carried(name, stale, remake), failure) => {
-            let failure = failure.map(|(e, _)| e.code);
-            judge_carried((name, stale, remake), failure, described, restored);
+            let code = failure.as_ref().map(|(e, _)| e.code.as_str());
+            judge_carried((name, stale, remake), code, described, restored);
         }
         (Step::Unnamed(_), Some((e, _))) => {
             debug!(code = %e.code, "the unnamed statement could not be made again; left out");
@@ -1393,27 +1389,46 @@ fn judge(
 /// in the way leaves it to be tried again; another error leaves it to its first use.
 fn judge_carried(
     (name, stale, remake): (&str, &StaleStatement, &Remake),
-    failure: Option<String>,
+    failure: Option<&str>,
     described: Described,
     restored: &mut Restored,
 ) {
     let mut stale = stale.clone();
-    match (failure, described.told()) {
-        (None, Some(rows)) => {
+    match tried_at_rest(failure, described) {
+        TriedAtRest::Made(rows) => {
             restored.statements.push(name.to_owned());
-            if remake.told.is_none_or(|told| told == rows) {
+            if remake.same_rows(rows) {
                 return;
             }
             stale.answer = StaleAnswer::ResultChanged;
         }
-        (Some(code), _) if transient(&code) => {}
-        _ => {
+        TriedAtRest::Again => {}
+        TriedAtRest::LeftToFirstUse => {
             if let StaleAnswer::Remake(r) = &mut stale.answer {
                 r.at_rest = Box::default();
             }
         }
     }
     restored.stale.push((name.to_owned(), stale));
+}
+
+/// What a statement's at-rest batch ([`Remake::at_rest`]) came to.
+enum TriedAtRest {
+    /// Made again, its rows looking as given (`None`: no rows).
+    Made(Option<u64>),
+    /// A lock (or the like) still in the way: tried again at the next rest.
+    Again,
+    /// Another error: left to its first use, which answers it.
+    LeftToFirstUse,
+}
+
+/// Reads the error a try met (its SQLSTATE) and how the statement was described after it.
+fn tried_at_rest(failure: Option<&str>, described: Described) -> TriedAtRest {
+    match (failure, described.told()) {
+        (None, Some(rows)) => TriedAtRest::Made(rows),
+        (Some(code), _) if transient(code) => TriedAtRest::Again,
+        _ => TriedAtRest::LeftToFirstUse,
+    }
 }
 
 /// Batches in each statement's [`Remake::at_rest`]: the try, then the clean-up.
@@ -1464,16 +1479,16 @@ pub async fn remake_at_rest(
                 _ => {}
             }
         }
-        match (failure, described.told()) {
-            (Some(e), _) if transient(&e.code) => {
-                debug!(statement = %name, code = %e.code, "a prepared statement still cannot be made again; tried at the next rest");
-            }
-            (None, Some(rows)) => {
+        let code = failure.map(|e| e.code);
+        match tried_at_rest(code.as_deref(), described) {
+            TriedAtRest::Made(rows) => {
                 debug!(statement = %name, "a prepared statement was made again at rest");
                 tracker.made_at_rest(&name, rows);
             }
-            (failure, _) => {
-                let code = failure.map(|e| e.code);
+            TriedAtRest::Again => {
+                debug!(statement = %name, code = ?code, "a prepared statement still cannot be made again; tried at the next rest");
+            }
+            TriedAtRest::LeftToFirstUse => {
                 debug!(statement = %name, code = ?code, "a prepared statement is left to its first use");
                 tracker.stop_trying_at_rest(&name);
             }
