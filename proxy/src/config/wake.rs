@@ -50,7 +50,8 @@ pub struct WakeConfig {
     #[serde(with = "super::duration")]
     pub predict_sleep_grace: Duration,
     /// A connection after this long without one starts a new run (as does the first after a
-    /// sleep).
+    /// sleep). Keep it away from the periods tenants are used at: a period close to it is
+    /// counted every other time.
     #[serde(with = "super::duration")]
     pub predict_run_gap: Duration,
     /// Where run histories are kept across restarts (default: `pgwake-runs.json` in `[local]
@@ -77,7 +78,7 @@ impl Default for WakeConfig {
             predict: PredictPolicy::Wake,
             predict_margin: Duration::from_secs(2),
             predict_sleep_grace: Duration::from_secs(15),
-            predict_run_gap: Duration::from_secs(60),
+            predict_run_gap: Duration::from_secs(45),
             predict_history_file: None,
             predict_history_max_size: ByteSize::mib(1),
         }

@@ -400,7 +400,7 @@ mod tests {
     }
 
     /// A tenant used for two seconds every thirty, which sleeps after ten idle ones: its period
-    /// is shorter than `run_gap` (60 s), so only the sleeps between its uses start its runs.
+    /// is shorter than `run_gap` (45 s), so only the sleeps between its uses start its runs.
     #[tokio::test(start_paused = true)]
     async fn a_run_sooner_than_the_run_gap_after_a_pre_wake_is_the_predicted_run() {
         let t = tenant("t");
@@ -430,6 +430,57 @@ mod tests {
             (6, 2, 0),
             "each pre-woken run counts as the run it predicted"
         );
+    }
+
+    /// A tenant that stays up (idle timeout five minutes) used for two seconds at a period,
+    /// each use a second early or late in turn, as a scheduler's start times stray; returns the
+    /// runs its status counts.
+    async fn runs_of_a_period_that_strays(period: Duration, uses: u32) -> crate::wake::RunStatus {
+        let t = tenant("t");
+        let backend = fake(FakeBackend::new());
+        let lab = Lab::predicting(
+            settings(),
+            300 * SECOND,
+            PredictPolicy::Wake,
+            &[(&t, &backend)],
+        );
+        let _sleeper = lab.run_idle_sleeper();
+        let start = Instant::now() + SECOND;
+        for k in 0..uses {
+            let on_time = start + k * period;
+            let at = if k % 2 == 0 {
+                on_time - SECOND
+            } else {
+                on_time + SECOND
+            };
+            tokio::time::sleep_until(at).await;
+            let admission = lab.coordinator.ensure_awake(&t).await.unwrap();
+            sleep(2 * SECOND).await;
+            drop(admission);
+        }
+        assert_eq!(backend.wakes().len(), 1, "the tenant stayed up");
+        lab.status(&t).runs
+    }
+
+    /// A once-a-minute cron whose start strays by a second: with the default run gap every use
+    /// is a run (a gap of exactly a minute counted every other one), and its pattern is found.
+    #[tokio::test(start_paused = true)]
+    async fn every_start_of_a_once_a_minute_cron_is_a_run() {
+        let runs = runs_of_a_period_that_strays(60 * SECOND, 8).await;
+        println!("{runs:?}");
+        assert_eq!(runs.seen, 8, "every use of the cron starts a run");
+        assert!(
+            matches!(runs.pattern, Some(Pattern::Periodic { period: 60, .. })),
+            "{runs:?}"
+        );
+    }
+
+    /// Uses every thirty seconds, straying by a second, are one run: they are closer than the
+    /// default run gap with room to spare.
+    #[tokio::test(start_paused = true)]
+    async fn uses_every_half_minute_are_one_run() {
+        let runs = runs_of_a_period_that_strays(30 * SECOND, 8).await;
+        assert_eq!(runs.seen, 1, "{runs:?}");
     }
 
     /// The gateway starts to drain (SIGINT) while its idle sleeper still runs: the tenant whose

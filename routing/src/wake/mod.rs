@@ -81,7 +81,9 @@ pub struct PredictSettings {
     /// when the next run is predicted further away than its idle timeout.
     pub sleep_grace: Duration,
     /// A client connection after this long without one starts a new run (so does the first
-    /// after a sleep).
+    /// after a sleep). Uses at a period close to it are counted as runs every other time, as
+    /// their start times stray to either side; the default, 45 s, lies halfway between the
+    /// common half-minute and minute periods.
     pub run_gap: Duration,
     /// Where run histories are kept across restarts (none: in memory only), in a folder only
     /// the gateway's user can write.
@@ -95,7 +97,7 @@ impl Default for PredictSettings {
         PredictSettings {
             margin: Duration::from_secs(2),
             sleep_grace: Duration::from_secs(15),
-            run_gap: Duration::from_secs(60),
+            run_gap: Duration::from_secs(45),
             history_file: None,
             history_max_bytes: 1 << 20,
         }
