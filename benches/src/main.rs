@@ -331,6 +331,9 @@ struct ReviveArgs {
     /// Sessions parked for the memory figure (default 1,000, or 200 with --quick).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     parked: Option<u32>,
+    /// Sessions revived at the same moment in the burst (default 100, or 20 with --quick).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=250))]
+    burst: Option<u32>,
     /// Time scale of the awake-seconds run: one hour of workload takes 3600/N seconds.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(10..=600))]
     scale: u32,
@@ -342,6 +345,7 @@ impl ReviveArgs {
         ReviveOptions {
             cycles: self.cycles.unwrap_or(if quick { 5 } else { 30 }),
             parked: self.parked.unwrap_or(if quick { 200 } else { 1_000 }),
+            burst: self.burst.unwrap_or(if quick { 20 } else { 100 }),
             scale: self.scale,
         }
     }

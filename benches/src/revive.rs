@@ -4,6 +4,9 @@
 //!   tenant idles to sleep (the session is parked); the client executes the statement. Its wait
 //!   minus the backend's own start (`last_wake_ms`) minus a warm execution is what reviving the
 //!   session adds on top of the wake.
+//! - **a burst of revivals**: that many sessions, each with a setting and a prepared statement,
+//!   parked on a sleeping tenant, execute their statement at the same moment: one wake, then
+//!   every session revived on a backend connection of its own; each client's wait is a sample.
 //! - **memory per parked session**: the gateway's RSS before and after that many sessions have
 //!   been parked (opened in batches, each batch idling the tenant to sleep).
 //! - **awake-seconds per idle tenant-hour**: a pool of 10 idle connections, one query every 10
@@ -31,6 +34,8 @@ pub struct ReviveOptions {
     pub cycles: u32,
     /// Sessions parked for the memory figure.
     pub parked: u32,
+    /// Sessions revived at once in the burst.
+    pub burst: u32,
     /// Time-scale factor of the awake-seconds run (60: one hour in one minute).
     pub scale: u32,
 }
@@ -38,6 +43,13 @@ pub struct ReviveOptions {
 /// Goals from the issue.
 const GOAL_OVERHEAD_P50_MS: f64 = 50.0;
 const GOAL_PARKED_KIB: f64 = 4.0;
+const GOAL_BURST_P50_MS: f64 = 200.0;
+const GOAL_BURST_MAX_MS: f64 = 500.0;
+/// Bursts measured, each after the tenant slept with every session parked.
+const BURST_ROUNDS: u32 = 5;
+/// The tenant's `max_connections` in the burst: every revived session holds a backend
+/// connection until it parks again, beside the gateway's probes and the reserved slots.
+const BURST_MAX_CONNECTIONS: u32 = 300;
 /// Sessions opened per batch in the memory run (under the tenant's max_connections of 100,
 /// with room for the gateway's probes).
 const BATCH: u32 = 80;
@@ -71,6 +83,8 @@ impl Cycle {
 pub struct ReviveResults {
     /// Latency cycles.
     pub cycles: Vec<Cycle>,
+    /// The bursts: each session's wait, ms, and each burst's backend start (`last_wake_ms`).
+    pub burst: Burst,
     /// Gateway RSS with the tenant asleep and no session, KiB.
     pub rss_empty_kib: u64,
     /// Gateway RSS with every session parked, KiB.
@@ -84,6 +98,20 @@ pub struct ReviveResults {
     pub awake: AwakeRun,
     /// Load average before and after.
     pub load: (String, String),
+}
+
+/// Revivals at the same moment.
+#[derive(Clone, Debug, Default)]
+pub struct Burst {
+    /// Sessions per burst.
+    pub sessions: u32,
+    /// Every session's execute, ms, all bursts together.
+    pub waits_ms: Vec<f64>,
+    /// Each burst's backend start (`last_wake_ms`), ms.
+    pub starts_ms: Vec<f64>,
+    /// The baseline: each of as many fresh logins straight to the awake tenant's Postgres at
+    /// once, doing the same work (`SET`, prepare, execute), ms.
+    pub direct_ms: Vec<f64>,
 }
 
 /// The time-scaled awake-seconds run.
@@ -166,11 +194,13 @@ pub fn run(binary: &std::path::Path, opts: ReviveOptions) -> Result<ReviveResult
         .enable_all()
         .build()?;
     let cycles = latency(&rt, binary, opts.cycles).context("revival latency")?;
+    let burst = burst(&rt, binary, opts.burst).context("burst of revivals")?;
     let (rss_empty_kib, rss_half, rss_parked_kib) =
         memory(&rt, binary, opts.parked).context("memory per parked session")?;
     let awake = awake_seconds(&rt, binary, opts.scale).context("awake-seconds")?;
     Ok(ReviveResults {
         cycles,
+        burst,
         rss_empty_kib,
         rss_parked_kib,
         rss_half,
@@ -243,6 +273,112 @@ fn latency(rt: &tokio::runtime::Runtime, binary: &std::path::Path, n: u32) -> Re
     }
     drop(client);
     Ok(out)
+}
+
+/// `n` sessions parked on a sleeping tenant execute their prepared statement at once,
+/// [`BURST_ROUNDS`] times.
+fn burst(rt: &tokio::runtime::Runtime, binary: &std::path::Path, n: u32) -> Result<Burst> {
+    let mut spec = spec(
+        Duration::from_millis(500),
+        Duration::from_millis(50),
+        Duration::from_millis(100),
+    );
+    spec.settings
+        .push(format!("max_connections = \"{BURST_MAX_CONNECTIONS}\""));
+    let gw = LocalGateway::start(binary, &spec)?;
+    let login = gw.login();
+    crate::progress(format_args!(
+        "revive: opening {n} sessions for the burst ..."
+    ));
+    let sessions = rt.block_on(async {
+        let mut sessions = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            let c = connect(&login).await?;
+            c.batch_execute("SET app.x = 'burst'").await?;
+            let stmt = c.prepare("SELECT $1::int4 + 1").await?;
+            sessions.push((c, stmt));
+        }
+        Ok::<_, anyhow::Error>(sessions)
+    })?;
+    let mut out = Burst {
+        sessions: n,
+        ..Burst::default()
+    };
+    for round in 1..=BURST_ROUNDS {
+        wait_state(&gw, "asleep")?;
+        wait_parked(&gw, n)?;
+        let waits = rt.block_on(async {
+            let started = Instant::now();
+            let each = sessions.iter().map(|(c, stmt)| async move {
+                let v: i32 = c.query_one(stmt, &[&41i32]).await?.get(0);
+                if v != 42 {
+                    bail!("wrong answer {v}");
+                }
+                Ok::<_, anyhow::Error>(ms(started.elapsed()))
+            });
+            futures_util::future::try_join_all(each).await
+        })?;
+        let start_ms = gw
+            .status()?
+            .last_wake_ms
+            .ok_or_else(|| anyhow!("no last_wake_ms"))?;
+        let max = waits.iter().copied().fold(0.0, f64::max);
+        crate::progress(format_args!(
+            "revive burst {round}/{BURST_ROUNDS}: {n} sessions, median {:.1} ms, max {max:.1} ms, \
+             start {start_ms:.1} ms",
+            crate::report::median(&waits).unwrap_or(0.0)
+        ));
+        out.waits_ms.extend(waits);
+        out.starts_ms.push(start_ms);
+    }
+    // The baseline: as many fresh logins straight to the tenant's Postgres at once, each doing
+    // what a revival restores and the execute, while a transaction through the gateway keeps
+    // the tenant up.
+    let holder = rt.block_on(async {
+        let c = connect(&login).await?;
+        c.batch_execute("BEGIN").await?;
+        Ok::<_, anyhow::Error>(c)
+    })?;
+    let direct = gw.direct_login(postgres_port(&gw.data_dir())?);
+    for round in 1..=BURST_ROUNDS {
+        sleep(Duration::from_millis(300));
+        let waits = rt.block_on(async {
+            let started = Instant::now();
+            let each = (0..n).map(|_| {
+                let direct = &direct;
+                async move {
+                    let c = connect(direct).await?;
+                    c.batch_execute("SET app.x = 'burst'").await?;
+                    let stmt = c.prepare("SELECT $1::int4 + 1").await?;
+                    let v: i32 = c.query_one(&stmt, &[&41i32]).await?.get(0);
+                    if v != 42 {
+                        bail!("wrong answer {v}");
+                    }
+                    Ok::<_, anyhow::Error>(ms(started.elapsed()))
+                }
+            });
+            futures_util::future::try_join_all(each).await
+        })?;
+        crate::progress(format_args!(
+            "direct burst {round}/{BURST_ROUNDS}: {n} logins, median {:.1} ms, max {:.1} ms",
+            crate::report::median(&waits).unwrap_or(0.0),
+            waits.iter().copied().fold(0.0, f64::max)
+        ));
+        out.direct_ms.extend(waits);
+    }
+    drop(holder);
+    Ok(out)
+}
+
+/// The port the tenant's Postgres listens on, from its `postmaster.pid` (fourth line).
+fn postgres_port(data_dir: &std::path::Path) -> Result<u16> {
+    let pid_file = data_dir.join("postmaster.pid");
+    let text = std::fs::read_to_string(&pid_file)
+        .with_context(|| format!("read {}", pid_file.display()))?;
+    text.lines()
+        .nth(3)
+        .and_then(|l| l.trim().parse().ok())
+        .ok_or_else(|| anyhow!("no port in {}", pid_file.display()))
 }
 
 /// Gateway RSS (KiB) with no session, with about half of `n` sessions parked (and their
@@ -395,6 +531,43 @@ fn awake_seconds(
     })
 }
 
+/// The burst's rows of the latency table.
+fn render_burst(out: &mut String, b: &Burst) {
+    let p = |v: &[f64], q| percentile(v, q).map(fmt_ms).unwrap_or_default();
+    let max = |v: &[f64]| v.iter().copied().fold(f64::MIN, f64::max);
+    let met_goal = percentile(&b.waits_ms, 50.0).is_some_and(|p| p <= GOAL_BURST_P50_MS)
+        && max(&b.waits_ms) <= GOAL_BURST_MAX_MS;
+    let _ = writeln!(
+        out,
+        "| **burst of {} revivals** (each client's execute, one wake) | {} | {} | {} | {} | \
+         p50 ≤ {GOAL_BURST_P50_MS} ms, max ≤ {GOAL_BURST_MAX_MS} ms | {} |",
+        b.sessions,
+        b.waits_ms.len(),
+        p(&b.waits_ms, 50.0),
+        p(&b.waits_ms, 95.0),
+        fmt_ms(max(&b.waits_ms)),
+        met(met_goal),
+    );
+    let _ = writeln!(
+        out,
+        "| backend start in the bursts (last_wake_ms) | {} | {} | {} | {} |  |  |",
+        b.starts_ms.len(),
+        p(&b.starts_ms, 50.0),
+        p(&b.starts_ms, 95.0),
+        fmt_ms(max(&b.starts_ms)),
+    );
+    let _ = writeln!(
+        out,
+        "| baseline: {} fresh logins straight to the awake Postgres at once (login, `SET`, \
+         prepare, execute) | {} | {} | {} | {} |  |  |",
+        b.sessions,
+        b.direct_ms.len(),
+        p(&b.direct_ms, 50.0),
+        p(&b.direct_ms, 95.0),
+        fmt_ms(max(&b.direct_ms)),
+    );
+}
+
 /// The Markdown section for RESULTS.md.
 pub fn render(
     facts: &Facts,
@@ -415,8 +588,13 @@ pub fn render(
         "| method | one tokio-postgres session (plaintext, SCRAM login at the gateway) with three \
          SETs and a prepared statement; idle timeout 500 ms, snapshot after 100 ms; {} cycles of \
          \"tenant asleep, session parked → execute the statement\" after one unmeasured cycle; \
-         revival overhead = execute time − backend start (`last_wake_ms`) − median warm execute |",
-        opts.cycles
+         revival overhead = execute time − backend start (`last_wake_ms`) − median warm execute. \
+         Burst: {} such sessions (one `SET`, one prepared statement each) parked on the asleep \
+         tenant execute their statement at the same moment, {BURST_ROUNDS} times; each \
+         client's wait (wake and revival) is a sample; the tenant's `max_connections` is \
+         {BURST_MAX_CONNECTIONS}. Its baseline: as many fresh logins straight to the tenant's \
+         Postgres at once, kept awake, each doing the same `SET`, prepare and execute |",
+        opts.cycles, opts.burst
     );
     let _ = writeln!(out);
     let _ = writeln!(
@@ -461,6 +639,7 @@ pub fn render(
             fmt_ms(max)
         );
     }
+    render_burst(&mut out, &r.burst);
     let per = (r.rss_parked_kib as f64 - r.rss_empty_kib as f64) / f64::from(r.parked.max(1));
     let (half_kib, half_n) = r.rss_half;
     let marginal =
