@@ -98,7 +98,7 @@ const DAYS_SCALE: Timings = Timings {
     idle_timeout: Duration::from_secs(300),
     grace: Duration::from_secs(15),
     margin: Duration::from_secs(2),
-    run_gap: Duration::from_secs(60),
+    run_gap: Duration::from_secs(45),
     check: Duration::from_secs(1),
     wake: Duration::from_secs(1),
     sleep: Duration::from_millis(500),
