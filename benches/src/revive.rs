@@ -285,6 +285,9 @@ fn burst(rt: &tokio::runtime::Runtime, binary: &std::path::Path, n: u32) -> Resu
     );
     spec.settings
         .push(format!("max_connections = \"{BURST_MAX_CONNECTIONS}\""));
+    // The bursts come at a steady pace, which the predictor would learn and wake ahead of: each
+    // burst is to wait for its wake.
+    spec.wake.push("predict = \"off\"".into());
     let gw = LocalGateway::start(binary, &spec)?;
     let login = gw.login();
     crate::progress(format_args!(
@@ -592,8 +595,9 @@ pub fn render(
          Burst: {} such sessions (one `SET`, one prepared statement each) parked on the asleep \
          tenant execute their statement at the same moment, {BURST_ROUNDS} times; each \
          client's wait (wake and revival) is a sample; the tenant's `max_connections` is \
-         {BURST_MAX_CONNECTIONS}. Its baseline: as many fresh logins straight to the tenant's \
-         Postgres at once, kept awake, each doing the same `SET`, prepare and execute |",
+         {BURST_MAX_CONNECTIONS} and `predict = \"off\"` (no wake ahead of a burst). Its \
+         baseline: as many fresh logins straight to the tenant's Postgres at once, kept awake, \
+         each doing the same `SET`, prepare and execute |",
         opts.cycles, opts.burst
     );
     let _ = writeln!(out);
