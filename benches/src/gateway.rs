@@ -224,6 +224,17 @@ impl LocalGateway {
         self.dir.path().join("data").join(tenant).join("data")
     }
 
+    /// The port the tenant's running Postgres listens on (line 4 of its `postmaster.pid`).
+    pub fn postgres_port(&self) -> Result<u16> {
+        let pid_file = self.data_dir().join("postmaster.pid");
+        let text = fs::read_to_string(&pid_file)
+            .with_context(|| format!("read {}", pid_file.display()))?;
+        text.lines()
+            .nth(3)
+            .and_then(|l| l.trim().parse().ok())
+            .ok_or_else(|| anyhow!("no port in {}", pid_file.display()))
+    }
+
     /// A folder for the harness's own files next to the gateway's.
     pub fn scratch(&self) -> &Path {
         self.dir.path()

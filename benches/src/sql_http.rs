@@ -140,7 +140,7 @@ pub fn run(binary: &std::path::Path, opts: &HttpOptions) -> Result<HttpResults> 
         Duration::from_secs(120),
     ))
     .with_context(|| format!("first connection: {}", gw.log_tail(5)))?;
-    let direct = gw.direct_login(postgres_port(&gw)?);
+    let direct = gw.direct_login(gw.postgres_port()?);
     let conn_string = |password: &str, database: &str| {
         format!(
             "postgresql://{}:{password}@localhost/{database}",
@@ -213,17 +213,6 @@ pub fn run(binary: &std::path::Path, opts: &HttpOptions) -> Result<HttpResults> 
         rows,
         load: (load_before, load_average()),
     })
-}
-
-/// The port of the tenant's running Postgres, from line 4 of its `postmaster.pid`.
-fn postgres_port(gw: &LocalGateway) -> Result<u16> {
-    let pid_file = gw.data_dir().join("postmaster.pid");
-    let text = std::fs::read_to_string(&pid_file)
-        .with_context(|| format!("read {}", pid_file.display()))?;
-    text.lines()
-        .nth(3)
-        .and_then(|l| l.trim().parse().ok())
-        .ok_or_else(|| anyhow!("no port in {}", pid_file.display()))
 }
 
 #[derive(Clone)]
