@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use bytesize::ByteSize;
-use pgwake_routing::PredictPolicy;
+use pgwake_routing::{PredictPolicy, PredictSettings};
 use serde::Deserialize;
 
 use super::{ConfigError, invalid, nonzero};
@@ -65,6 +65,8 @@ pub struct WakeConfig {
 
 impl Default for WakeConfig {
     fn default() -> Self {
+        // The predictor's timings default where the predictor is, so the two cannot drift.
+        let predict = PredictSettings::default();
         WakeConfig {
             wake_timeout: Duration::from_secs(30),
             max_waiters_per_tenant: 1000,
@@ -76,11 +78,11 @@ impl Default for WakeConfig {
             idle_check_interval: Duration::from_secs(1),
             wake_notice: false,
             predict: PredictPolicy::Wake,
-            predict_margin: Duration::from_secs(2),
-            predict_sleep_grace: Duration::from_secs(15),
-            predict_run_gap: Duration::from_secs(45),
+            predict_margin: predict.margin,
+            predict_sleep_grace: predict.sleep_grace,
+            predict_run_gap: predict.run_gap,
             predict_history_file: None,
-            predict_history_max_size: ByteSize::mib(1),
+            predict_history_max_size: ByteSize::b(predict.history_max_bytes),
         }
     }
 }
