@@ -19,7 +19,7 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::{Client, NoTls, Statement};
 
 use crate::client::Login;
 use crate::gateway::LocalGateway;
@@ -188,6 +188,20 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+/// Runs the bench's statement (`SELECT $1::int4 + 1`) with 41 and checks the answer.
+async fn execute_checked(client: &Client, stmt: &Statement) -> Result<()> {
+    let v: i32 = client.query_one(stmt, &[&41i32]).await?.get(0);
+    if v != 42 {
+        bail!("wrong answer {v}");
+    }
+    Ok(())
+}
+
+/// The largest of `values` (`f64::MIN` when there are none).
+fn max_of(values: &[f64]) -> f64 {
+    values.iter().copied().fold(f64::MIN, f64::max)
+}
+
 /// Runs the three measurements with the pgwake binary at `binary`.
 pub fn run(binary: &std::path::Path, opts: ReviveOptions) -> Result<ReviveResults> {
     let load_before = load_average();
@@ -241,11 +255,8 @@ fn latency(rt: &tokio::runtime::Runtime, binary: &std::path::Path, n: u32) -> Re
             bail!("the session is not parked while the tenant sleeps");
         }
         let started = Instant::now();
-        let v: i32 = rt.block_on(client.query_one(&stmt, &[&41i32]))?.get(0);
+        rt.block_on(execute_checked(&client, &stmt))?;
         let e2e = started.elapsed();
-        if v != 42 {
-            bail!("wrong answer {v}");
-        }
         let start_ms = gw
             .status()?
             .last_wake_ms
@@ -319,10 +330,7 @@ fn burst(rt: &tokio::runtime::Runtime, binary: &std::path::Path, n: u32) -> Resu
         let waits = rt.block_on(async {
             let started = Instant::now();
             let each = sessions.iter().map(|(c, stmt)| async move {
-                let v: i32 = c.query_one(stmt, &[&41i32]).await?.get(0);
-                if v != 42 {
-                    bail!("wrong answer {v}");
-                }
+                execute_checked(c, stmt).await?;
                 Ok::<_, anyhow::Error>(ms(started.elapsed()))
             });
             futures_util::future::try_join_all(each).await
@@ -331,11 +339,11 @@ fn burst(rt: &tokio::runtime::Runtime, binary: &std::path::Path, n: u32) -> Resu
             .status()?
             .last_wake_ms
             .ok_or_else(|| anyhow!("no last_wake_ms"))?;
-        let max = waits.iter().copied().fold(0.0, f64::max);
         crate::progress(format_args!(
-            "revive burst {round}/{BURST_ROUNDS}: {n} sessions, median {:.1} ms, max {max:.1} ms, \
+            "revive burst {round}/{BURST_ROUNDS}: {n} sessions, median {:.1} ms, max {:.1} ms, \
              start {start_ms:.1} ms",
-            crate::report::median(&waits).unwrap_or(0.0)
+            crate::report::median(&waits).unwrap_or(0.0),
+            max_of(&waits)
         ));
         out.waits_ms.extend(waits);
         out.starts_ms.push(start_ms);
@@ -361,10 +369,7 @@ fn burst(rt: &tokio::runtime::Runtime, binary: &std::path::Path, n: u32) -> Resu
                     let c = connect(direct).await?;
                     c.batch_execute("SET app.x = 'burst'").await?;
                     let stmt = c.prepare("SELECT $1::int4 + 1").await?;
-                    let v: i32 = c.query_one(&stmt, &[&41i32]).await?.get(0);
-                    if v != 42 {
-                        bail!("wrong answer {v}");
-                    }
+                    execute_checked(&c, &stmt).await?;
                     Ok::<_, anyhow::Error>(ms(started.elapsed()))
                 }
             });
@@ -373,7 +378,7 @@ fn burst(rt: &tokio::runtime::Runtime, binary: &std::path::Path, n: u32) -> Resu
         crate::progress(format_args!(
             "direct burst {round}/{BURST_ROUNDS}: {n} logins, median {:.1} ms, max {:.1} ms",
             crate::report::median(&waits).unwrap_or(0.0),
-            waits.iter().copied().fold(0.0, f64::max)
+            max_of(&waits)
         ));
         out.direct_ms.extend(waits);
     }
@@ -531,40 +536,51 @@ fn awake_seconds(
     })
 }
 
+/// One row of the latency table: `name`, then the count, p50, p95 and max of `v` (ms), then
+/// the goal and whether it was met.
+fn latency_row(out: &mut String, name: &str, v: &[f64], goal: &str, met: &str) {
+    let p = |q| percentile(v, q).map(fmt_ms).unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "| {name} | {} | {} | {} | {} | {goal} | {met} |",
+        v.len(),
+        p(50.0),
+        p(95.0),
+        fmt_ms(max_of(v))
+    );
+}
+
 /// The burst's rows of the latency table.
 fn render_burst(out: &mut String, b: &Burst) {
-    let p = |v: &[f64], q| percentile(v, q).map(fmt_ms).unwrap_or_default();
-    let max = |v: &[f64]| v.iter().copied().fold(f64::MIN, f64::max);
     let met_goal = percentile(&b.waits_ms, 50.0).is_some_and(|p| p <= GOAL_BURST_P50_MS)
-        && max(&b.waits_ms) <= GOAL_BURST_MAX_MS;
-    let _ = writeln!(
+        && max_of(&b.waits_ms) <= GOAL_BURST_MAX_MS;
+    latency_row(
         out,
-        "| **burst of {} revivals** (each client's execute, one wake) | {} | {} | {} | {} | \
-         p50 ≤ {GOAL_BURST_P50_MS} ms, max ≤ {GOAL_BURST_MAX_MS} ms | {} |",
-        b.sessions,
-        b.waits_ms.len(),
-        p(&b.waits_ms, 50.0),
-        p(&b.waits_ms, 95.0),
-        fmt_ms(max(&b.waits_ms)),
+        &format!(
+            "**burst of {} revivals** (each client's execute, one wake)",
+            b.sessions
+        ),
+        &b.waits_ms,
+        &format!("p50 ≤ {GOAL_BURST_P50_MS} ms, max ≤ {GOAL_BURST_MAX_MS} ms"),
         met(met_goal),
     );
-    let _ = writeln!(
+    latency_row(
         out,
-        "| backend start in the bursts (last_wake_ms) | {} | {} | {} | {} |  |  |",
-        b.starts_ms.len(),
-        p(&b.starts_ms, 50.0),
-        p(&b.starts_ms, 95.0),
-        fmt_ms(max(&b.starts_ms)),
+        "backend start in the bursts (last_wake_ms)",
+        &b.starts_ms,
+        "",
+        "",
     );
-    let _ = writeln!(
+    latency_row(
         out,
-        "| baseline: {} fresh logins straight to the awake Postgres at once (login, `SET`, \
-         prepare, execute) | {} | {} | {} | {} |  |  |",
-        b.sessions,
-        b.direct_ms.len(),
-        p(&b.direct_ms, 50.0),
-        p(&b.direct_ms, 95.0),
-        fmt_ms(max(&b.direct_ms)),
+        &format!(
+            "baseline: {} fresh logins straight to the awake Postgres at once (login, `SET`, \
+             prepare, execute)",
+            b.sessions
+        ),
+        &b.direct_ms,
+        "",
+        "",
     );
 }
 
@@ -622,8 +638,6 @@ pub fn render(
         ),
     ];
     for (name, v, goal) in rows {
-        let p = |q| percentile(&v, q).map(fmt_ms).unwrap_or_default();
-        let max = v.iter().cloned().fold(f64::MIN, f64::max);
         let (goal_text, met) = match goal {
             Some(g) => (
                 format!("p50 ≤ {g} ms"),
@@ -635,14 +649,7 @@ pub fn render(
             ),
             None => (String::new(), ""),
         };
-        let _ = writeln!(
-            out,
-            "| {name} | {} | {} | {} | {} | {goal_text} | {met} |",
-            v.len(),
-            p(50.0),
-            p(95.0),
-            fmt_ms(max)
-        );
+        latency_row(&mut out, name, &v, &goal_text, met);
     }
     render_burst(&mut out, &r.burst);
     let per = (r.rss_parked_kib as f64 - r.rss_empty_kib as f64) / f64::from(r.parked.max(1));
