@@ -116,13 +116,15 @@ impl RevivalKeys {
         self.rng
             .fill(&mut nonce)
             .expect("system random number generator");
-        let mut out = Vec::with_capacity(64 + claims.encoded_len_hint());
+        let mut plain = claims.encode();
+        // Exactly the token's length: a parked session holds its token until it is revived.
+        let header_len = 2 + key.id.len();
+        let len = header_len + NONCE_LEN + plain.len() + AES_256_GCM.tag_len();
+        let mut out = Vec::with_capacity(len);
         out.push(VERSION);
         out.push(key.id.len() as u8);
         out.extend_from_slice(key.id.as_bytes());
-        let header_len = out.len();
         out.extend_from_slice(&nonce);
-        let mut plain = claims.encode();
         let tag = key
             .key
             .seal_in_place_separate_tag(

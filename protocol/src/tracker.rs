@@ -339,7 +339,9 @@ pub struct SessionTracker {
     /// shape of any use in between.
     told: BTreeMap<Box<str>, Option<u64>>,
     /// Statements made again on this backend connection whose rows changed.
-    stale: StaleStatements,
+    /// Boxed, and only while a revival left stale statements: most sessions never have one,
+    /// and a parked session should not carry the filter's room.
+    stale: Option<Box<StaleStatements>>,
     client_messages: u64,
     last_activity: Option<Instant>,
     /// Under which settings each statement was prepared.
@@ -375,7 +377,7 @@ impl SessionTracker {
             unnamed_text: None,
             reads_sequences: false,
             told: BTreeMap::new(),
-            stale: StaleStatements::default(),
+            stale: None,
             client_messages: 0,
             last_activity: None,
             contexts: Contexts::default(),
@@ -717,7 +719,9 @@ impl SessionTracker {
 
     /// A statement the client closed.
     fn forget(&mut self, name: &str) {
-        self.stale.forget(name);
+        if let Some(stale) = &mut self.stale {
+            stale.forget(name);
+        }
         self.told.remove(name);
         self.statements.remove(name);
         self.contexts.statements.remove(name);
@@ -726,7 +730,9 @@ impl SessionTracker {
 
     /// Every named statement went (`DEALLOCATE ALL`, `DISCARD ALL`).
     fn forget_all(&mut self) {
-        self.stale.forget_all();
+        if let Some(stale) = &mut self.stale {
+            stale.forget_all();
+        }
         self.told.clear();
         self.statements.clear();
         self.contexts.forget_all();
@@ -818,7 +824,7 @@ impl SessionTracker {
     /// True when `name` was made again on this backend connection with rows that differ from
     /// what the client was told, or could not be made again.
     pub fn is_stale(&self, name: &str) -> bool {
-        self.stale.contains(name)
+        self.stale.as_ref().is_some_and(|s| s.contains(name))
     }
 
     /// How statement `name`'s rows looked when first recorded after the client made it, if
@@ -880,17 +886,17 @@ impl SessionTracker {
     /// Statements a revival left to be made at their first use that are tried again while the
     /// session is at rest, each with the batch that does it (see [`crate::stale::Remake::at_rest`]).
     pub fn remakes_at_rest(&self) -> impl Iterator<Item = (&str, &[u8])> {
-        self.stale.at_rest()
+        self.stale.iter().flat_map(|s| s.at_rest())
     }
 
     /// A try at rest made statement `name` again, its rows looking as `rows` (`None`: no rows):
     /// it exists on the backend connection again, and its uses go there as they are unless its
     /// rows look otherwise than the client was told.
     pub fn made_at_rest(&mut self, name: &str, rows: Option<u64>) {
-        if !self.stale.contains(name) {
+        let Some(stale) = self.stale.as_mut().filter(|s| s.contains(name)) else {
             return;
-        }
-        self.stale.made_at_rest(name, rows);
+        };
+        stale.made_at_rest(name, rows);
         if self.statements.len() < self.limits.max_statements {
             self.statements.insert(name.into());
         } else if !self.statements.contains(name) {
@@ -900,24 +906,28 @@ impl SessionTracker {
 
     /// A try at rest of statement `name` met an error that does not pass: its first use makes it.
     pub fn stop_trying_at_rest(&mut self, name: &str) {
-        self.stale.stop_trying_at_rest(name);
+        if let Some(stale) = &mut self.stale {
+            stale.stop_trying_at_rest(name);
+        }
     }
 
     /// The stale statements and what their use answers.
     pub fn stale_statements(&self) -> impl Iterator<Item = (&str, &StaleStatement)> {
-        self.stale.names()
+        self.stale.iter().flat_map(|s| s.names())
     }
 
     /// Edits client bytes on their way to the backend while statements are stale (see
     /// [`StaleStatements::client`]); `None` when none is.
     pub fn filter_client(&mut self, data: &mut [u8]) -> Option<Advance> {
-        self.stale.active().then(|| self.stale.client(data))
+        let stale = self.stale.as_mut().filter(|s| s.active())?;
+        Some(stale.client(data))
     }
 
     /// Edits backend bytes on their way to the client while statements are stale (see
     /// [`StaleStatements::backend`]); `None` when none is.
     pub fn filter_backend(&mut self, data: &mut [u8]) -> Option<Advance> {
-        self.stale.active().then(|| self.stale.backend(data))
+        let stale = self.stale.as_mut().filter(|s| s.active())?;
+        Some(stale.backend(data))
     }
 
     /// Gives back the read buffers' spare room, kept from the largest message seen, while the
@@ -947,7 +957,8 @@ impl SessionTracker {
         if !unnamed_restored {
             self.unnamed_text = None;
         }
-        self.stale = StaleStatements::start(stale.into_iter().map(|(n, a)| (n.into(), a)));
+        let stale = StaleStatements::start(stale.into_iter().map(|(n, a)| (n.into(), a)));
+        self.stale = stale.active().then(|| Box::new(stale));
         self.backend = Reader::default();
         self.status = TxStatus::Idle;
         self.ops.clear();
@@ -961,7 +972,7 @@ impl SessionTracker {
         let (statements, stale) = (&self.statements, &self.stale);
         self.contexts
             .statements
-            .retain(|n, _| statements.contains(n) || stale.contains(n));
+            .retain(|n, _| statements.contains(n) || stale.as_ref().is_some_and(|s| s.contains(n)));
     }
 }
 

@@ -204,6 +204,8 @@ impl CancelMap {
                 break secret;
             }
         };
+        // Most process ids stand for one key: room for one, not the four a first push makes.
+        entries.reserve_exact(1);
         entries.push(Entry {
             secret,
             target: Some(target),

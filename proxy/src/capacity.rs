@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use pgwake_routing::TenantId;
-use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
+use tokio_util::sync::CancellationToken;
 
 /// The caps in force (after fitting them to the process's file limit).
 #[derive(Clone, Copy, Debug)]
@@ -130,7 +130,7 @@ impl Capacity {
         let slot = ClientSlot {
             capacity: self.clone(),
             logging_in: Some(place),
-            ended: token,
+            ended: Some(token),
             tenant: None,
         };
         (slot, evicted)
@@ -271,21 +271,29 @@ impl Drop for ListenerSlot {
 pub struct ClientSlot {
     capacity: Arc<Capacity>,
     logging_in: Option<Place>,
-    ended: CancellationToken,
+    /// Cancelled to end the connection to make room; dropped at login, after which nothing
+    /// cancels it (a logged-in session, parked ones included, should not carry it).
+    ended: Option<CancellationToken>,
     tenant: Option<TenantId>,
 }
 
 impl ClientSlot {
     /// Completes when the connection must end to make room (it was the oldest still logging
     /// in); never once it has logged in.
-    pub fn evicted(&self) -> WaitForCancellationFuture<'_> {
-        self.ended.cancelled()
+    pub fn evicted(&self) -> impl Future<Output = ()> + Send + '_ {
+        let ended = self.ended.as_ref();
+        async move {
+            match ended {
+                Some(t) => t.cancelled().await,
+                None => std::future::pending().await,
+            }
+        }
     }
 
     /// The token cancelled when the connection must end to make room, for a caller that lends
-    /// the slot out meanwhile.
+    /// the slot out meanwhile (after login, one nothing cancels).
     pub fn eviction(&self) -> CancellationToken {
-        self.ended.clone()
+        self.ended.clone().unwrap_or_default()
     }
 
     /// Refuses the connection when the gateway holds more client connections than its cap.
@@ -336,6 +344,7 @@ impl ClientSlot {
 
     /// The connection logged in: it no longer counts as logging in and is never evicted.
     pub fn logged_in(&mut self) {
+        self.ended = None;
         if let Some(place) = self.logging_in.take() {
             self.capacity.lock_logging_in().open.remove(&place);
         }
@@ -379,8 +388,8 @@ mod tests {
         assert!(!evicted, "b logged in: room for c");
         let (_d, evicted) = cap.open();
         assert!(evicted);
-        assert!(a.ended.is_cancelled(), "a was the oldest logging in");
-        assert!(!b.ended.is_cancelled() && !c.ended.is_cancelled());
+        assert!(a.eviction().is_cancelled(), "a was the oldest logging in");
+        assert!(!b.eviction().is_cancelled() && !c.eviction().is_cancelled());
         assert_eq!(cap.logging_in(), 2);
         assert_eq!(cap.clients(), 4);
         drop(a);
@@ -396,10 +405,10 @@ mod tests {
         let (_newer, evicted) = cap.open();
         assert!(evicted);
         assert!(
-            stalled.ended.is_cancelled(),
+            stalled.eviction().is_cancelled(),
             "the one that got less far goes first"
         );
-        assert!(!honest.ended.is_cancelled(), "though it is the oldest");
+        assert!(!honest.eviction().is_cancelled(), "though it is the oldest");
         drop(stalled);
         assert_eq!(cap.logging_in(), 2);
         honest.logged_in();

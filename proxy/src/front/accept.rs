@@ -151,52 +151,72 @@ pub async fn serve(
     info!("listener stopped accepting");
 }
 
-async fn handle(mut tcp: TcpStream, socket_peer: SocketAddr, front: &Front, slot: &mut ClientSlot) {
-    let accepted_at = Instant::now();
-    let _ = tcp.set_nodelay(true);
-    let deadline = accepted_at + front.startup_timeout;
-    // In a block of its own, so that the PROXY header's state is gone before the session.
-    let peer = {
-        let interrupted = async {
-            tokio::select! {
-                _ = front.terminate.cancelled() => {}
-                _ = slot.evicted() => {}
-            }
+// This and `session` return async blocks instead of being async fns: an async fn's state holds
+// its arguments twice (as passed, and moved into its body), and this state is part of every
+// connection's task for as long as its client stays, parked included.
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn holds its arguments twice"
+)]
+fn handle<'a>(
+    mut tcp: TcpStream,
+    socket_peer: SocketAddr,
+    front: &'a Front,
+    slot: &'a mut ClientSlot,
+) -> impl Future<Output = ()> + Send + 'a {
+    async move {
+        let accepted_at = Instant::now();
+        let _ = tcp.set_nodelay(true);
+        let deadline = accepted_at + front.startup_timeout;
+        // In a block of its own, so that the PROXY header's state is gone before the session.
+        let peer = {
+            let interrupted = async {
+                tokio::select! {
+                    _ = front.terminate.cancelled() => {}
+                    _ = slot.evicted() => {}
+                }
+            };
+            Box::pin(front.client_address(&mut tcp, socket_peer, deadline, interrupted)).await
         };
-        Box::pin(front.client_address(&mut tcp, socket_peer, deadline, interrupted)).await
-    };
-    let Some(peer) = peer else {
-        return;
-    };
-    let span = info_span!("conn", %peer, tenant = Empty, via = Empty);
-    if peer != socket_peer {
-        span.record("via", tracing::field::display(socket_peer));
+        let Some(peer) = peer else {
+            return;
+        };
+        let span = info_span!("conn", %peer, tenant = Empty, via = Empty);
+        if peer != socket_peer {
+            span.record("via", tracing::field::display(socket_peer));
+        }
+        session(tcp, peer, front, slot, accepted_at, deadline)
+            .instrument(span)
+            .await
     }
-    session(tcp, peer, front, slot, accepted_at, deadline)
-        .instrument(span)
-        .await
 }
 
 /// Negotiation, then the session or cancel request, of a connection from client `peer`.
-async fn session(
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn holds its arguments twice"
+)]
+fn session<'a>(
     tcp: TcpStream,
     peer: SocketAddr,
-    front: &Front,
-    slot: &mut ClientSlot,
+    front: &'a Front,
+    slot: &'a mut ClientSlot,
     accepted_at: Instant,
     deadline: Instant,
-) {
-    // Negotiation (a TLS handshake) and the short-lived ends are boxed, and done in a function
-    // of their own, so that the session's task, which lives as long as the client stays, is not
-    // sized by them.
-    let negotiated = Box::pin(negotiate_session(tcp, peer, front, slot, deadline));
-    let Some((stream, startup)) = negotiated.await else {
-        return;
-    };
-    front
-        .pipeline
-        .run_session(stream, peer, startup, accepted_at, slot)
-        .await
+) -> impl Future<Output = ()> + Send + 'a {
+    async move {
+        // Negotiation (a TLS handshake) and the short-lived ends are boxed, and done in a function
+        // of their own, so that the session's task, which lives as long as the client stays, is not
+        // sized by them.
+        let negotiated = Box::pin(negotiate_session(tcp, peer, front, slot, deadline));
+        let Some((stream, startup)) = negotiated.await else {
+            return;
+        };
+        front
+            .pipeline
+            .run_session(stream, peer, startup, accepted_at, slot)
+            .await
+    }
 }
 
 /// Negotiates TLS or a cancel request; the stream and startup message of a session to run,

@@ -92,42 +92,56 @@ impl Pipeline {
 
     /// Carries a client stream whose startup message has arrived through login and the relay,
     /// over TCP, TLS or a tunnel alike.
-    pub async fn run_session(
-        &self,
+    // An async block, not an async fn, so that the arguments are not held twice for the
+    // session's whole life.
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn holds its arguments twice"
+    )]
+    pub fn run_session<'a>(
+        &'a self,
         mut client: Stream,
         peer: SocketAddr,
         startup: StartupMessage,
         accepted_at: Instant,
-        slot: &mut ClientSlot,
-    ) {
-        if let Err(full) = slot.check_gateway() {
-            let failed = fail(&self.metrics, Some(client), SessionError::Full(full));
-            return Box::pin(failed).await;
+        slot: &'a mut ClientSlot,
+    ) -> impl Future<Output = ()> + Send + 'a {
+        async move {
+            if let Err(full) = slot.check_gateway() {
+                let failed = fail(&self.metrics, Some(client), SessionError::Full(full));
+                return Box::pin(failed).await;
+            }
+            let evicted = slot.eviction();
+            // Boxed, the waits for a drain or an eviction too: the login's state is freed once it
+            // is done instead of sizing every session's task (parked sessions should cost little).
+            let opened = Box::pin(async {
+                // Owned here, so that the token is freed with the login's state.
+                let evicted = evicted;
+                tokio::select! {
+                    r = self.open_session(&mut client, peer, startup, slot) => r,
+                    _ = self.draining.cancelled() => Err(SessionError::ShuttingDown),
+                    _ = evicted.cancelled() => Err(SessionError::Evicted),
+                }
+            })
+            .await;
+            slot.logged_in();
+            let opened = match opened {
+                Ok(s) => s,
+                Err(err) => return Box::pin(fail(&self.metrics, Some(client), err)).await,
+            };
+            let elapsed = accepted_at.elapsed();
+            self.metrics.startup_duration.observe(elapsed.as_secs_f64());
+            let (elapsed_ms, backend) =
+                (elapsed.as_millis() as u64, &opened.start.attached.endpoint);
+            if opened.reused {
+                debug!(elapsed_ms, %backend, "kept backend connection reused");
+            } else {
+                debug!(elapsed_ms, %backend, "login relayed");
+            }
+            debug!(peer = %peer, "session ready");
+            // Boxed: a connection still queued for a wake should not carry the relay's size.
+            Box::pin(self.sessions.run(&mut client, opened.start)).await;
         }
-        let evicted = slot.eviction();
-        let opened = tokio::select! {
-            // Boxed: the login's state is freed once it is done instead of sizing every
-            // session's task (parked sessions should cost little).
-            r = Box::pin(self.open_session(&mut client, peer, startup, slot)) => r,
-            _ = self.draining.cancelled() => Err(SessionError::ShuttingDown),
-            _ = evicted.cancelled() => Err(SessionError::Evicted),
-        };
-        slot.logged_in();
-        let opened = match opened {
-            Ok(s) => s,
-            Err(err) => return Box::pin(fail(&self.metrics, Some(client), err)).await,
-        };
-        let elapsed = accepted_at.elapsed();
-        self.metrics.startup_duration.observe(elapsed.as_secs_f64());
-        let (elapsed_ms, backend) = (elapsed.as_millis() as u64, &opened.start.attached.endpoint);
-        if opened.reused {
-            debug!(elapsed_ms, %backend, "kept backend connection reused");
-        } else {
-            debug!(elapsed_ms, %backend, "login relayed");
-        }
-        debug!(peer = %peer, "session ready");
-        // Boxed: a connection still queued for a wake should not carry the relay's size.
-        Box::pin(self.sessions.run(&mut client, opened.start)).await;
     }
 
     /// Admits, authenticates, wakes and connects a client: the journey up to the relay.

@@ -150,7 +150,7 @@ async fn drive(gw: &Sessions, client: &mut Stream, start: Box<SessionStart>) -> 
         revivable,
         returnable,
         client: peer,
-    } = *start;
+    } = unbox(start);
     let mut mover = revival.zip(revivable).map(|(rv, who)| {
         Box::new(Mover {
             rv,
@@ -202,6 +202,13 @@ async fn drive(gw: &Sessions, client: &mut Stream, start: Box<SessionStart>) -> 
     }
 }
 
+/// The value in `b`, its box freed now: a box moved out of in an async fn is freed only when
+/// the fn returns, and a session's lasts as long as its client stays.
+#[expect(clippy::boxed_local, reason = "freeing the box is the point")]
+fn unbox<T>(b: Box<T>) -> T {
+    *b
+}
+
 /// What a session that can move needs for it: the revival settings, its token and the policy's
 /// state.
 struct Mover<'g> {
@@ -224,8 +231,9 @@ struct Live<'g> {
     park_rx: watch::Receiver<u64>,
     migrate_rx: watch::Receiver<u64>,
     /// Only the connection the session logged in with can be handed back: its login's
-    /// ParameterStatus messages are what the next client is told.
-    returnable: Option<Returnable>,
+    /// ParameterStatus messages are what the next client is told. Boxed: a parked session
+    /// has none, and should not carry its room.
+    returnable: Option<Box<Returnable>>,
     logged_in: std::time::Instant,
 }
 
@@ -246,7 +254,7 @@ impl<'g> Live<'g> {
             tracker: SessionTracker::new(limits),
             snap: None,
             preload: Vec::new(),
-            returnable: returnable.filter(|_| gw.connector.reuses()),
+            returnable: returnable.filter(|_| gw.connector.reuses()).map(Box::new),
             logged_in: std::time::Instant::now(),
         }
     }
@@ -369,7 +377,7 @@ impl<'g> Live<'g> {
         }
         let conn = (stream, slot);
         gw.connector
-            .give_back(conn, endpoint, self.returnable, safe)
+            .give_back(conn, endpoint, self.returnable.map(unbox), safe)
             .await;
     }
 
@@ -475,19 +483,15 @@ impl<'g> Live<'g> {
             claim,
             endpoint,
         } = self.current;
-        // The connection's login parameters and reuse key go with it, given back or closed.
-        let back = self.returnable.take();
         // The backend whose process id the client was given serves no other session while this
         // one lives: what the client does with its pid (`pg_terminate_backend`, a look in
         // `pg_stat_activity`) would reach that session.
         let own = self.cancel.as_ref().is_some_and(|c| c.on_own_backend());
-        if how == Move::SessionIdle && !own {
-            // At rest and movable: the connection can serve another session.
-            let conn = (stream, slot);
-            Box::pin(gw.connector.give_back(conn, endpoint, back, true)).await;
-        } else {
-            Box::pin(crate::upstream::close((stream, slot))).await;
-        }
+        // At rest and movable: the connection can serve another session. Its login parameters
+        // and reuse key go with it, given back or closed, not kept while the session is parked.
+        let keep = how == Move::SessionIdle && !own;
+        let back = self.returnable.take().map(unbox);
+        Box::pin(hand_back(gw, (stream, slot), endpoint, back, keep)).await;
         gw.metrics.parked(how.label());
         self.tracker.release_buffers();
         // Until it is revived, the session's cancel key must reach no backend: the one it left
@@ -510,7 +514,8 @@ impl<'g> Live<'g> {
             let started = Instant::now();
             let revived = revive_unless_cancelled(gw, m, snapshot, self.cancel.as_ref(), parked);
             match Box::pin(revived).await {
-                ReviveOutcome::Done(new, returnable, restored) => {
+                ReviveOutcome::Done(done) => {
+                    let (new, returnable, restored) = *done;
                     drop(mark.take());
                     let took = started.elapsed();
                     gw.metrics.revived(how.label(), Some(took));
@@ -521,8 +526,8 @@ impl<'g> Live<'g> {
                         left_out = restored.left_out,
                         "session revived"
                     );
-                    self.current = *new;
-                    self.returnable = returnable.filter(|_| gw.connector.reuses());
+                    self.current = new;
+                    self.returnable = returnable.filter(|_| gw.connector.reuses()).map(Box::new);
                     m.mobility.revived();
                     self.park_rx = self.current.claim.park_requests();
                     self.migrate_rx = self.current.claim.migrate_requests();
@@ -559,14 +564,31 @@ impl<'g> Live<'g> {
     }
 }
 
-/// How a revival attempt ended.
+/// Gives the backend connection a session left back for reuse when `keep`, else closes it. One
+/// step that owns all it hands back, so none of it stays in the state of a parked session.
+async fn hand_back(
+    gw: &Sessions,
+    conn: (Stream, BackendSlot),
+    endpoint: Endpoint,
+    back: Option<Returnable>,
+    keep: bool,
+) {
+    if keep {
+        gw.connector.give_back(conn, endpoint, back, true).await;
+    } else {
+        crate::upstream::close(conn).await;
+    }
+}
+
+/// How a revival attempt ended. Small: the parked session's state holds it while a cancelled
+/// request is answered.
 enum ReviveOutcome {
     /// The session is on a new backend connection.
-    Done(Box<Attached>, Option<Returnable>, Restored),
+    Done(Box<(Attached, Option<Returnable>, Restored)>),
     /// The client cancelled the request that waited for it.
     Cancelled,
     /// It failed; the session ends.
-    Failed(revive::ReviveError),
+    Failed(Box<revive::ReviveError>),
 }
 
 /// Revives the session; while a client request waits for it (`waiting`), a cancel request for
@@ -593,8 +615,8 @@ async fn revive_unless_cancelled(
     };
     tokio::select! {
         r = revive::revive(gw, m.rv, &mut m.who, snapshot, cancel) => match r {
-            Ok((new, returnable, restored)) => ReviveOutcome::Done(Box::new(new), returnable, restored),
-            Err(e) => ReviveOutcome::Failed(e),
+            Ok(done) => ReviveOutcome::Done(Box::new(done)),
+            Err(e) => ReviveOutcome::Failed(Box::new(e)),
         },
         () = asked => ReviveOutcome::Cancelled,
     }
@@ -863,9 +885,11 @@ async fn wait_parked(
     idle_deadline: Option<tokio::time::Instant>,
 ) -> Parked {
     let mut first = 0u8;
+    // The timer is boxed: most sessions have no idle_session_timeout, and a parked session
+    // should not carry a timer's room for nothing.
     let idle_ends = async {
         match idle_deadline {
-            Some(at) => tokio::time::sleep_until(at).await,
+            Some(at) => Box::pin(tokio::time::sleep_until(at)).await,
             None => std::future::pending().await,
         }
     };
