@@ -102,7 +102,7 @@ impl Peer {
             Err(format!(
                 "{self} binary not found at {} (set {} or build it with `bash benches/peers.sh \
                  {}`, see benches/README.md)",
-                path.display(),
+                shown(&path),
                 self.env_var(),
                 self.file_name()
             ))
@@ -202,6 +202,18 @@ fn peers_bin_dir() -> PathBuf {
     }
     let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
     home.join(".cache/pgwake/peers/bin")
+}
+
+/// `path` as the report shows it: under the home folder as `~/…`, so that no machine's home
+/// folder lands in the committed results.
+fn shown(path: &Path) -> String {
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    // A home folder of `/` would turn every path into `~/…`.
+    let home = home.filter(|h| h.parent().is_some());
+    match home.as_deref().and_then(|h| path.strip_prefix(h).ok()) {
+        Some(rest) => format!("~/{}", rest.display()),
+        None => path.display().to_string(),
+    }
 }
 
 /// A TOML basic string.
@@ -375,6 +387,19 @@ mod tests {
             user: "postgres".into(),
             password: "pw\"1".into(),
             dbname: "postgres".into(),
+        }
+    }
+
+    #[test]
+    fn paths_under_the_home_folder_are_shown_from_it() {
+        assert_eq!(
+            shown(Path::new("/nonexistent-top/pgdog")),
+            "/nonexistent-top/pgdog"
+        );
+        let home = std::env::var_os("HOME").map(PathBuf::from);
+        if let Some(home) = home.filter(|h| h.parent().is_some()) {
+            let path = home.join(".cache/pgwake/peers/bin/pgdog");
+            assert_eq!(shown(&path), "~/.cache/pgwake/peers/bin/pgdog");
         }
     }
 
