@@ -339,8 +339,8 @@ pub struct SessionTracker {
     /// shape of any use in between.
     told: BTreeMap<Box<str>, Option<u64>>,
     /// Statements made again on this backend connection whose rows changed.
-    /// Boxed, and only while a revival left stale statements: most sessions never have one,
-    /// and a parked session should not carry the filter's room.
+    /// Boxed, and only while a revival left stale statements (`Some` is an active filter): most
+    /// sessions never have one, and a parked session should not carry the filter's room.
     stale: Option<Box<StaleStatements>>,
     client_messages: u64,
     last_activity: Option<Instant>,
@@ -919,15 +919,13 @@ impl SessionTracker {
     /// Edits client bytes on their way to the backend while statements are stale (see
     /// [`StaleStatements::client`]); `None` when none is.
     pub fn filter_client(&mut self, data: &mut [u8]) -> Option<Advance> {
-        let stale = self.stale.as_mut().filter(|s| s.active())?;
-        Some(stale.client(data))
+        self.stale.as_mut().map(|s| s.client(data))
     }
 
     /// Edits backend bytes on their way to the client while statements are stale (see
     /// [`StaleStatements::backend`]); `None` when none is.
     pub fn filter_backend(&mut self, data: &mut [u8]) -> Option<Advance> {
-        let stale = self.stale.as_mut().filter(|s| s.active())?;
-        Some(stale.backend(data))
+        self.stale.as_mut().map(|s| s.backend(data))
     }
 
     /// Gives back the read buffers' spare room, kept from the largest message seen, while the
