@@ -128,12 +128,14 @@ pub async fn run(
     });
 
     stop_request.drain.cancelled().await;
-    admin_state.ready.store(false, Ordering::Relaxed);
     stop.cancel();
     let _ = accept.await;
     if let Some(h) = http_accept {
         let _ = h.await;
     }
+    // Only once the listeners are closed: a 503 from /readyz promises that a new connection is
+    // refused, which a probe or a test may rely on.
+    admin_state.ready.store(false, Ordering::Relaxed);
     tasks.close();
     let grace = config.limits.shutdown_grace;
     drain(&gateway, &tasks, grace, &stop_request, &terminate).await;
