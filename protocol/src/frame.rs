@@ -32,8 +32,7 @@ pub enum FrameError {
 /// Tracks message boundaries across chunks of a tag-length-payload stream.
 #[derive(Clone, Debug)]
 pub struct FrameScanner {
-    header: [u8; 5],
-    have: usize,
+    header: Header,
     remaining: u32,
     last_tag: Option<u8>,
     max_body: u32,
@@ -43,8 +42,7 @@ impl FrameScanner {
     /// A scanner that refuses message bodies longer than `max_body` bytes.
     pub fn new(max_body: u32) -> Self {
         FrameScanner {
-            header: [0; 5],
-            have: 0,
+            header: Header::default(),
             remaining: 0,
             last_tag: None,
             max_body,
@@ -75,19 +73,7 @@ impl FrameScanner {
                 data = &data[skip..];
                 continue;
             }
-            let take = (5 - self.have).min(data.len());
-            self.header[self.have..self.have + take].copy_from_slice(&data[..take]);
-            self.have += take;
-            data = &data[take..];
-            if self.have == 5 {
-                self.have = 0;
-                let tag = self.header[0];
-                let len = u32::from_be_bytes([
-                    self.header[1],
-                    self.header[2],
-                    self.header[3],
-                    self.header[4],
-                ]);
+            if let Some((tag, len)) = self.header.take(&mut data) {
                 if len < 4 {
                     return Err(FrameError::InvalidLength {
                         tag: tag as char,
@@ -112,12 +98,49 @@ impl FrameScanner {
 
     /// True when everything fed so far ends exactly at a message boundary.
     pub fn at_boundary(&self) -> bool {
-        self.have == 0 && self.remaining == 0
+        !self.header.partial() && self.remaining == 0
     }
 
     /// Type byte of the last message whose header was seen.
     pub fn last_tag(&self) -> Option<u8> {
         self.last_tag
+    }
+}
+
+/// A message header (type byte and length) that may arrive split across chunks.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Header {
+    bytes: [u8; 5],
+    have: usize,
+}
+
+impl Header {
+    /// Takes the header's bytes from the front of `data`; its type byte and length field once
+    /// it is whole.
+    #[inline]
+    pub(crate) fn take(&mut self, data: &mut &[u8]) -> Option<(u8, u32)> {
+        // Nearly every header is whole in the chunk: read where it lies, without a copy.
+        if self.have == 0
+            && let Some((h, rest)) = data.split_first_chunk::<5>()
+        {
+            *data = rest;
+            return Some((h[0], u32::from_be_bytes([h[1], h[2], h[3], h[4]])));
+        }
+        let take = (5 - self.have).min(data.len());
+        self.bytes[self.have..self.have + take].copy_from_slice(&data[..take]);
+        self.have += take;
+        *data = &data[take..];
+        if self.have < 5 {
+            return None;
+        }
+        self.have = 0;
+        let h = self.bytes;
+        Some((h[0], u32::from_be_bytes([h[1], h[2], h[3], h[4]])))
+    }
+
+    /// Some of a header's bytes have come, not all.
+    pub(crate) fn partial(&self) -> bool {
+        self.have > 0
     }
 }
 

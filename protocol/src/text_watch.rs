@@ -116,7 +116,7 @@ impl TextWatch {
         loop {
             match self.phase {
                 Phase::Off | Phase::Done => return,
-                Phase::Name => match data.iter().position(|&b| b == 0) {
+                Phase::Name => match memchr::memchr(0, data) {
                     Some(i) => {
                         data = &data[i + 1..];
                         self.phase = Phase::Text;
@@ -124,7 +124,7 @@ impl TextWatch {
                     None => return,
                 },
                 Phase::Text => {
-                    let end = data.iter().position(|&b| b == 0);
+                    let end = memchr::memchr(0, data);
                     // A whole text in one chunk (most are) is scanned where it lies.
                     if let Some(end) = end
                         && self.window.is_empty()
@@ -170,22 +170,32 @@ impl TextWatch {
     }
 }
 
+/// A byte of a word ([`is_word`]).
+const WORD: u8 = 1;
 /// A byte that may begin a keyword [`note_at`] looks for (the first letters of `setseed`,
 /// `discard`, `execute`, `currval`, `lastval`, `set_config`, `set` and `reset`, in either case).
-const KEYWORD_START: u8 = 1;
+const KEYWORD_START: u8 = 2;
 /// A string literal's opening quote.
-const QUOTE: u8 = 2;
+const QUOTE: u8 = 4;
 
-/// Each byte's class: most bytes of a text begin nothing the watch looks for and are passed
-/// over with one look-up, which keeps the watch cheap on texts that change no state.
+/// Each byte's classes: the scan passes over the rest of a word once its first byte is seen,
+/// and most words begin nothing the watch looks for, which keeps it cheap on texts that change
+/// no state.
 static BYTE_CLASS: [u8; 256] = byte_classes();
 
 const fn byte_classes() -> [u8; 256] {
     let mut classes = [0u8; 256];
+    let mut b = 0;
+    while b < 256 {
+        if is_word(b as u8) {
+            classes[b] = WORD;
+        }
+        b += 1;
+    }
     let starts = b"sdeclrSDECLR";
     let mut i = 0;
     while i < starts.len() {
-        classes[starts[i] as usize] = KEYWORD_START;
+        classes[starts[i] as usize] |= KEYWORD_START;
         i += 1;
     }
     classes[b'\'' as usize] = QUOTE;
@@ -193,39 +203,51 @@ const fn byte_classes() -> [u8; 256] {
 }
 
 /// Looks for keywords in `text` that start before `upto`; `before` is the byte before it.
-fn scan_text(text: &[u8], upto: usize, mut before: u8, found: &mut Findings) {
-    for (i, &b) in text[..upto].iter().enumerate() {
-        match BYTE_CLASS[b as usize] {
-            0 => {}
-            KEYWORD_START => {
-                if !is_word(before) {
-                    note_at(&text[i..], found);
-                }
+fn scan_text(text: &[u8], upto: usize, before: u8, found: &mut Findings) {
+    let scanned = &text[..upto];
+    let mut i = 0;
+    let mut before = before;
+    while let Some(&b) = scanned.get(i) {
+        let class = BYTE_CLASS[b as usize];
+        if class & WORD != 0 {
+            if class & KEYWORD_START != 0 && !is_word(before) {
+                note_at(&text[i..], found);
             }
-            _ => {
-                if (before == b'(' || before == b',' || before.is_ascii_whitespace())
-                    && let Some(name) = literal_name(&text[i + 1..])
-                    && name.contains('.')
-                {
-                    found.candidates.push(name);
-                }
-            }
+            let rest = &scanned[i + 1..];
+            let len = rest
+                .iter()
+                .position(|&b| BYTE_CLASS[b as usize] & WORD == 0)
+                .unwrap_or(rest.len());
+            i += len;
+        } else if class & QUOTE != 0
+            && (before == b'(' || before == b',' || before.is_ascii_whitespace())
+            && let Some(name) = literal_name(&text[i + 1..])
+            && name.contains('.')
+        {
+            found.candidates.push(name);
         }
-        before = b;
+        before = scanned[i];
+        i += 1;
     }
 }
 
 /// Records what a keyword at the start of `w` (a word boundary) does.
 fn note_at(w: &[u8], found: &mut Findings) {
-    if keyword(w, b"setseed").is_some() {
+    // The first letter, folded, rules out most keywords before any comparison.
+    let first = w.first().map_or(0, |&b| b | 0x20);
+    if first == b's' && keyword(w, b"setseed").is_some() {
         found.seed = true;
-    } else if keyword(w, b"discard").is_some() {
+    } else if first == b'd' && keyword(w, b"discard").is_some() {
         found.context = true;
-    } else if keyword(w, b"execute").is_some() {
+    } else if first == b'e' && keyword(w, b"execute").is_some() {
         found.executes = true;
-    } else if keyword(w, b"currval").is_some() || keyword(w, b"lastval").is_some() {
+    } else if (first == b'c' && keyword(w, b"currval").is_some())
+        || (first == b'l' && keyword(w, b"lastval").is_some())
+    {
         found.sequence_read = true;
-    } else if let Some(rest) = keyword(w, b"set_config") {
+    } else if first == b's'
+        && let Some(rest) = keyword(w, b"set_config")
+    {
         let rest = skip_space(rest);
         let Some(rest) = rest.strip_prefix(b"(") else {
             return;
@@ -248,7 +270,8 @@ fn note_at(w: &[u8], found: &mut Findings) {
                 found.context = true;
             }
         }
-    } else if let Some(rest) = keyword(w, b"set").or_else(|| keyword(w, b"reset"))
+    } else if (first == b's' || first == b'r')
+        && let Some(rest) = keyword(w, b"set").or_else(|| keyword(w, b"reset"))
         && rest.first().is_some_and(u8::is_ascii_whitespace)
     {
         // RESET of a custom setting defines it (empty) as SET does.
@@ -312,7 +335,7 @@ fn skip_space(w: &[u8]) -> &[u8] {
     &w[n..]
 }
 
-fn is_word(b: u8) -> bool {
+const fn is_word(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b >= 0x80
 }
 
@@ -411,6 +434,43 @@ pub(crate) fn bind_names_context(body: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The scan as first written, one byte at a time: the word-skipping scan must find the same.
+    fn scan_each_byte(text: &[u8], upto: usize, mut before: u8, found: &mut Findings) {
+        for (i, &b) in text[..upto].iter().enumerate() {
+            let starts = b"sdeclrSDECLR".contains(&b) && !is_word(before);
+            if starts {
+                note_at(&text[i..], found);
+            } else if b == b'\''
+                && (before == b'(' || before == b',' || before.is_ascii_whitespace())
+                && let Some(name) = literal_name(&text[i + 1..])
+                && name.contains('.')
+            {
+                found.candidates.push(name);
+            }
+            before = b;
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn skipping_words_finds_what_each_byte_finds(
+            parts in proptest::collection::vec(proptest::sample::select(vec![
+                "set ", "SET LOCAL ", "reset ", "set_config(", "setseed(", "discard ", "execute ",
+                "currval(", "lastval()", "select ", "resets ", "xset ", "a.b", "'app.x'", "'x.y', ",
+                "(", ")", ",", " ", "\n", "$1", "_e", "é", "日本", "ẞ", "\"q.r\"", "=", ";", "s", "e",
+            ]), 0..40),
+            upto_cut in 0usize..8,
+            before in proptest::sample::select(vec![b' ', b'a', b'(', b',', b'_', 0xc3]),
+        ) {
+            let text = parts.concat().into_bytes();
+            let upto = text.len().saturating_sub(upto_cut);
+            let (mut fast, mut each) = (Findings::default(), Findings::default());
+            scan_text(&text, upto, before, &mut fast);
+            scan_each_byte(&text, upto, before, &mut each);
+            proptest::prop_assert_eq!(fast, each);
+        }
+    }
 
     fn watch(tag: u8, body: &[u8], chunk: usize) -> Findings {
         let mut w = TextWatch::default();

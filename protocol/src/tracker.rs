@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
+use crate::frame::Header;
 use crate::stale::{Advance, StaleStatement, StaleStatements};
 pub use crate::text_watch::CONTEXT_SETTINGS;
 use crate::text_watch::{Findings, TextWatch, bind_names_context, bind_setting_names};
@@ -229,8 +230,9 @@ enum SqlStatementOp {
 /// Framing state of one direction, keeping the first bytes of the messages that matter.
 #[derive(Debug, Default)]
 struct Reader {
-    header: [u8; 5],
-    have: usize,
+    header: Header,
+    /// The current message's type byte.
+    tag: u8,
     remaining: u32,
     capture: Vec<u8>,
     capture_limit: usize,
@@ -250,7 +252,7 @@ impl Reader {
                     sink.payload(body);
                     self.remaining = 0;
                     self.in_message = false;
-                    sink.done(self.header[0], &body[..take.min(self.capture_limit)]);
+                    sink.done(self.tag, &body[..take.min(self.capture_limit)]);
                     data = &data[take..];
                     continue;
                 }
@@ -263,7 +265,7 @@ impl Reader {
                     return true;
                 }
                 self.in_message = false;
-                sink.done(self.header[0], &self.capture);
+                sink.done(self.tag, &self.capture);
                 self.capture.clear();
                 if self.capture.capacity() > CAPTURE_KEEP {
                     self.capture = Vec::new();
@@ -273,31 +275,21 @@ impl Reader {
             if data.is_empty() {
                 return true;
             }
-            let take = (5 - self.have).min(data.len());
-            self.header[self.have..self.have + take].copy_from_slice(&data[..take]);
-            self.have += take;
-            data = &data[take..];
-            if self.have < 5 {
+            let Some((tag, len)) = self.header.take(&mut data) else {
                 return true;
-            }
-            self.have = 0;
-            let len = u32::from_be_bytes([
-                self.header[1],
-                self.header[2],
-                self.header[3],
-                self.header[4],
-            ]);
+            };
             if len < 4 {
                 return false;
             }
+            self.tag = tag;
             self.remaining = len - 4;
-            self.capture_limit = sink.start(self.header[0]);
+            self.capture_limit = sink.start(tag);
             self.in_message = true;
         }
     }
 
     fn at_boundary(&self) -> bool {
-        self.have == 0 && !self.in_message
+        !self.header.partial() && !self.in_message
     }
 }
 
@@ -1166,6 +1158,16 @@ impl Sink for BackendSink<'_> {
 /// The statement a single-statement `PREPARE name ...` or `DEALLOCATE [PREPARE] name` query
 /// names; `None` for anything else (the caller then knows the count may be off).
 fn sql_statement_op(body: &[u8]) -> Option<SqlStatementOp> {
+    // Nearly every query begins with another word: its first letter settles it without reading
+    // the text as UTF-8 (a non-ASCII first byte may be Unicode space that `trim` skips below).
+    match body
+        .iter()
+        .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c))
+    {
+        Some(b'p' | b'P' | b'd' | b'D') => {}
+        Some(b) if !b.is_ascii() => {}
+        _ => return None,
+    }
     let text = std::str::from_utf8(body.split(|&b| b == 0).next()?).ok()?;
     let text = text.trim().trim_end_matches(';').trim_end();
     if text.contains(';') {
@@ -1393,6 +1395,32 @@ mod tests {
         t.observe_backend(&[complete("DEALLOCATE ALL"), ready(b'I')].concat(), now());
         assert_eq!(t.statement_count(), 0);
         assert!(t.at_safe_point());
+    }
+
+    #[test]
+    fn statement_ops_are_read_after_any_leading_space() {
+        let prepare = |name: &str| Some(SqlStatementOp::Prepare(name.into()));
+        assert_eq!(
+            sql_statement_op(b"\x0b\x0c\r\n\t PREPARE p AS select 1\0"),
+            prepare("p")
+        );
+        assert_eq!(
+            sql_statement_op("\u{2003}prepare q as select 1\0".as_bytes()),
+            prepare("q")
+        );
+        assert_eq!(
+            sql_statement_op(b" Deallocate r\0"),
+            Some(SqlStatementOp::Deallocate("r".into()))
+        );
+        for other in [
+            &b"select 1\0"[..],
+            b"  delete from t\0",
+            b"\0",
+            b"",
+            b"pg_sleep\0",
+        ] {
+            assert_eq!(sql_statement_op(other), None, "{other:?}");
+        }
     }
 
     #[test]
