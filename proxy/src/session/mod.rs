@@ -13,6 +13,7 @@
 //! its decisions out.
 
 pub mod relay;
+mod requests;
 mod revive;
 pub mod snapshot;
 

@@ -23,6 +23,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::requests::{Asked, Requests};
 use crate::stream::Stream;
 
 /// How long a session being terminated may take to reach a message boundary.
@@ -523,12 +524,19 @@ pub async fn relay(
         Ok(p) => p,
         Err(e) => return RelayEnd::ClientFrame(e),
     };
-    let mut shutdown = Shutdown::new(ending);
+    let mut requests = Requests::new(
+        ending.terminate.cancelled(),
+        ending.when_idle.cancelled(),
+        changed(park),
+        changed(migrate),
+    );
+    let mut shutdown = Shutdown::new();
     let mut transaction_limit = TransactionLimit::new(settings.idle_in_transaction);
-    let mut handback = Handback::new(changed(park), changed(migrate), (quiet_after, quiet_first));
+    let mut handback = Handback::new((quiet_after, quiet_first));
 
     let end = std::future::poll_fn(|cx| {
-        if let Poll::Ready(end) = shutdown.poll(cx, &mut b2c) {
+        let asked = requests.poll(cx);
+        if let Poll::Ready(end) = shutdown.poll(cx, asked.terminate, &mut b2c) {
             return Poll::Ready(end);
         }
         c2b.moved = false;
@@ -584,12 +592,12 @@ pub async fn relay(
         if transaction_limit.expired(cx, still == Stillness::IdleInTransaction, moved) {
             shutdown.end_idle_transaction(&mut b2c);
         }
-        if shutdown.started() || shutdown.end_if_idle(cx, at_rest, &mut b2c) {
+        if shutdown.started() || shutdown.end_if_idle(at_rest && asked.idle, &mut b2c) {
             // The FATAL goes out on the next turn, from the backend's direction.
             cx.waker().wake_by_ref();
             return Poll::Pending;
         }
-        handback.poll(cx, at_rest, moved.then(|| clock.now()))
+        handback.poll(cx, at_rest, asked, moved.then(|| clock.now()))
     })
     .await;
     finish(end, client, backend, &c2b, keep_backend).await
@@ -714,12 +722,10 @@ fn backend_end(r: Result<(), PumpError>, b2c: &Pump, ending: Option<Why>) -> Rel
     }
 }
 
-/// The gateway's shutdown as a relay sees it: once `terminated` fires, or `idle_ends` has fired
+/// The gateway's shutdown as a relay sees it: once it terminates sessions, or ends idle ones
 /// and the session is at rest, FATAL `57P01` goes to the client at the next message boundary,
 /// and the run ends after a bounded wait for one.
-struct Shutdown<T> {
-    terminated: Pin<Box<T>>,
-    idle_ends: Pin<Box<T>>,
+struct Shutdown {
     boundary_wait: Option<Pin<Box<tokio::time::Sleep>>>,
     /// The client's bytes are no longer read: the session was ended at rest, and a query sent
     /// after that decision must not run without its client hearing the result.
@@ -770,12 +776,10 @@ impl TransactionLimit {
     }
 }
 
-impl<'a> Shutdown<tokio_util::sync::WaitForCancellationFuture<'a>> {
-    /// The shutdown as `ending` says it comes, not begun.
-    fn new(ending: Ending<'a>) -> Self {
+impl Shutdown {
+    /// A shutdown not begun.
+    fn new() -> Self {
         Shutdown {
-            terminated: Box::pin(ending.terminate.cancelled()),
-            idle_ends: Box::pin(ending.when_idle.cancelled()),
             boundary_wait: None,
             client_cut: false,
             why: Why::Shutdown,
@@ -783,7 +787,7 @@ impl<'a> Shutdown<tokio_util::sync::WaitForCancellationFuture<'a>> {
     }
 }
 
-impl<T: Future<Output = ()>> Shutdown<T> {
+impl Shutdown {
     /// Whether the shutdown reached this run.
     fn started(&self) -> bool {
         self.boundary_wait.is_some()
@@ -821,10 +825,10 @@ impl<T: Future<Output = ()>> Shutdown<T> {
         self.begin(b2c);
     }
 
-    /// Begins the shutdown of a session `at_rest` once idle sessions are to end; true when it
-    /// did.
-    fn end_if_idle(&mut self, cx: &mut Context<'_>, at_rest: bool, b2c: &mut Pump) -> bool {
-        if !at_rest || self.started() || self.idle_ends.as_mut().poll(cx).is_pending() {
+    /// Begins the shutdown of a session at rest once idle sessions are to end (`idle_ending`:
+    /// both hold); true when it did.
+    fn end_if_idle(&mut self, idle_ending: bool, b2c: &mut Pump) -> bool {
+        if !idle_ending || self.started() {
             return false;
         }
         self.client_cut = true;
@@ -832,9 +836,10 @@ impl<T: Future<Output = ()>> Shutdown<T> {
         true
     }
 
-    /// Ready with [`RelayEnd::Terminated`] once the wait for a boundary is over.
-    fn poll(&mut self, cx: &mut Context<'_>, b2c: &mut Pump) -> Poll<RelayEnd> {
-        if self.boundary_wait.is_none() && self.terminated.as_mut().poll(cx).is_ready() {
+    /// Ready with [`RelayEnd::Terminated`] once the wait for a boundary is over; `terminate`:
+    /// the gateway terminates sessions.
+    fn poll(&mut self, cx: &mut Context<'_>, terminate: bool, b2c: &mut Pump) -> Poll<RelayEnd> {
+        if self.boundary_wait.is_none() && terminate {
             self.begin(b2c);
         }
         match self
@@ -856,11 +861,7 @@ type QuietTimes = (Option<Duration>, Option<Duration>);
 
 /// What hands a session back to its caller while both directions wait: a park or migrate
 /// request, or the session being quiet for long enough; each only at a safe point.
-struct Handback<P, M> {
-    park: Pin<Box<P>>,
-    migrate: Pin<Box<M>>,
-    park_asked: bool,
-    migrate_asked: bool,
+struct Handback {
     quiet_for: Duration,
     quiet: Option<Pin<Box<tokio::time::Sleep>>>,
     quiet_armed: bool,
@@ -869,15 +870,11 @@ struct Handback<P, M> {
     last_moved: Option<Instant>,
 }
 
-impl<P: Future<Output = ()>, M: Future<Output = ()>> Handback<P, M> {
-    /// Hands back on `park` or `migrate` (their requests' futures), or after the watch's
-    /// `(quiet_after, quiet_first)`.
-    fn new(park: P, migrate: M, (quiet_after, quiet_first): QuietTimes) -> Self {
+impl Handback {
+    /// Hands back on a park or migrate request, or after the watch's `(quiet_after,
+    /// quiet_first)`.
+    fn new((quiet_after, quiet_first): QuietTimes) -> Self {
         Handback {
-            park: Box::pin(park),
-            migrate: Box::pin(migrate),
-            park_asked: false,
-            migrate_asked: false,
             quiet_for: quiet_after.unwrap_or(Duration::MAX),
             quiet: quiet_after.map(|d| Box::pin(tokio::time::sleep(quiet_first.unwrap_or(d)))),
             quiet_armed: quiet_first.is_some(),
@@ -885,24 +882,20 @@ impl<P: Future<Output = ()>, M: Future<Output = ()>> Handback<P, M> {
         }
     }
 
-    /// Ready with how the run ends when the session is `at_rest` and the caller wants it back;
-    /// `moved` is when bytes moved in this poll, if they did (the quiet period starts again).
+    /// Ready with how the run ends when the session is `at_rest` and the caller wants it back
+    /// (`asked`); `moved` is when bytes moved in this poll, if they did (the quiet period starts
+    /// again).
     fn poll(
         &mut self,
         cx: &mut Context<'_>,
         at_rest: bool,
+        asked: Asked,
         moved: Option<Instant>,
     ) -> Poll<RelayEnd> {
-        if !self.park_asked && self.park.as_mut().poll(cx).is_ready() {
-            self.park_asked = true;
-        }
-        if !self.migrate_asked && self.migrate.as_mut().poll(cx).is_ready() {
-            self.migrate_asked = true;
-        }
-        if at_rest && self.migrate_asked {
+        if at_rest && asked.migrate {
             return Poll::Ready(RelayEnd::Migrate);
         }
-        if at_rest && self.park_asked {
+        if at_rest && asked.park {
             return Poll::Ready(RelayEnd::Park);
         }
         if let Some(q) = self.quiet.as_mut() {
