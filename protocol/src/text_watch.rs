@@ -41,6 +41,20 @@ pub(crate) struct Findings {
     pub executes: bool,
 }
 
+impl Findings {
+    /// Nothing found.
+    pub(crate) const NONE: Findings = Findings {
+        names: Vec::new(),
+        seed: false,
+        sequence_read: false,
+        bound: false,
+        computed: false,
+        candidates: Vec::new(),
+        context: false,
+        executes: false,
+    };
+}
+
 /// The settings that decide how Postgres reads a statement's text and resolves its names when
 /// it prepares it, in the order a restore sets them: the session's identity first (setting
 /// `session_authorization` resets `role`), then `search_path` (name lookup), and those that
@@ -147,17 +161,21 @@ impl TextWatch {
         }
     }
 
-    /// The message ended: what its text showed.
-    pub fn finish(&mut self) -> Findings {
-        if self.phase == Phase::Text {
-            self.scan(self.window.len());
+    /// The message ended: what its text showed, `None` when nothing (no text, or nothing the
+    /// watch looks for: most messages).
+    pub fn finish(&mut self) -> Option<Findings> {
+        match self.phase {
+            // Nothing was scanned since the last finish.
+            Phase::Off => return None,
+            Phase::Text => self.scan(self.window.len()),
+            Phase::Name | Phase::Done => {}
         }
         self.phase = Phase::Off;
         self.window.clear();
         if self.window.capacity() > WINDOW_KEEP {
             self.window = Vec::new();
         }
-        std::mem::take(&mut self.found)
+        (self.found != Findings::NONE).then(|| std::mem::take(&mut self.found))
     }
 
     /// Looks for keywords that start before `upto`, then drops those bytes.
@@ -478,7 +496,7 @@ mod tests {
         for c in body.chunks(chunk.max(1)) {
             w.bytes(c);
         }
-        w.finish()
+        w.finish().unwrap_or_default()
     }
 
     fn query(text: &str) -> Vec<u8> {

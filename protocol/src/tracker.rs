@@ -412,9 +412,9 @@ impl SessionTracker {
         }
     }
 
-    fn client_message(&mut self, tag: u8, body: &[u8], found: Findings) {
+    fn client_message(&mut self, tag: u8, body: &[u8], found: &Findings) {
         self.client_messages += 1;
-        self.note_findings(&found);
+        self.note_findings(found);
         let stamp = Stamp {
             before: self.contexts.generation,
             changes: found.context || (found.executes && self.contexts.sql_changers),
@@ -548,16 +548,15 @@ impl SessionTracker {
     /// they hold all of it (the name, the text, and the parameter types after it).
     fn keep_unnamed_text(&mut self, body: &[u8]) {
         let text = body.get(1..).and_then(|rest| {
-            let end = rest.iter().position(|&b| b == 0)?;
+            let end = memchr::memchr(0, rest)?;
             let after = &rest[end + 1..];
             let count = usize::from(u16::from_be_bytes(after.get(..2)?.try_into().ok()?));
-            (after.len() == 2 + 4 * count)
-                .then(|| std::str::from_utf8(&rest[..end]).ok())
-                .flatten()
+            (after.len() == 2 + 4 * count).then_some(&rest[..end])
         });
         match text {
-            Some(t) if self.unnamed_text.as_deref() == Some(t) => {}
-            Some(t) => self.unnamed_text = Some(t.into()),
+            // A client that parses the same text again and again (most do) keeps it as it is.
+            Some(t) if self.unnamed_text.as_deref().map(str::as_bytes) == Some(t) => {}
+            Some(t) => self.unnamed_text = std::str::from_utf8(t).ok().map(Into::into),
             None => self.unnamed_text = None,
         }
     }
@@ -1133,8 +1132,10 @@ impl Sink for ClientSink<'_> {
     }
 
     fn done(&mut self, tag: u8, kept: &[u8]) {
-        let found = self.text.finish();
-        self.tracker.client_message(tag, kept, found);
+        match self.text.finish() {
+            Some(found) => self.tracker.client_message(tag, kept, &found),
+            None => self.tracker.client_message(tag, kept, &Findings::NONE),
+        }
     }
 }
 
