@@ -21,7 +21,7 @@ use pgwake_protocol::{ErrorMessage, FrameError, FrameScanner, SessionTracker, Tx
 use prometheus::IntCounter;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use super::requests::{Asked, Requests};
 use crate::stream::Stream;
@@ -493,6 +493,23 @@ pub struct Ending<'a> {
     pub when_idle: &'a CancellationToken,
 }
 
+impl<'a> Ending<'a> {
+    /// What a run waits for besides its streams: these two tokens, and the caller's `park` and
+    /// `migrate` requests (futures that complete when one comes).
+    fn requests<P, M>(self, park: P, migrate: M) -> Requests<WaitForCancellationFuture<'a>, P, M>
+    where
+        P: Future<Output = ()>,
+        M: Future<Output = ()>,
+    {
+        Requests::new(
+            self.terminate.cancelled(),
+            self.when_idle.cancelled(),
+            park,
+            migrate,
+        )
+    }
+}
+
 /// Relays until either side ends, `ending` says so or the watch hands the session back; on
 /// termination the client gets FATAL `57P01` at the next message boundary. Both streams are
 /// closed only when the session ends, not when it is handed back.
@@ -524,16 +541,10 @@ pub async fn relay(
         Ok(p) => p,
         Err(e) => return RelayEnd::ClientFrame(e),
     };
-    let mut requests = Requests::new(
-        ending.terminate.cancelled(),
-        ending.when_idle.cancelled(),
-        changed(park),
-        changed(migrate),
-    );
+    let mut requests = ending.requests(changed(park), changed(migrate));
     let mut shutdown = Shutdown::new();
     let mut transaction_limit = TransactionLimit::new(settings.idle_in_transaction);
     let mut handback = Handback::new((quiet_after, quiet_first));
-
     let end = std::future::poll_fn(|cx| {
         let asked = requests.poll(cx);
         if let Poll::Ready(end) = shutdown.poll(cx, asked.terminate, &mut b2c) {
