@@ -221,10 +221,9 @@ const fn byte_classes() -> [u8; 256] {
 }
 
 /// Looks for keywords in `text` that start before `upto`; `before` is the byte before it.
-fn scan_text(text: &[u8], upto: usize, before: u8, found: &mut Findings) {
+fn scan_text(text: &[u8], upto: usize, mut before: u8, found: &mut Findings) {
     let scanned = &text[..upto];
     let mut i = 0;
-    let mut before = before;
     while let Some(&b) = scanned.get(i) {
         let class = BYTE_CLASS[b as usize];
         if class & WORD != 0 {

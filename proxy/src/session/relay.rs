@@ -796,9 +796,7 @@ impl Shutdown {
             why: Why::Shutdown,
         }
     }
-}
 
-impl Shutdown {
     /// Whether the shutdown reached this run.
     fn started(&self) -> bool {
         self.boundary_wait.is_some()

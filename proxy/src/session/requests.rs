@@ -4,9 +4,9 @@
 //! They come rarely, but a relay turns once or twice per round trip. Polling their futures at
 //! every turn cost about 700 instructions per round trip: a cancellation token's future locks
 //! the token's mutex and then its `Notify`'s, and those two tokens are shared by every session
-//! of the gateway, on every session thread. So the futures are polled with a
-//! waker of their own, which marks that one of them woke the task; a turn polls them only
-//! then, and otherwise reads one flag.
+//! of the gateway, on every session thread. So the futures are polled with a waker of their
+//! own, which marks that one of them woke the task; a turn polls them only then, and otherwise
+//! reads one flag.
 
 use std::future::Future;
 use std::pin::Pin;
